@@ -1,0 +1,271 @@
+// ptnative kernel dialect.
+//
+// One kernel text, written CUDA-style, compiles for the CPU (g++: a launch is a
+// loop over blocks and threads) and for CUDA (nvcc).  Kernel code sees
+// `Ndarray*` views, `Float` (the op's floating type, see native_op_typed.h) and
+// the macros below.  Nothing here aborts the process: every failed check
+// throws `ptn::Error` on the host (turned into a status + message by the
+// entry point) and sets a flag on the device (checked after the launch).
+#ifndef PTNATIVE_NATIVE_OP_H
+#define PTNATIVE_NATIVE_OP_H
+
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <math.h>
+#include <cmath>
+#include <algorithm>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#define PTN_CUDA 1
+#else
+#define PTN_CUDA 0
+#endif
+#ifndef CUDA
+#define CUDA PTN_CUDA
+#endif
+
+#define PTN_MAX_NDIM 8
+#define PTN_STATUS_OK 0
+#define PTN_STATUS_RUNTIME 1
+#define PTN_STATUS_VALUE 2
+
+typedef int64_t Ndarray_DIM_Type;
+typedef const int64_t* Ndarray_DIMS_Type;
+
+// A view on one input or output buffer.  Strides are in bytes.
+struct Ndarray {
+  void* data;
+  int ndim;
+  int itemsize;
+  int64_t dims[PTN_MAX_NDIM];
+  int64_t strides[PTN_MAX_NDIM];
+};
+
+namespace ptn {
+
+// ---------------------------------------------------------------- errors
+struct Error : public std::runtime_error {
+  int status;
+  Error(int status_, const std::string& msg) : std::runtime_error(msg), status(status_) {}
+};
+
+[[noreturn]] inline void raise(int status, const std::string& msg) { throw Error(status, msg); }
+
+template <typename A, typename B>
+[[noreturn]] void check_failed(const char* expr, const A& a, const B& b, const char* file, int line) {
+  std::ostringstream s;
+  s << "check failed: " << expr << " (" << +a << " vs " << +b << ") at " << file << ":" << line;
+  raise(PTN_STATUS_VALUE, s.str());
+}
+
+[[noreturn]] inline void assert_failed(const char* expr, const char* file, int line) {
+  std::ostringstream s;
+  s << "check failed: " << expr << " at " << file << ":" << line;
+  raise(PTN_STATUS_VALUE, s.str());
+}
+
+// `%(fail)s` in fw/bw code: bail out, with the message set by `ptn_set_error` if any.
+static thread_local std::string pending_error;
+inline void set_error(const std::string& msg) { pending_error = msg; }
+[[noreturn]] inline void fail_pending() {
+  std::string msg = pending_error.empty() ? std::string("kernel code signalled failure") : pending_error;
+  pending_error.clear();
+  raise(PTN_STATUS_RUNTIME, msg);
+}
+
+// ---------------------------------------------------------------- arrays
+inline int64_t n_elements(const Ndarray* a) {
+  int64_t n = 1;
+  for (int i = 0; i < a->ndim; ++i) n *= a->dims[i];
+  return n;
+}
+
+// Start of time frame `t` of a C-contiguous 3-D array (2-D: the whole matrix).
+inline char* data_ptr_bytes(const Ndarray* a, int64_t t) {
+  if (a->ndim == 2) return (char*)a->data;
+  if (a->ndim != 3) check_failed("data_ptr: Ndarray_NDIM(a) in {2, 3}", a->ndim, 3, __FILE__, __LINE__);
+  return (char*)a->data + t * a->dims[1] * a->dims[2] * a->itemsize;
+}
+
+}  // namespace ptn
+
+#define Ndarray_DEV_DATA(x) ((Float*)(x)->data)
+#define Ndarray_DEV_DATA_int32(x) ((int32_t*)(x)->data)
+#define Ndarray_DEV_DATA_int32_scalar(x) (((const int32_t*)(x)->data)[0])
+#define Ndarray_HOST_DIMS(x) ((Ndarray_DIMS_Type)(x)->dims)
+#define Ndarray_DIMS(x) Ndarray_HOST_DIMS(x)
+#define Ndarray_NDIM(x) ((x)->ndim)
+#define Ndarray_STRIDE(x, i) ((x)->strides[i] / (x)->itemsize)
+#define Ndarray_SIZE(x) ptn::n_elements(x)
+#define Ndarray_get_n_total_elements(x) ptn::n_elements(x)
+#define Ndarray_dtype_size(x) ((x)->itemsize)
+#define ARRAY_LEN(x) (sizeof(x) / sizeof((x)[0]))
+#define ptn_set_error(msg) ptn::set_error(msg)
+
+// ---------------------------------------------------------------- checks
+#ifdef __CUDA_ARCH__
+// Device side: remember the first failing line, skip the rest of this thread's work.
+__device__ int ptn_device_error_line = 0;
+#define assert_cmp(a, cmp, b) \
+  do { if (!((a) cmp (b))) { atomicCAS(&ptn_device_error_line, 0, __LINE__); return; } } while (0)
+#define ptn_assert(x) \
+  do { if (!(x)) { atomicCAS(&ptn_device_error_line, 0, __LINE__); return; } } while (0)
+#else
+#if PTN_CUDA
+__device__ int ptn_device_error_line = 0;
+#endif
+#define assert_cmp(a, cmp, b)                                                       \
+  do {                                                                              \
+    auto _ptn_a = (a);                                                              \
+    auto _ptn_b = (b);                                                              \
+    if (!(_ptn_a cmp _ptn_b)) ptn::check_failed(#a " " #cmp " " #b, _ptn_a, _ptn_b, __FILE__, __LINE__); \
+  } while (0)
+#define ptn_assert(x) do { if (!(x)) ptn::assert_failed(#x, __FILE__, __LINE__); } while (0)
+#endif
+
+// ---------------------------------------------------------------- kernels
+#if PTN_CUDA
+
+#define DEF_KERNEL __global__
+#define DEV_FUNC __device__
+#define HOST_FUNC __host__
+#define DEF_SHARED(type, name) extern __shared__ type name[]
+#define PTN_DIM_GRID 128
+#define PTN_DIM_BLOCK 512
+namespace ptn {
+static cudaStream_t current_stream = 0;
+inline void cuda_check(cudaError_t e, const char* file, int line) {
+  if (e != cudaSuccess) {
+    std::ostringstream s;
+    s << "CUDA error " << (int)e << " (" << cudaGetErrorString(e) << ") at " << file << ":" << line;
+    raise(PTN_STATUS_RUNTIME, s.str());
+  }
+}
+inline void check_device_flag(const char* file, int line) {
+  int err_line = 0;
+  cuda_check(cudaMemcpyFromSymbol(&err_line, ptn_device_error_line, sizeof(int)), file, line);
+  if (err_line) {
+    int zero = 0;
+    cudaMemcpyToSymbol(ptn_device_error_line, &zero, sizeof(int));
+    std::ostringstream s;
+    s << "check failed in device code at line " << err_line;
+    raise(PTN_STATUS_VALUE, s.str());
+  }
+}
+inline void* device_malloc(size_t n) {
+  void* p = 0;
+  if (n == 0) return 0;
+  cuda_check(cudaMalloc(&p, n), __FILE__, __LINE__);
+  return p;
+}
+inline void device_free(void* p) { if (p) cudaFree(p); }
+}  // namespace ptn
+#define CUDA_CUR_STREAM (ptn::current_stream)
+#define HANDLE_ERROR(e) ptn::cuda_check((e), __FILE__, __LINE__)
+#define HANDLE_LAST_ERROR()                                  \
+  do {                                                       \
+    ptn::cuda_check(cudaGetLastError(), __FILE__, __LINE__); \
+    ptn::check_device_flag(__FILE__, __LINE__);              \
+  } while (0)
+#define start_dev_kernel(kernel, args) \
+  (kernel<<<PTN_DIM_GRID, PTN_DIM_BLOCK, 0, CUDA_CUR_STREAM>>> args)
+#define start_dev_kernel2(kernel, dim_grid, dim_block, shared_size, args) \
+  (kernel<<<dim_grid, dim_block, shared_size, CUDA_CUR_STREAM>>> args)
+#define elem_atomic_add(x, v) atomicAdd((x), (v))
+#define elem_atomic_min(x, v) atomicMin((x), (v))
+#define elem_atomic_cas(a, c, v) atomicCAS((a), (c), (v))
+#define int_as_float __int_as_float
+#define float_as_int __float_as_int
+#define INF_F CUDART_INF_F
+#define NAN_F CUDART_NAN_F
+#define Ndarray_memcpy(y, x, size) HANDLE_ERROR(cudaMemcpyAsync((y), (x), (size), cudaMemcpyDeviceToDevice, CUDA_CUR_STREAM))
+#define Ndarray_memset(p, c, size) HANDLE_ERROR(cudaMemsetAsync((p), (c), (size), CUDA_CUR_STREAM))
+#define device_malloc(n) ptn::device_malloc(n)
+#define device_free(p) ptn::device_free(p)
+
+#else  // CPU emulation of the launch grid
+
+#define DEF_KERNEL
+#define DEV_FUNC
+#define HOST_FUNC
+struct dim3 {
+  unsigned int x, y, z;
+  dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+namespace ptn {
+static thread_local dim3 thread_idx(0, 0, 0), block_idx(0, 0, 0), block_dim, grid_dim;
+static thread_local size_t shared_size = 0;
+
+// Runs `kernel` once per (block, thread), sequentially.  Shared memory is
+// private to each emulated thread, so it is only valid with one thread per block.
+template <typename F>
+void launch(dim3 grid, dim3 block, size_t shmem, F&& call) {
+  if (shmem > 0 && block.x * block.y * block.z > 1)
+    raise(PTN_STATUS_RUNTIME, "start_dev_kernel2: shared memory needs one thread per block on the CPU");
+  grid_dim = grid; block_dim = block; shared_size = shmem;
+  for (unsigned bz = 0; bz < grid.z; ++bz) for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx)
+  for (unsigned tz = 0; tz < block.z; ++tz) for (unsigned ty = 0; ty < block.y; ++ty) for (unsigned tx = 0; tx < block.x; ++tx) {
+    block_idx = dim3(bx, by, bz);
+    thread_idx = dim3(tx, ty, tz);
+    call();
+  }
+  thread_idx = dim3(0, 0, 0); block_idx = dim3(0, 0, 0); block_dim = dim3(); grid_dim = dim3(); shared_size = 0;
+}
+inline dim3 as_dim3(dim3 d) { return d; }
+inline dim3 as_dim3(long long n) { return dim3((unsigned int)n); }
+
+inline void* host_malloc(size_t n) {
+  void* p = malloc(n ? n : 1);
+  if (!p) raise(PTN_STATUS_RUNTIME, "device_malloc: out of memory");
+  return p;
+}
+inline float int_as_float(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+inline int32_t float_as_int(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+template <typename T> T host_atomic_cas(T* addr, T compare, T val) {
+  T old = *addr;
+  if (old == compare) *addr = val;
+  return old;
+}
+}  // namespace ptn
+#define threadIdx (ptn::thread_idx)
+#define blockIdx (ptn::block_idx)
+#define blockDim (ptn::block_dim)
+#define gridDim (ptn::grid_dim)
+#define __syncthreads() ((void)0)
+#define DEF_SHARED(type, name) std::vector<type> name(ptn::shared_size / sizeof(type))
+#define CUDA_CUR_STREAM 0
+#define HANDLE_ERROR(e) ((void)(e))
+#define HANDLE_LAST_ERROR() ((void)0)
+// One call with grid = block = 1: kernels use grid-stride loops.
+#define start_dev_kernel(kernel, args) ptn::launch(dim3(1), dim3(1), 0, [&]() { kernel args; })
+#define start_dev_kernel2(kernel, dim_grid, dim_block, shmem, args) \
+  ptn::launch(ptn::as_dim3(dim_grid), ptn::as_dim3(dim_block), (shmem), [&]() { kernel args; })
+#define elem_atomic_add(x, v) (*(x) += (v))
+#define elem_atomic_min(x, v) (*(x) = ((v) < *(x)) ? (v) : *(x))
+#define elem_atomic_cas(a, c, v) ptn::host_atomic_cas((a), (c), (v))
+#define int_as_float ptn::int_as_float
+#define float_as_int ptn::float_as_int
+#define INF_F (std::numeric_limits<float>::infinity())
+#define NAN_F (std::numeric_limits<float>::quiet_NaN())
+#define Ndarray_memcpy(y, x, size) memcpy((y), (x), (size))
+#define Ndarray_memset(p, c, size) memset((p), (c), (size))
+#define device_malloc(n) ptn::host_malloc(n)
+#define device_free(p) free(p)
+
+#endif  // PTN_CUDA
+
+#define Ndarray_set_zero(a) Ndarray_memset((a)->data, 0, ptn::n_elements(a) * (a)->itemsize)
+
+#include "native_op_blas.h"
+#include "native_op_entry.h"
+
+#endif  // PTNATIVE_NATIVE_OP_H

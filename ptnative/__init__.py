@@ -1,0 +1,14 @@
+"""ptnative: PyTensor ops from CUDA-style C kernel specs, and a catalogue of
+fast sequence kernels."""
+
+from .build import CompileError
+from .op import NativeOp, NativeOpGenBase
+from .spec import NativeOpBase
+
+from . import rewrites  # noqa: E402,F401  (registers the inplace rewrite)
+from .backends import numba as _numba_backend  # noqa: E402,F401  (registers the Numba implementation)
+from . import ops  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "ops", "__version__"]

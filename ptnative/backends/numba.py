@@ -1,0 +1,35 @@
+"""The default (Numba) mode: the driver compiled by Numba, calling our library
+through ``numba.types.ExternalFunction``, with a cache key so that compiled
+graphs are reused across processes."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from numba import types
+from pytensor.link.numba.cache import compile_numba_function_src
+from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
+
+from ..build import load
+from ..op import NativeOp
+from .driver import driver_source
+
+ENTRY_SIGNATURE = types.int32(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64)
+_loaded_permanently: set[str] = set()
+
+
+@register_funcify_and_cache_key(NativeOp)
+def numba_funcify_native_op(op, node, **kwargs):
+    float_dtype = op.check_cpu_runnable(node)
+    variant = op.variant(float_dtype)
+    lib = load(variant)  # builds if needed, sets BLAS in the library
+    if str(lib.path) not in _loaded_permanently:
+        llvm.load_library_permanently(str(lib.path))
+        _loaded_permanently.add(str(lib.path))
+    src = driver_source(op, float_dtype, tuple_return=False)
+    key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
+    fn = compile_numba_function_src(
+        src.text, src.function_name, global_env={"np": __import__("numpy"),
+                                                 "ext": types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE)},
+        cache_key=key,
+    )
+    return numba_njit(fn), key

@@ -1,0 +1,251 @@
+"""``NativeOp``: a PyTensor Op made from a spec (see :mod:`ptnative.spec`), and
+``NativeOpGenBase``, the class-attribute form of a spec used by the catalogue."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytensor.tensor as pt
+from pytensor.configdefaults import config
+from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
+from pytensor.graph.basic import Apply
+from pytensor.link.c.op import COp
+from pytensor.tensor.type import TensorType
+
+from . import source
+from .backends import c as c_backend
+from .spec import FLOAT_GENERIC, NativeOpBase
+
+FLOAT_DTYPES = ("float32", "float64")
+
+
+class NativeOp(COp, NativeOpBase):
+    """A PyTensor Op from a spec: ``in_info``, ``out_info`` and C kernel code.
+
+    Parameters
+    ----------
+    in_info, out_info : sequence of dict
+        One dict per input / output; see ``docs/writing-ops.md`` for the keys.
+    c_fw_code : str
+        Body of the forward pass.  It sees ``int n_inputs, n_outputs``,
+        ``Ndarray* inputs[]`` and ``Ndarray** outputs[]`` (allocated, zeroed;
+        a ``want_inplace`` input *is* its output buffer).  %-formatted: ``%%`` is
+        a literal ``%``, ``%(fail)s`` bails out.
+    c_bw_code : str, optional
+        Body of the gradient op (see :meth:`kwargs_for_grad_op`).  Without it,
+        requesting a gradient raises ``NullTypeGradError``.
+    c_extra_support_code : str | dict | list, optional
+        Kernels and helpers, used verbatim (dict values in sorted key order).
+    code_version : tuple of int, optional
+    cpu_support : bool
+        False for GPU-only kernels.
+    grad_input_map : tuple of int | callable, optional
+        Which of ``inputs + outputs + output grads`` the gradient op receives.
+    name : str, optional
+    float_dtypes : tuple of str
+        Floating types the kernel text compiles for.  Code that hard-codes
+        ``float`` (like RETURNN's) passes ``("float32",)``: its op computes in
+        float32, casting float64 inputs down.
+    inplace : tuple of int
+        Inputs this op destroys (set by the inplace rewrite).
+
+    Calling the op returns its outputs (one variable, or a list), without
+    dummy outputs.
+    """
+
+    __props__ = ("in_info", "out_info", "c_fw_code", "c_bw_code", "c_extra_support_code", "code_version",
+                 "cpu_support", "grad_input_map", "name", "float_dtypes", "inplace")
+
+    def __init__(self, in_info, out_info, c_fw_code, c_bw_code=None, c_extra_support_code=None, code_version=None,
+                 cpu_support=True, grad_input_map=None, name=None, float_dtypes=FLOAT_DTYPES, inplace=()):
+        NativeOpBase.__init__(self, in_info, out_info, c_fw_code, c_bw_code=c_bw_code,
+                              c_extra_support_code=c_extra_support_code, code_version=code_version,
+                              cpu_support=cpu_support, grad_input_map=grad_input_map, name=name)
+        float_dtypes = tuple(float_dtypes)
+        if not float_dtypes or any(d not in FLOAT_DTYPES for d in float_dtypes):
+            raise ValueError(f"NativeOp {self.name!r}: float_dtypes must be a non-empty subset of {FLOAT_DTYPES}")
+        self.float_dtypes = float_dtypes
+        inplace = tuple(sorted(set(int(i) for i in inplace)))
+        for i in inplace:
+            if not (0 <= i < len(self.in_info)) or self.in_info[i].get("want_inplace", -1) < 0:
+                raise ValueError(f"NativeOp {self.name!r}: input {i} has no want_inplace and cannot be destroyed")
+        self.inplace = inplace
+        self.destroy_map = {self.in_info[i]["want_inplace"]: [i] for i in inplace}
+
+    def __str__(self):
+        return f"NativeOp{{{self.name}{',inplace' if self.inplace else ''}}}"
+
+    # ------------------------------------------------------------ graph
+    @staticmethod
+    def array_dtype(info, float_dtype: str) -> str:
+        dtype = info.get("dtype", FLOAT_GENERIC)
+        return float_dtype if dtype == FLOAT_GENERIC else dtype
+
+    def _node_float_dtype(self, variables) -> str:
+        dtypes = {v.dtype for info, v in zip(self.in_info, variables)
+                  if info.get("dtype", FLOAT_GENERIC) == FLOAT_GENERIC and v.dtype.startswith("float")}
+        dtype = "float64" if "float64" in dtypes else "float32" if dtypes else config.floatX
+        if dtype not in FLOAT_DTYPES:
+            dtype = "float32"
+        return dtype if dtype in self.float_dtypes else self.float_dtypes[0]
+
+    def float_dtype_of(self, node) -> str:
+        """The floating type ``node`` computes in."""
+        for info, v in zip(self.in_info + self.out_info, node.inputs + node.outputs):
+            if info.get("dtype", FLOAT_GENERIC) == FLOAT_GENERIC:
+                return v.dtype
+        return self.float_dtypes[0]
+
+    def make_node(self, *inputs):
+        if len(inputs) != len(self.in_info):
+            raise TypeError(f"NativeOp {self.name!r}: expected {len(self.in_info)} inputs, got {len(inputs)}")
+        variables = [pt.as_tensor_variable(x) for x in inputs]
+        float_dtype = self._node_float_dtype(variables)
+        converted = []
+        for idx, (info, v) in enumerate(zip(self.in_info, variables)):
+            label = f"NativeOp {self.name!r}: input {info.get('name', idx)!r} (#{idx})"
+            if v.ndim != info["ndim"]:
+                raise TypeError(f"{label} must have ndim {info['ndim']}, got {v.ndim} ({v.type})")
+            want = self.array_dtype(info, float_dtype)
+            if v.dtype != want:
+                if not want.startswith("float") and not (v.dtype.startswith(("int", "uint")) or v.dtype == "bool"):
+                    raise TypeError(f"{label} must be {want}, got {v.dtype}")
+                v = pt.cast(v, want)
+            converted.append(v)
+        outputs = []
+        for info in self.out_info:
+            static = tuple(s if isinstance(s, int) else converted[s[0]].type.shape[s[1]] for s in info["shape"])
+            outputs.append(TensorType(self.array_dtype(info, float_dtype), shape=static)())
+        return Apply(self, converted, outputs)
+
+    def __call__(self, *inputs, **kwargs):
+        kwargs.pop("return_list", None)
+        outputs = super().__call__(*inputs, return_list=True, **kwargs)
+        visible = outputs[: len(outputs) - self.num_dummy_outs]
+        return visible[0] if len(visible) == 1 else visible
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return self.output_shapes(input_shapes)
+
+    def connection_pattern(self, node):
+        return [[info.get("gradient") != "disconnected"] * len(node.outputs) for info in self.in_info]
+
+    def inplace_on_inputs(self, allowed_inplace_inputs):
+        wanted = tuple(i for i in allowed_inplace_inputs if self.in_info[i].get("want_inplace", -1) >= 0)
+        if not wanted or wanted == self.inplace:
+            return self
+        return self.clone_with(inplace=tuple(set(self.inplace) | set(wanted)))
+
+    def clone_with(self, **changes):
+        props = {k: getattr(self, k) for k in self.__props__}
+        props.update(changes)
+        return type(self)(**props)
+
+    # ------------------------------------------------------------ gradient
+    def grad_op(self) -> NativeOp:
+        """The NativeOp computing this op's gradient (from ``c_bw_code``)."""
+        return _grad_op_of(self.clone_with(inplace=()))
+
+    def pullback(self, inputs, outputs, cotangents):
+        if not self.c_bw_code:
+            return [
+                disconnected_type() if info.get("gradient") == "disconnected"
+                else grad_not_implemented(self, i, inputs[i], f"NativeOp {self.name!r} has no c_bw_code")
+                for i, info in enumerate(self.in_info)
+            ]
+        shapes = self.output_shapes([v.shape for v in inputs])
+        cotangents = [
+            pt.zeros(shape, dtype=out.dtype) if isinstance(g.type, DisconnectedType) else g
+            for g, out, shape in zip(cotangents, outputs, shapes)
+        ]
+        grad_op = self.grad_op()
+        grad_outputs = grad_op.make_node(*self.filter_grad_inputs(list(inputs) + list(outputs) + cotangents)).outputs
+        visible = grad_outputs[: len(grad_outputs) - grad_op.num_dummy_outs]
+        results = self.make_results_of_gradient(visible, disconnected_type)
+        return [r if r.type.dtype == inp.type.dtype or isinstance(r.type, DisconnectedType) else pt.cast(r, inp.dtype)
+                for r, inp in zip(results, inputs)]
+
+    L_op = pullback
+
+    # ------------------------------------------------------------ backends
+    def variant(self, float_dtype: str, device: str = "cpu") -> source.Variant:
+        """The translation unit computing in ``float_dtype`` on ``device``."""
+        return _variant(self.clone_with(inplace=()), float_dtype, device)
+
+    def check_cpu_runnable(self, node) -> str:
+        if not self.cpu_support:
+            raise RuntimeError(f"NativeOp {self.name!r} has no CPU implementation (cpu_support=False); "
+                               "it needs a GPU")
+        return self.float_dtype_of(node)
+
+    def perform(self, node, inputs, output_storage):
+        from .backends.driver import python_driver
+
+        results = python_driver(self, self.check_cpu_runnable(node))(*inputs)
+        for storage, value in zip(output_storage, results):
+            storage[0] = value
+
+    def c_support_code_apply(self, node, name):
+        return self.variant(self.check_cpu_runnable(node)).source
+
+    def c_init_code(self, **kwargs):
+        return [c_backend.INIT_CODE]
+
+    def c_code(self, node, name, inputs, outputs, sub):
+        return c_backend.c_code(self, node, name, inputs, outputs, sub)
+
+    def c_code_cache_version_apply(self, node):
+        return c_backend.cache_version(self, self.float_dtype_of(node))
+
+    def c_code_cache_version(self):
+        return (source.GLUE_VERSION, *self.code_version)
+
+
+@cache
+def _grad_op_of(op: NativeOp) -> NativeOp:
+    return NativeOp(**op.kwargs_for_grad_op(), float_dtypes=op.float_dtypes)
+
+
+@cache
+def _variant(op: NativeOp, float_dtype: str, device: str) -> source.Variant:
+    return source.generate(op, float_dtype, device)
+
+
+class NativeOpGenBase:
+    """A spec as class attributes; :meth:`make_op` turns it into a :class:`NativeOp`.
+
+    Subclasses set ``in_info``, ``out_info``, ``c_fw_code`` and optionally
+    ``c_bw_code``, ``c_extra_support_code`` (dict, joined in sorted key order),
+    ``code_version``, ``grad_input_map``, ``cpu_support``, ``float_dtypes``.
+    """
+
+    in_info: tuple = None
+    out_info: tuple = None
+    c_fw_code: str = None
+    c_bw_code: str = None
+    c_extra_support_code: dict = None
+    code_version = None
+    grad_input_map = None
+    theano_custom_grad = None
+    cpu_support = True
+    float_dtypes = FLOAT_DTYPES
+
+    @classmethod
+    def map_layer_inputs_to_op(cls, *inputs):
+        return inputs
+
+    @classmethod
+    def map_layer_output_from_op(cls, *outputs):
+        return outputs[0]
+
+    @classmethod
+    def make_op(cls, **kwargs) -> NativeOp:
+        """The :class:`NativeOp` of this spec; ``kwargs`` override attributes."""
+        spec = dict(
+            in_info=cls.in_info, out_info=cls.out_info, c_fw_code=cls.c_fw_code, c_bw_code=cls.c_bw_code,
+            c_extra_support_code=cls.c_extra_support_code, code_version=cls.code_version,
+            cpu_support=cls.cpu_support, grad_input_map=cls.grad_input_map, name=cls.__name__,
+            float_dtypes=cls.float_dtypes,
+        )
+        spec.update(kwargs)
+        return NativeOp(**spec)

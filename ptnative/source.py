@@ -1,0 +1,121 @@
+"""The translation unit of one op variant: dialect headers, the op's support
+code and its fw code wrapped in a C entry point.
+
+The same text is compiled by ptnative's own build (g++ or nvcc, see
+:mod:`ptnative.build`) and pasted into PyTensor's C modules (see
+:mod:`ptnative.backends.c`).  The entry point's ABI::
+
+    int <symbol>(void** data, const int64_t* shapes, const int64_t* strides,
+                 char* err, int64_t errlen);
+
+``data`` holds the inputs' then the outputs' buffer addresses; ``shapes`` and
+``strides`` (bytes) hold ``PTN_MAX_NDIM`` entries per array in the same order.
+Outputs are allocated by the caller; a ``want_inplace`` input and its output
+are the same buffer.  The return value is 0, or a ``PTN_STATUS_*`` with a
+message in ``err``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import numpy as np
+
+MAX_NDIM = 8
+STATUS_VALUE = 2
+#: Bumped whenever the generated glue changes incompatibly.
+GLUE_VERSION = 1
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+@cache
+def read_kernel_file(filename: str) -> str:
+    """The text of a file in ``c_code/`` (installed as the ``ptnative.c_code`` package)."""
+    return resources.files("ptnative.c_code").joinpath(filename).read_text()
+
+
+def inline_includes(text: str, seen: set[str] | None = None) -> str:
+    """Replace ``#include "x.h"`` of files in ``c_code/`` by their text (once each)."""
+    seen = set() if seen is None else seen
+
+    def repl(m):
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return inline_includes(read_kernel_file(name), seen)
+
+    return _LOCAL_INCLUDE.sub(repl, text)
+
+
+def dialect_header() -> str:
+    return inline_includes('#include "native_op.h"\n')
+
+
+def c_name(name: str) -> str:
+    return re.sub(r"\W", "_", name).strip("_")[:40] or "op"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of an op: its spec, its floating type and the target."""
+
+    symbol: str
+    source: str
+    device: str  # "cpu" | "cuda"
+
+    @property
+    def digest(self) -> str:
+        return self.symbol.rsplit("_", 1)[-1]
+
+
+def generate(op, float_dtype: str, device: str = "cpu") -> Variant:
+    """The translation unit of ``op``'s fw code, computing in ``float_dtype``."""
+    ctype = {"float32": "float", "float64": "double"}[float_dtype]
+    n_in, n_out = len(op.in_info), len(op.out_info)
+    dtypes = [op.array_dtype(info, float_dtype) for info in op.in_info + op.out_info]
+    ndims = [info["ndim"] for info in op.in_info + op.out_info]
+    inplace_of = [info.get("want_inplace", -1) for info in op.in_info]
+    body = op.c_fw_code % {"fail": "ptn::fail_pending();"}
+
+    def ints(values):
+        return "{" + ", ".join(str(int(v)) for v in values) + (", 0" if not values else "") + "}"
+
+    text = f"""\
+// ptnative: op {op.name!r}, computing in {ctype}, for {device}.  Generated; do not edit.
+{dialect_header()}
+// Op code written with plain `assert` gets the non-aborting check.
+#pragma push_macro("assert")
+#undef assert
+#define assert(x) ptn_assert(x)
+namespace @NS@ {{
+typedef {ctype} Float;
+{read_kernel_file("native_op_typed.h")}
+// ---- support code
+{op.c_extra_support_code}
+// ---- fw code
+static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {{
+  (void)n_inputs; (void)n_outputs; (void)inputs; (void)outputs;
+{body}
+}}
+}}  // namespace @NS@
+#pragma pop_macro("assert")
+
+extern "C" int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
+  static const int ndims[] = {ints(ndims)};
+  static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
+  static const int inplace_of[] = {ints(inplace_of)};
+  return ptn::run_entry(&@NS@::body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, data, shapes, strides, err, errlen);
+}}
+
+extern "C" void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}
+"""
+    digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]
+    symbol = f"ptn_{c_name(op.name)}_{digest}"
+    text = text.replace("@NS@", symbol + "_ns").replace("@SYM@", symbol)
+    return Variant(symbol=symbol, source=text, device=device)
