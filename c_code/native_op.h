@@ -33,6 +33,7 @@
 #define CUDA PTN_CUDA
 #endif
 
+#define PTN_EXPORT __attribute__((visibility("default")))
 #define PTN_MAX_NDIM 8
 #define PTN_STATUS_OK 0
 #define PTN_STATUS_RUNTIME 1

@@ -9,10 +9,19 @@ namespace ptn {
 
 typedef void (*body_t)(int, Ndarray**, int, Ndarray***);
 
+// The last failure's message on this thread, also readable one character at a
+// time (`error_char`) by callers that cannot read back a buffer we wrote.
+static thread_local std::string last_error;
+
 inline void write_error(char* err, int64_t errlen, const char* msg) {
+  last_error = msg;
   if (!err || errlen <= 0) return;
   strncpy(err, msg, (size_t)errlen - 1);
   err[errlen - 1] = 0;
+}
+
+inline int32_t error_char(int64_t j) {
+  return j >= 0 && j < (int64_t)last_error.size() ? (int32_t)(unsigned char)last_error[j] : 0;
 }
 
 inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,

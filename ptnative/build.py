@@ -23,9 +23,12 @@ from .source import Variant
 
 log = logging.getLogger("ptnative.build")
 
-CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-DCUDA=0"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-x", "cu", "-DCUDA=1",
-              "-diag-suppress", "177,550"]
+# Hidden visibility and -Bsymbolic: every library keeps its own copy of the dialect's inline
+# functions and statics, even when several are loaded RTLD_GLOBAL (as Numba does).
+CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fvisibility=hidden",
+             "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
+              "-Xlinker", "-Bsymbolic", "-x", "cu", "-DCUDA=1", "-diag-suppress", "177,550"]
 DEFAULT_CUDA_ARCHS = ("75", "80", "86", "89", "90")
 LOCK_TIMEOUT_S = 900
 
@@ -171,6 +174,9 @@ class Library:
         set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         set_blas.restype = None
         set_blas(*blas.gemm_addresses())
+        self.error_char = getattr(self.cdll, variant.symbol + "_error_char")
+        self.error_char.argtypes = [ctypes.c_int64]
+        self.error_char.restype = ctypes.c_int32
 
 
 _loaded: dict[str, Library] = {}
@@ -182,3 +188,8 @@ def load(variant: Variant) -> Library:
     if lib is None:
         lib = _loaded[variant.symbol] = Library(variant, build(variant))
     return lib
+
+
+def loaded(symbol: str) -> Library | None:
+    """The library of ``symbol`` if this process has loaded it."""
+    return _loaded.get(symbol)

@@ -162,7 +162,7 @@ class NativeOp(COp, NativeOpBase):
         grad_outputs = grad_op.make_node(*self.filter_grad_inputs(list(inputs) + list(outputs) + cotangents)).outputs
         visible = grad_outputs[: len(grad_outputs) - grad_op.num_dummy_outs]
         results = self.make_results_of_gradient(visible, disconnected_type)
-        return [r if r.type.dtype == inp.type.dtype or isinstance(r.type, DisconnectedType) else pt.cast(r, inp.dtype)
+        return [r if isinstance(r.type, DisconnectedType) or r.type.dtype == inp.type.dtype else pt.cast(r, inp.dtype)
                 for r, inp in zip(results, inputs)]
 
     L_op = pullback

@@ -22,21 +22,31 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
 MAX_NDIM = 8
 STATUS_VALUE = 2
 #: Bumped whenever the generated glue changes incompatibly.
-GLUE_VERSION = 1
+GLUE_VERSION = 2
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 
 @cache
+def kernel_dir():
+    """``c_code/``: the installed ``ptnative.c_code`` package, or the checkout's folder."""
+    try:
+        return resources.files("ptnative.c_code")
+    except ModuleNotFoundError:  # running from a source checkout that is not installed
+        return Path(__file__).resolve().parent.parent / "c_code"
+
+
+@cache
 def read_kernel_file(filename: str) -> str:
-    """The text of a file in ``c_code/`` (installed as the ``ptnative.c_code`` package)."""
-    return resources.files("ptnative.c_code").joinpath(filename).read_text()
+    """The text of a file in ``c_code/``."""
+    return kernel_dir().joinpath(filename).read_text()
 
 
 def inline_includes(text: str, seen: set[str] | None = None) -> str:
@@ -106,14 +116,16 @@ static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outpu
 }}  // namespace @NS@
 #pragma pop_macro("assert")
 
-extern "C" int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
+extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
   static const int ndims[] = {ints(ndims)};
   static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
   static const int inplace_of[] = {ints(inplace_of)};
   return ptn::run_entry(&@NS@::body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, data, shapes, strides, err, errlen);
 }}
 
-extern "C" void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}
+extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}
+
+extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) {{ return ptn::error_char(j); }}
 """
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]
     symbol = f"ptn_{c_name(op.name)}_{digest}"

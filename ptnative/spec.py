@@ -217,8 +217,11 @@ class NativeOpBase:
         """The kwargs of the gradient op ``GradOf<name>``: its inputs are
         ``filter_grad_inputs(inputs + outputs + output grads)``; its outputs are
         one gradient per connected input."""
+        # A forward input's want_inplace targets a forward output; in the gradient op only
+        # bw_in_var (and an output's own want_inplace, as in the seed) may ask for inplace.
+        fw_inputs = [{k: v for k, v in i.items() if k != "want_inplace"} for i in self.in_info]
         grad_in_info = (
-            [self._with(i, "bw_in_var") for i in self.in_info]
+            [self._with(i, "bw_in_var") for i in fw_inputs]
             + [self._with(o, "bw_in_var") for o in self.out_info]
             + [dict(self._with(o, "bw_grad_var"), name="D_" + o.get("name", "out%i" % k))
                for k, o in enumerate(self.out_info)]

@@ -51,8 +51,7 @@ def c_code(op, node, name: str, inputs: list[str], outputs: list[str], sub: dict
         for d, s in enumerate(info.get("shape") or ()):
             if isinstance(s, int):
                 code += [f"    if (PyArray_DIMS(ptn_in[{i}])[{d}] != {s}) {{",
-                         *fail("PyExc_ValueError", f"input '{info.get('name', i)}' must have size {s} in dim {d}, "
-                                                   "got %ld", f"(long)PyArray_DIMS(ptn_in[{i}])[{d}]"),
+                         *fail("PyExc_ValueError", f"input '{info.get('name', i)}' must have size {s} in dim {d}"),
                          "    }"]
     source_of = {info["want_inplace"]: i for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
     for k, info in enumerate(op.out_info):

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import KernelRuntimeError, KernelValueError
 from ..source import MAX_NDIM, STATUS_VALUE
-
-ERRBUF = 2048
 
 
 @dataclass(frozen=True)
@@ -28,8 +27,10 @@ class DriverSource:
 
 
 def driver_source(op, float_dtype: str, tuple_return: bool = True) -> DriverSource:
-    """The driver's text; with ``tuple_return=False`` a single output is returned bare."""
+    """The driver's text; with ``tuple_return=False`` a single output is returned bare.
+    Its globals: ``np``, ``ext`` (the entry point), ``KernelValueError``, ``KernelRuntimeError``."""
     n_in, n_out = len(op.in_info), len(op.out_info)
+    variant_symbol = op.variant(float_dtype).symbol
     args = [f"i{i}" for i in range(n_in)]
     lines = [f"def ptn_driver({', '.join(args)}):"]
     prefix = f"NativeOp {op.name!r}: "
@@ -38,9 +39,9 @@ def driver_source(op, float_dtype: str, tuple_return: bool = True) -> DriverSour
             lines.append(f"    i{i} = np.ascontiguousarray(i{i})")
         for d, s in enumerate(info.get("shape") or ()):
             if isinstance(s, int):
-                msg = f"{prefix}input {info.get('name', i)!r} must have size {s} in dim {d}, got "
+                msg = f"{prefix}input {info.get('name', i)!r} must have size {s} in dim {d}"
                 lines.append(f"    if i{i}.shape[{d}] != {s}:")
-                lines.append(f"        raise ValueError({msg!r} + str(i{i}.shape[{d}]))")
+                lines.append(f"        raise ValueError({msg!r})")  # static: Numba can raise it
     source_of = {info["want_inplace"]: i for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
     for k, info in enumerate(op.out_info):
         if k in source_of:
@@ -67,23 +68,18 @@ def driver_source(op, float_dtype: str, tuple_return: bool = True) -> DriverSour
             lines.append(f"    strides[{j * MAX_NDIM + d}] = {a}.strides[{d}]")
     outs = ", ".join(f"o{k}" for k in range(n_out))
     lines += [
-        f"    err = np.zeros({ERRBUF}, dtype=np.uint8)",
-        f"    status = ext(data.ctypes, shapes.ctypes, strides.ctypes, err.ctypes, {ERRBUF})",
+        "    status = ext(data.ctypes, shapes.ctypes, strides.ctypes, data.ctypes, 0)",
+        f"    if status == {STATUS_VALUE}:",
+        f"        raise KernelValueError({op.name!r}, {variant_symbol!r})",
         "    if status != 0:",
-        f"        msg = {prefix!r}",
-        f"        for j in range({ERRBUF}):",
-        "            if err[j] == 0:",
-        "                break",
-        "            msg += chr(err[j])",
-        f"        if status == {STATUS_VALUE}:",
-        "            raise ValueError(msg)",
-        "        raise RuntimeError(msg)",
+        f"        raise KernelRuntimeError({op.name!r}, {variant_symbol!r})",
         f"    return {outs}" + ("," if n_out == 1 and tuple_return else ""),
     ]
     text = "\n".join(lines) + "\n"
     return DriverSource(text, "ptn_driver", hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
+DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntimeError": KernelRuntimeError}
 _python_drivers: dict[tuple[str, str], object] = {}
 
 
@@ -96,7 +92,8 @@ def python_driver(op, float_dtype: str):
     key = (variant.symbol, src.digest)
     fn = _python_drivers.get(key)
     if fn is None:
-        env = {"np": np, "ext": load(variant).run}
+        lib = load(variant)
+        env = dict(DRIVER_GLOBALS, ext=lib.run)
         exec(compile(src.text, f"<ptnative driver {op.name}>", "exec"), env)
         fn = _python_drivers[key] = env[src.function_name]
     return fn

@@ -11,7 +11,7 @@ from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_
 
 from ..build import load
 from ..op import NativeOp
-from .driver import driver_source
+from .driver import DRIVER_GLOBALS, driver_source
 
 ENTRY_SIGNATURE = types.int32(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64)
 _loaded_permanently: set[str] = set()
@@ -27,9 +27,6 @@ def numba_funcify_native_op(op, node, **kwargs):
         _loaded_permanently.add(str(lib.path))
     src = driver_source(op, float_dtype, tuple_return=False)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
-    fn = compile_numba_function_src(
-        src.text, src.function_name, global_env={"np": __import__("numpy"),
-                                                 "ext": types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE)},
-        cache_key=key,
-    )
+    env = dict(DRIVER_GLOBALS, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
+    fn = compile_numba_function_src(src.text, src.function_name, global_env=env, cache_key=key)
     return numba_njit(fn), key

@@ -1,0 +1,37 @@
+"""Shared test helpers: the modes every op must agree in, and the infer_shape check."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+# Tests use their own kernel cache unless one is given, so a stale user cache cannot hide a build problem.
+os.environ.setdefault("PTNATIVE_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"ptnative-test-cache-{os.getuid()}"))
+
+import pytensor  # noqa: E402
+
+#: Every mode a NativeOp must run in: default (Numba), C, CVM, and Python-only FAST_COMPILE.
+MODES = [None, "C", "CVM", "FAST_COMPILE"]
+MODE_IDS = ["default", "C", "CVM", "FAST_COMPILE"]
+
+
+@pytest.fixture(params=MODES, ids=MODE_IDS)
+def mode(request):
+    return request.param
+
+
+def check_infer_shape(inputs, outputs, values, op_class, mode=None):
+    """The op vanishes from the shape graph, and the inferred shapes equal the computed ones."""
+    mode = pytensor.compile.get_mode(mode).including("canonicalize")
+    fo = pytensor.function(inputs, outputs, mode=mode)
+    fs = pytensor.function(inputs, [o.shape for o in outputs], mode=mode, on_unused_input="ignore")
+    assert not any(isinstance(n.op, op_class) for n in fs.maker.fgraph.toposort())
+    assert any(isinstance(n.op, op_class) for n in fo.maker.fgraph.toposort())
+    for o, s in zip(fo(*values), fs(*values)):
+        assert tuple(np.shape(o)) == tuple(s)
+
+
+def tol(dtype):
+    """(rtol, atol) for comparing against a float64 reference."""
+    return (2e-4, 2e-5) if np.dtype(dtype) == np.float32 else (1e-10, 1e-12)

@@ -1,0 +1,1 @@
+"""Independent numpy reference implementations, written from the op's math, not from our kernels."""
