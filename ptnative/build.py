@@ -28,7 +28,7 @@ log = logging.getLogger("ptnative.build")
 CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fvisibility=hidden",
              "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
-              "-Xlinker", "-Bsymbolic", "-x", "cu", "-DCUDA=1", "-diag-suppress", "177,550"]
+              "-Xlinker", "-Bsymbolic", "--expt-relaxed-constexpr", "-x", "cu", "-DCUDA=1", "-diag-suppress", "177,550"]
 DEFAULT_CUDA_ARCHS = ("75", "80", "86", "89", "90")
 LOCK_TIMEOUT_S = 900
 
