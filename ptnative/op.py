@@ -216,7 +216,7 @@ class NativeOpGenBase:
 
     Subclasses set ``in_info``, ``out_info``, ``c_fw_code`` and optionally
     ``c_bw_code``, ``c_extra_support_code`` (dict, joined in sorted key order),
-    ``code_version``, ``grad_input_map``, ``cpu_support``, ``float_dtypes``.
+    ``code_version``, ``grad_input_map``, ``cpu_support``, ``float_dtypes``, ``op_class``.
     """
 
     in_info: tuple = None
@@ -229,6 +229,8 @@ class NativeOpGenBase:
     theano_custom_grad = None
     cpu_support = True
     float_dtypes = FLOAT_DTYPES
+    #: The Op class made by :meth:`make_op`; a family may use a NativeOp subclass (e.g. for a custom pullback).
+    op_class = NativeOp
 
     @classmethod
     def map_layer_inputs_to_op(cls, *inputs):
@@ -248,4 +250,4 @@ class NativeOpGenBase:
             float_dtypes=cls.float_dtypes,
         )
         spec.update(kwargs)
-        return NativeOp(**spec)
+        return cls.op_class(**spec)
