@@ -1,0 +1,143 @@
+"""``python -m ptnative info | build [--device cuda] | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+
+def _version(module: str) -> str:
+    try:
+        return importlib.import_module(module).__version__
+    except ImportError:
+        return "not installed"
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+        return lines[0] if out.returncode == 0 and lines else "not found"
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+
+
+def _dir_size(path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def info() -> None:
+    from . import __version__, blas, build
+
+    rows = [
+        ("ptnative", __version__),
+        ("python", platform.python_version()),
+        ("pytensor", _version("pytensor")),
+        ("numpy", _version("numpy")),
+        ("numba", _version("numba")),
+        ("scipy", _version("scipy")),
+        ("jax", _version("jax")),
+        ("C++ compiler", f"{build.cxx()}: {_first_line([build.cxx(), '--version'])}"),
+    ]
+    nvcc = build.nvcc()
+    nvcc_version = [line for line in build.compiler_version(nvcc).splitlines() if "release" in line] if nvcc else []
+    rows.append(("nvcc", f"{nvcc}: {nvcc_version[0].strip() if nvcc_version else '?'}" if nvcc else "not found"))
+    smi = shutil.which("nvidia-smi")
+    gpu = _first_line([smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]) if smi else ""
+    rows.append(("GPU", gpu if gpu and gpu != "not found" else "none found"))
+    rows.append(("CUDA archs for builds", ", ".join("sm_" + a for a in build.cuda_archs())))
+    rows.append(("BLAS (CPU kernels)", blas.describe()))
+    cache = build.cache_dir()
+    libs = list(cache.glob("*.so"))
+    rows.append(("kernel cache", f"{cache} ({len(libs)} libraries, {_dir_size(cache) / 2**20:.1f} MiB)"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def build_all(device: str) -> int:
+    from . import build, catalogue
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        def tqdm(it, **kw):
+            return it
+
+    todo = list(catalogue.variants(device))
+    failures = 0
+    start = time.time()
+    for name, op, dtype in tqdm(todo, desc=f"building ({device})", unit="lib"):
+        try:
+            build.build(op.variant(dtype, device=device))
+        except build.CompileError as e:
+            failures += 1
+            print(f"\n{name} ({dtype}): {e}", file=sys.stderr)
+    print(f"{len(todo) - failures} of {len(todo)} libraries ready in {build.cache_dir()} "
+          f"({time.time() - start:.1f} s)")
+    return 1 if failures else 0
+
+
+def demo() -> None:
+    import numpy as np
+    import pytensor
+    import pytensor.tensor as pt
+
+    from . import build
+    from .ops import LstmGenericBase
+
+    T, B, n = 20, 4, 8
+    rng = np.random.default_rng(0)
+    Z, V_h, c = pt.tensor3("Z"), pt.matrix("V_h"), pt.matrix("c")
+    mask = pt.matrix("mask")
+    op = LstmGenericBase.make_op()
+    Y, H, d = op(Z, V_h, c, mask)
+    loss = (Y ** 2).sum()
+    grad_V = pytensor.grad(loss, V_h)
+    f = pytensor.function([Z, V_h, c, mask], [loss, grad_V])
+    lengths = np.array([20, 17, 9, 1])
+    mask_v = (np.arange(T)[:, None] < lengths[None, :]).astype(pytensor.config.floatX)
+    values = [rng.normal(size=(T, B, 4 * n)), 0.3 * rng.normal(size=(n, 4 * n)), np.zeros((B, n)), mask_v]
+    values = [v.astype(pytensor.config.floatX) for v in values]
+    t0 = time.perf_counter()
+    loss_v, grad_v = f(*values)
+    first = time.perf_counter() - t0
+    lib = build.library_path(op.variant(str(Z.dtype)))
+    print("ptnative demo: LSTM (LstmGenericBase) over 4 sequences of lengths", lengths.tolist())
+    print(f"  loss = sum(Y**2) = {float(loss_v):.6f}")
+    print(f"  |d loss / d V_h| = {float(np.linalg.norm(grad_v)):.6f}")
+    print(f"  mode: {pytensor.config.mode!r} (the default; linker {type(f.maker.linker).__name__}), dtype {Z.dtype}")
+    print(f"  kernels compiled by: {_first_line([build.cxx(), '--version'])}")
+    print(f"  library: {lib}")
+    print(f"  first call {first * 1e3:.1f} ms (includes JIT); ", end="")
+    t0 = time.perf_counter()
+    for _ in range(10):
+        f(*values)
+    print(f"then {(time.perf_counter() - t0) / 10 * 1e3:.2f} ms per call")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ptnative", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, compilers, GPU, BLAS and the kernel cache")
+    b = sub.add_parser("build", help="build every catalogue op ahead of time")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    sub.add_parser("demo", help="run a short PyTensor program using a native op")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        info()
+    elif args.command == "build":
+        return build_all(args.device)
+    elif args.command == "demo":
+        demo()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
