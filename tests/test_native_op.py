@@ -335,3 +335,11 @@ def test_parallel_builds_share_one_library(tmp_path):
     libs = list((tmp_path / "cache").glob("*.so"))
     assert len(libs) == 1
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+
+
+def test_kernel_files_are_found():
+    """c_code/ ships as package data: an installed (non-editable) ptnative finds its kernels."""
+    kernels = ptnative.source.kernel_dir()
+    assert kernels.joinpath("native_op.h").is_file() and kernels.joinpath("lstm.cu").is_file()
+    if "site-packages" in ptnative.__file__:
+        assert "site-packages" in str(kernels)
