@@ -4,6 +4,9 @@
 #define PTNATIVE_NATIVE_OP_ENTRY_H
 
 #include <new>
+#if PTN_CUDA
+#include <mutex>
+#endif
 
 namespace ptn {
 
@@ -24,8 +27,31 @@ inline int32_t error_char(int64_t j) {
   return j >= 0 && j < (int64_t)last_error.size() ? (int32_t)(unsigned char)last_error[j] : 0;
 }
 
+#if PTN_CUDA
+// Device buffers kept between calls (grown when too small), one per argument.
+struct DeviceBuffers {
+  std::vector<void*> ptr;
+  std::vector<size_t> size;
+  void* get(size_t j, size_t bytes) {
+    if (ptr.size() <= j) { ptr.resize(j + 1, 0); size.resize(j + 1, 0); }
+    if (size[j] < bytes) {
+      if (ptr[j]) cudaFree(ptr[j]);
+      ptr[j] = 0;
+      size[j] = 0;
+      cuda_check(cudaMalloc(&ptr[j], bytes), __FILE__, __LINE__);
+      size[j] = bytes;
+    }
+    return ptr[j];
+  }
+};
+#endif
+
+// Host arrays in, host arrays out.  On the CPU the body works on them directly;
+// the CUDA build copies (C-contiguous) arrays to device buffers kept for the next
+// call, runs, and copies the outputs back.  `host_memory` inputs stay on the host.
 inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,
-                     void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {
+                     const int* host_memory, void** data, const int64_t* shapes, const int64_t* strides, char* err,
+                     int64_t errlen) {
   try {
     std::vector<Ndarray> views(n_in + n_out);
     for (int j = 0; j < n_in + n_out; ++j) {
@@ -38,6 +64,27 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
         v.strides[d] = d < v.ndim ? strides[j * PTN_MAX_NDIM + d] : v.itemsize;
       }
     }
+#if PTN_CUDA
+    static std::mutex lock;
+    std::lock_guard<std::mutex> guard(lock);
+    static DeviceBuffers buffers;
+    if (!current_stream) cuda_check(cudaStreamCreateWithFlags(&current_stream, cudaStreamNonBlocking), __FILE__, __LINE__);
+    std::vector<int> input_of(n_out, -1);
+    for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) input_of[inplace_of[i]] = i;
+    for (int j = 0; j < n_in + n_out; ++j) {
+      Ndarray& v = views[j];
+      if (j < n_in && (host_memory[j] || inplace_of[j] >= 0)) continue;  // host value / the output's buffer
+      size_t bytes = (size_t)n_elements(&v) * v.itemsize;
+      int64_t stride = v.itemsize;
+      for (int d = v.ndim - 1; d >= 0; --d) { v.strides[d] = stride; stride *= v.dims[d]; }
+      void* host = v.data;
+      v.data = buffers.get(j, bytes ? bytes : 1);
+      if (bytes && (j < n_in || input_of[j - n_in] >= 0))  // inputs, and outputs holding an input's copy
+        cuda_check(cudaMemcpyAsync(v.data, host, bytes, cudaMemcpyHostToDevice, current_stream), __FILE__, __LINE__);
+      else if (bytes)
+        cuda_check(cudaMemsetAsync(v.data, 0, bytes, current_stream), __FILE__, __LINE__);
+    }
+#endif
     std::vector<Ndarray*> outs(n_out + 1), ins(n_in + 1);
     std::vector<Ndarray**> out_slots(n_out + 1);
     for (int k = 0; k < n_out; ++k) {
@@ -48,6 +95,14 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
     body(n_in, ins.data(), n_out, out_slots.data());
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
+    for (int k = 0; k < n_out; ++k) {
+      const Ndarray& v = views[n_in + k];
+      size_t bytes = (size_t)n_elements(&v) * v.itemsize;
+      if (bytes)
+        cuda_check(cudaMemcpyAsync(data[n_in + k], v.data, bytes, cudaMemcpyDeviceToHost, current_stream), __FILE__,
+                   __LINE__);
+    }
+    cuda_check(cudaStreamSynchronize(current_stream), __FILE__, __LINE__);
 #endif
     return PTN_STATUS_OK;
   } catch (const Error& e) {

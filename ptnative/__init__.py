@@ -2,6 +2,8 @@
 fast sequence kernels."""
 
 from .build import CompileError
+from .errors import KernelRuntimeError, KernelValueError
+from .settings import config
 from .op import NativeOp, NativeOpGenBase
 from .spec import NativeOpBase
 
@@ -11,4 +13,5 @@ from . import ops  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "ops", "__version__"]
+__all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "KernelValueError", "KernelRuntimeError",
+           "config", "ops", "__version__"]

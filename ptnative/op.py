@@ -14,6 +14,8 @@ from pytensor.tensor.type import TensorType
 
 from . import source
 from .backends import c as c_backend
+from .settings import DEVICES
+from .device import resolve as resolve_device
 from .spec import FLOAT_GENERIC, NativeOpBase
 
 FLOAT_DTYPES = ("float32", "float64")
@@ -48,16 +50,19 @@ class NativeOp(COp, NativeOpBase):
         float32, casting float64 inputs down.
     inplace : tuple of int
         Inputs this op destroys (set by the inplace rewrite).
+    device : {"cpu", "cuda", "auto"} or None
+        Where this op runs; None follows ``ptnative.config.device``.
 
     Calling the op returns its outputs (one variable, or a list), without
     dummy outputs.
     """
 
     __props__ = ("in_info", "out_info", "c_fw_code", "c_bw_code", "c_extra_support_code", "code_version",
-                 "cpu_support", "grad_input_map", "name", "float_dtypes", "inplace")
+                 "cpu_support", "grad_input_map", "name", "float_dtypes", "inplace", "device")
 
     def __init__(self, in_info, out_info, c_fw_code, c_bw_code=None, c_extra_support_code=None, code_version=None,
-                 cpu_support=True, grad_input_map=None, name=None, float_dtypes=FLOAT_DTYPES, inplace=()):
+                 cpu_support=True, grad_input_map=None, name=None, float_dtypes=FLOAT_DTYPES, inplace=(),
+                 device=None):
         NativeOpBase.__init__(self, in_info, out_info, c_fw_code, c_bw_code=c_bw_code,
                               c_extra_support_code=c_extra_support_code, code_version=code_version,
                               cpu_support=cpu_support, grad_input_map=grad_input_map, name=name)
@@ -70,6 +75,9 @@ class NativeOp(COp, NativeOpBase):
             if not (0 <= i < len(self.in_info)) or self.in_info[i].get("want_inplace", -1) < 0:
                 raise ValueError(f"NativeOp {self.name!r}: input {i} has no want_inplace and cannot be destroyed")
         self.inplace = inplace
+        if device is not None and device not in DEVICES:
+            raise ValueError(f"NativeOp {self.name!r}: device must be one of {DEVICES} or None, got {device!r}")
+        self.device = device
         self.destroy_map = {self.in_info[i]["want_inplace"]: [i] for i in inplace}
 
     def __str__(self):
@@ -169,24 +177,22 @@ class NativeOp(COp, NativeOpBase):
 
     # ------------------------------------------------------------ backends
     def variant(self, float_dtype: str, device: str = "cpu") -> source.Variant:
-        """The translation unit computing in ``float_dtype`` on ``device``."""
-        return _variant(self.clone_with(inplace=()), float_dtype, device)
+        """The translation unit computing in ``float_dtype`` on ``device`` (``"cpu"`` or ``"cuda"``)."""
+        return _variant(self.clone_with(inplace=(), device=None), float_dtype, device)
 
-    def check_cpu_runnable(self, node) -> str:
-        if not self.cpu_support:
-            raise RuntimeError(f"NativeOp {self.name!r} has no CPU implementation (cpu_support=False); "
-                               "it needs a GPU")
-        return self.float_dtype_of(node)
+    def target(self, node) -> tuple[str, str]:
+        """(floating dtype, device) that ``node`` runs with; see :func:`ptnative.device.resolve`."""
+        return self.float_dtype_of(node), resolve_device(self)
 
     def perform(self, node, inputs, output_storage):
         from .backends.driver import python_driver
 
-        results = python_driver(self, self.check_cpu_runnable(node))(*inputs)
+        results = python_driver(self, *self.target(node))(*inputs)
         for storage, value in zip(output_storage, results):
             storage[0] = value
 
     def c_support_code_apply(self, node, name):
-        return self.variant(self.check_cpu_runnable(node)).source
+        return c_backend.support_code(self, *self.target(node))
 
     def c_init_code(self, **kwargs):
         return [c_backend.INIT_CODE]
@@ -195,7 +201,7 @@ class NativeOp(COp, NativeOpBase):
         return c_backend.c_code(self, node, name, inputs, outputs, sub)
 
     def c_code_cache_version_apply(self, node):
-        return c_backend.cache_version(self, self.float_dtype_of(node))
+        return c_backend.cache_version(self, *self.target(node))
 
     def c_code_cache_version(self):
         return (source.GLUE_VERSION, *self.code_version)
@@ -203,7 +209,7 @@ class NativeOp(COp, NativeOpBase):
 
 @cache
 def _grad_op_of(op: NativeOp) -> NativeOp:
-    return NativeOp(**op.kwargs_for_grad_op(), float_dtypes=op.float_dtypes)
+    return NativeOp(**op.kwargs_for_grad_op(), float_dtypes=op.float_dtypes, device=op.device)
 
 
 @cache

@@ -12,7 +12,9 @@ The same text is compiled by ptnative's own build (g++ or nvcc, see
 ``strides`` (bytes) hold ``PTN_MAX_NDIM`` entries per array in the same order.
 Outputs are allocated by the caller; a ``want_inplace`` input and its output
 are the same buffer.  The return value is 0, or a ``PTN_STATUS_*`` with a
-message in ``err``.
+message in ``err``.  The CUDA build takes host arrays too (C-contiguous ones):
+it copies them to device buffers that it keeps for the next call, runs, and
+copies the outputs back; ``host_memory`` inputs stay on the host.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 MAX_NDIM = 8
 STATUS_VALUE = 2
 #: Bumped whenever the generated glue changes incompatibly.
-GLUE_VERSION = 2
+GLUE_VERSION = 3
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
@@ -91,6 +93,7 @@ def generate(op, float_dtype: str, device: str = "cpu") -> Variant:
     dtypes = [op.array_dtype(info, float_dtype) for info in op.in_info + op.out_info]
     ndims = [info["ndim"] for info in op.in_info + op.out_info]
     inplace_of = [info.get("want_inplace", -1) for info in op.in_info]
+    host_memory = [bool(info.get("host_memory")) for info in op.in_info]
     body = op.c_fw_code % {"fail": "ptn::fail_pending();"}
 
     def ints(values):
@@ -120,7 +123,9 @@ extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_
   static const int ndims[] = {ints(ndims)};
   static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
   static const int inplace_of[] = {ints(inplace_of)};
-  return ptn::run_entry(&@NS@::body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, data, shapes, strides, err, errlen);
+  static const int host_memory[] = {ints(host_memory)};
+  return ptn::run_entry(&@NS@::body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides,
+                        err, errlen);
 }}
 
 extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}

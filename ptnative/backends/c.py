@@ -4,6 +4,8 @@ calls its entry point, exactly as the Python driver does."""
 
 from __future__ import annotations
 
+import zlib
+
 from ..source import GLUE_VERSION, MAX_NDIM, STATUS_VALUE
 
 _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_INT32", "int64": "NPY_INT64",
@@ -11,14 +13,48 @@ _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_
 
 INIT_CODE = "if (ptn_init_blas_from_scipy() != 0) PyErr_Clear();"
 
+# The CUDA variant is built by nvcc into ptnative's library; the module calls it through dlopen.
+_CUDA_TRAMPOLINE = """
+#include <dlfcn.h>
+typedef int (*@SYM@_t)(void**, const int64_t*, const int64_t*, char*, int64_t);
+static int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {
+  static @SYM@_t fn = 0;
+  if (!fn) {
+    void* lib = dlopen("@PATH@", RTLD_NOW | RTLD_LOCAL);
+    fn = lib ? (@SYM@_t)dlsym(lib, "@SYM@") : 0;
+    if (!fn) {
+      snprintf(err, errlen, "cannot load the CUDA library @PATH@ (%s); run the function again to rebuild it",
+               dlerror());
+      return 1;
+    }
+  }
+  return fn(data, shapes, strides, err, errlen);
+}
+"""
 
-def cache_version(op, float_dtype: str) -> tuple[int, ...]:
-    return (GLUE_VERSION, int(op.variant(float_dtype).digest, 16))
+
+def support_code(op, float_dtype: str, device: str) -> str:
+    variant = op.variant(float_dtype, device)
+    if device == "cpu":
+        return variant.source
+    from ..build import build
+
+    path = str(build(variant)).replace("\\", "\\\\").replace('"', '\\"')
+    return _CUDA_TRAMPOLINE.replace("@SYM@", variant.symbol).replace("@PATH@", path)
+
+
+def cache_version(op, float_dtype: str, device: str) -> tuple[int, ...]:
+    version = (GLUE_VERSION, int(op.variant(float_dtype, device).digest, 16))
+    if device == "cpu":
+        return version
+    from ..build import library_path
+
+    return version + (zlib.crc32(str(library_path(op.variant(float_dtype, device))).encode()),)
 
 
 def c_code(op, node, name: str, inputs: list[str], outputs: list[str], sub: dict) -> str:
-    float_dtype = op.check_cpu_runnable(node)
-    symbol = op.variant(float_dtype).symbol
+    float_dtype, device = op.target(node)
+    symbol = op.variant(float_dtype, device).symbol
     n_in, n_out = len(inputs), len(outputs)
     n = n_in + n_out
     cname = op.name.replace("\\", "\\\\").replace('"', '\\"')
@@ -40,7 +76,7 @@ def c_code(op, node, name: str, inputs: list[str], outputs: list[str], sub: dict
         return [f'    PyErr_Format({exc}, "NativeOp \'%s\': {fmt}", "{cname}"{a});', "    ptn_status = -1; break;"]
 
     for i, info in enumerate(op.in_info):
-        if info.get("need_contiguous") and info["ndim"] > 0:
+        if info["ndim"] > 0 and (info.get("need_contiguous") or (device == "cuda" and not info.get("host_memory"))):
             code += [
                 f"    if (!PyArray_IS_C_CONTIGUOUS(ptn_in[{i}])) {{",
                 f"      ptn_tmp[{i}] = (PyArrayObject*)PyArray_NewCopy(ptn_in[{i}], NPY_CORDER);",

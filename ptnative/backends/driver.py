@@ -26,16 +26,16 @@ class DriverSource:
     digest: str
 
 
-def driver_source(op, float_dtype: str, tuple_return: bool = True) -> DriverSource:
+def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool = True) -> DriverSource:
     """The driver's text; with ``tuple_return=False`` a single output is returned bare.
     Its globals: ``np``, ``ext`` (the entry point), ``KernelValueError``, ``KernelRuntimeError``."""
     n_in, n_out = len(op.in_info), len(op.out_info)
-    variant_symbol = op.variant(float_dtype).symbol
+    variant_symbol = op.variant(float_dtype, device).symbol
     args = [f"i{i}" for i in range(n_in)]
     lines = [f"def ptn_driver({', '.join(args)}):"]
     prefix = f"NativeOp {op.name!r}: "
     for i, info in enumerate(op.in_info):
-        if info.get("need_contiguous") and info["ndim"] > 0:
+        if info["ndim"] > 0 and (info.get("need_contiguous") or (device == "cuda" and not info.get("host_memory"))):
             lines.append(f"    i{i} = np.ascontiguousarray(i{i})")
         for d, s in enumerate(info.get("shape") or ()):
             if isinstance(s, int):
@@ -83,12 +83,12 @@ DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntime
 _python_drivers: dict[tuple[str, str], object] = {}
 
 
-def python_driver(op, float_dtype: str):
+def python_driver(op, float_dtype: str, device: str = "cpu"):
     """The driver as a plain Python function calling the library through ctypes."""
     from ..build import load
 
-    variant = op.variant(float_dtype)
-    src = driver_source(op, float_dtype)
+    variant = op.variant(float_dtype, device)
+    src = driver_source(op, float_dtype, device)
     key = (variant.symbol, src.digest)
     fn = _python_drivers.get(key)
     if fn is None:

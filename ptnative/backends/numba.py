@@ -19,13 +19,13 @@ _loaded_permanently: set[str] = set()
 
 @register_funcify_and_cache_key(NativeOp)
 def numba_funcify_native_op(op, node, **kwargs):
-    float_dtype = op.check_cpu_runnable(node)
-    variant = op.variant(float_dtype)
+    float_dtype, device = op.target(node)
+    variant = op.variant(float_dtype, device)
     lib = load(variant)  # builds if needed, sets BLAS in the library
     if str(lib.path) not in _loaded_permanently:
         llvm.load_library_permanently(str(lib.path))
         _loaded_permanently.add(str(lib.path))
-    src = driver_source(op, float_dtype, tuple_return=False)
+    src = driver_source(op, float_dtype, device, tuple_return=False)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
     env = dict(DRIVER_GLOBALS, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
     fn = compile_numba_function_src(src.text, src.function_name, global_env=env, cache_key=key)

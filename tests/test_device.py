@@ -1,0 +1,80 @@
+"""Device selection, and the CUDA build's host-array entry point without a GPU."""
+
+import shutil
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import ptnative
+from ptnative import NativeOp
+from ptnative.backends.driver import python_driver
+from ptnative.device import cuda_device_count
+
+from .test_native_op import scale_op
+
+no_gpu = pytest.mark.skipif(cuda_device_count() > 0, reason="a GPU is present")
+
+
+@pytest.fixture
+def device_setting():
+    yield ptnative.config
+    ptnative.config.device = None
+
+
+def test_config_device_values(device_setting, monkeypatch):
+    assert device_setting.device == "auto"
+    monkeypatch.setenv("PTNATIVE_DEVICE", "cpu")
+    assert device_setting.device == "cpu"
+    device_setting.device = "cuda"
+    assert device_setting.device == "cuda"
+    with pytest.raises(ValueError, match="device must be one of"):
+        device_setting.device = "tpu"
+    monkeypatch.setenv("PTNATIVE_DEVICE", "gpu")
+    device_setting.device = None
+    with pytest.raises(ValueError, match="device must be one of"):
+        device_setting.device
+    with pytest.raises(ValueError, match="device must be one of"):
+        scale_op(device="gpu")
+
+
+def run_scale(op, mode):
+    x, w, k = pt.matrix(), pt.vector(), pt.iscalar()
+    f = pytensor.function([x, w, k], op(x, w, k), mode=mode)
+    return f(np.ones((2, 3)), np.arange(3.0), 1)
+
+
+@no_gpu
+def test_auto_falls_back_to_cpu(mode, device_setting):
+    device_setting.device = "auto"
+    np.testing.assert_allclose(run_scale(scale_op(), mode)[1], [6.0, 6.0])
+
+
+@no_gpu
+def test_cuda_without_gpu_is_a_clear_error(mode, device_setting):
+    device_setting.device = "cuda"
+    with pytest.raises(RuntimeError, match="ScaleRows.*device 'cuda' was requested, but no CUDA driver"):
+        run_scale(scale_op(), mode)
+    # A per-op override beats the global setting, both ways.
+    np.testing.assert_allclose(run_scale(scale_op(device="cpu"), mode)[1], [6.0, 6.0])
+    device_setting.device = "cpu"
+    with pytest.raises(RuntimeError, match="device 'cuda' was requested"):
+        run_scale(scale_op(device="cuda"), mode)
+
+
+@no_gpu
+def test_gpu_only_op_without_gpu(mode, device_setting):
+    with pytest.raises(RuntimeError, match="ScaleRows has no CPU implementation|'ScaleRows' has no CPU implementation"):
+        run_scale(scale_op(cpu_support=False), mode)
+
+
+@no_gpu
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_cuda_library_reports_missing_gpu(monkeypatch):
+    """The CUDA build's host-array entry point returns an error, it does not crash the process."""
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    op = scale_op()
+    driver = python_driver(op, "float64", "cuda")
+    with pytest.raises(RuntimeError, match="ScaleRows.*CUDA error"):
+        driver(np.ones((2, 3)), np.ones(3), np.array(1, dtype=np.int32))
