@@ -46,24 +46,63 @@ struct DeviceBuffers {
 };
 #endif
 
+inline std::vector<Ndarray> make_views(int n, const int* ndims, const int* itemsizes, void** data,
+                                       const int64_t* shapes, const int64_t* strides) {
+  std::vector<Ndarray> views(n);
+  for (int j = 0; j < n; ++j) {
+    Ndarray& v = views[j];
+    v.data = data[j];
+    v.ndim = ndims[j];
+    v.itemsize = itemsizes[j];
+    for (int d = 0; d < PTN_MAX_NDIM; ++d) {
+      v.dims[d] = d < v.ndim ? shapes[j * PTN_MAX_NDIM + d] : 1;
+      v.strides[d] = d < v.ndim ? strides[j * PTN_MAX_NDIM + d] : v.itemsize;
+    }
+  }
+  return views;
+}
+
+// Calls the body on the views; a want_inplace input is its output's view.
+inline void call_body(body_t body, int n_in, int n_out, const int* inplace_of, std::vector<Ndarray>& views) {
+  std::vector<Ndarray*> outs(n_out + 1), ins(n_in + 1);
+  std::vector<Ndarray**> out_slots(n_out + 1);
+  for (int k = 0; k < n_out; ++k) {
+    outs[k] = &views[n_in + k];
+    out_slots[k] = &outs[k];
+  }
+  for (int i = 0; i < n_in; ++i) ins[i] = inplace_of[i] >= 0 ? outs[inplace_of[i]] : &views[i];
+  body(n_in, ins.data(), n_out, out_slots.data());
+}
+
+// Runs `f`, turning every failure into a status and a message.
+template <typename F>
+int guarded(F&& f, char* err, int64_t errlen) {
+  try {
+    f();
+    return PTN_STATUS_OK;
+  } catch (const Error& e) {
+    write_error(err, errlen, e.what());
+    return e.status;
+  } catch (const std::bad_alloc&) {
+    write_error(err, errlen, "out of memory");
+    return PTN_STATUS_RUNTIME;
+  } catch (const std::exception& e) {
+    write_error(err, errlen, e.what());
+    return PTN_STATUS_RUNTIME;
+  } catch (...) {
+    write_error(err, errlen, "unknown C++ exception");
+    return PTN_STATUS_RUNTIME;
+  }
+}
+
 // Host arrays in, host arrays out.  On the CPU the body works on them directly;
 // the CUDA build copies (C-contiguous) arrays to device buffers kept for the next
 // call, runs, and copies the outputs back.  `host_memory` inputs stay on the host.
 inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,
                      const int* host_memory, void** data, const int64_t* shapes, const int64_t* strides, char* err,
                      int64_t errlen) {
-  try {
-    std::vector<Ndarray> views(n_in + n_out);
-    for (int j = 0; j < n_in + n_out; ++j) {
-      Ndarray& v = views[j];
-      v.data = data[j];
-      v.ndim = ndims[j];
-      v.itemsize = itemsizes[j];
-      for (int d = 0; d < PTN_MAX_NDIM; ++d) {
-        v.dims[d] = d < v.ndim ? shapes[j * PTN_MAX_NDIM + d] : 1;
-        v.strides[d] = d < v.ndim ? strides[j * PTN_MAX_NDIM + d] : v.itemsize;
-      }
-    }
+  return guarded([&]() {
+    std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
 #if PTN_CUDA
     static std::mutex lock;
     std::lock_guard<std::mutex> guard(lock);
@@ -84,15 +123,10 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
       else if (bytes)
         cuda_check(cudaMemsetAsync(v.data, 0, bytes, current_stream), __FILE__, __LINE__);
     }
+#else
+    (void)host_memory;
 #endif
-    std::vector<Ndarray*> outs(n_out + 1), ins(n_in + 1);
-    std::vector<Ndarray**> out_slots(n_out + 1);
-    for (int k = 0; k < n_out; ++k) {
-      outs[k] = &views[n_in + k];
-      out_slots[k] = &outs[k];
-    }
-    for (int i = 0; i < n_in; ++i) ins[i] = inplace_of[i] >= 0 ? outs[inplace_of[i]] : &views[i];
-    body(n_in, ins.data(), n_out, out_slots.data());
+    call_body(body, n_in, n_out, inplace_of, views);
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
     for (int k = 0; k < n_out; ++k) {
@@ -104,21 +138,22 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
     }
     cuda_check(cudaStreamSynchronize(current_stream), __FILE__, __LINE__);
 #endif
-    return PTN_STATUS_OK;
-  } catch (const Error& e) {
-    write_error(err, errlen, e.what());
-    return e.status;
-  } catch (const std::bad_alloc&) {
-    write_error(err, errlen, "out of memory");
-    return PTN_STATUS_RUNTIME;
-  } catch (const std::exception& e) {
-    write_error(err, errlen, e.what());
-    return PTN_STATUS_RUNTIME;
-  } catch (...) {
-    write_error(err, errlen, "unknown C++ exception");
-    return PTN_STATUS_RUNTIME;
-  }
+  }, err, errlen);
 }
+
+#if PTN_CUDA
+// Device buffers in and out (XLA's), on the caller's stream: no copies, no synchronisation.
+inline int run_entry_device(cudaStream_t stream, body_t body, int n_in, int n_out, const int* ndims,
+                            const int* itemsizes, const int* inplace_of, void** data, const int64_t* shapes,
+                            const int64_t* strides, char* err, int64_t errlen) {
+  return guarded([&]() {
+    std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
+    current_stream = stream;
+    call_body(body, n_in, n_out, inplace_of, views);
+    HANDLE_LAST_ERROR();
+  }, err, errlen);
+}
+#endif
 
 }  // namespace ptn
 

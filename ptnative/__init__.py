@@ -9,7 +9,10 @@ from .spec import NativeOpBase
 
 from . import rewrites  # noqa: E402,F401  (registers the inplace rewrite)
 from .backends import numba as _numba_backend  # noqa: E402,F401  (registers the Numba implementation)
+from .backends import jax as _jax_backend  # noqa: E402
 from . import ops  # noqa: E402
+
+_jax_backend.install()  # the JAX implementation registers when PyTensor's JAX backend is imported
 
 __version__ = "0.1.0"
 

@@ -104,15 +104,16 @@ def cuda_archs() -> tuple[str, ...]:
 
 
 def compile_command(variant: Variant, src: Path, out: Path) -> list[str]:
+    includes = [f"-I{d}" for d in variant.include_dirs]
     if variant.device == "cpu":
-        return [cxx(), *CXX_FLAGS, str(src), "-o", str(out)]
+        return [cxx(), *CXX_FLAGS, *includes, str(src), "-o", str(out)]
     nv = nvcc()
     if nv is None:
         raise CompileError("nvcc was not found (set PTNATIVE_NVCC or CUDA_HOME, or put nvcc on PATH)")
     gencode = []
     for arch in cuda_archs():
         gencode += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-    return [nv, *NVCC_FLAGS, *gencode, str(src), "-o", str(out)]
+    return [nv, *NVCC_FLAGS, *includes, *gencode, str(src), "-o", str(out)]
 
 
 def library_path(variant: Variant) -> Path:

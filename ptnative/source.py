@@ -80,6 +80,7 @@ class Variant:
     symbol: str
     source: str
     device: str  # "cpu" | "cuda"
+    include_dirs: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -119,14 +120,26 @@ static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outpu
 }}  // namespace @NS@
 #pragma pop_macro("assert")
 
+namespace @NS@ {{
+static const int ndims[] = {ints(ndims)};
+static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
+static const int inplace_of[] = {ints(inplace_of)};
+static const int host_memory[] = {ints(host_memory)};
+}}  // namespace @NS@
+
 extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
-  static const int ndims[] = {ints(ndims)};
-  static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
-  static const int inplace_of[] = {ints(inplace_of)};
-  static const int host_memory[] = {ints(host_memory)};
-  return ptn::run_entry(&@NS@::body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides,
-                        err, errlen);
+  using namespace @NS@;
+  return ptn::run_entry(&body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides, err,
+                        errlen);
 }}
+#if PTN_CUDA
+extern "C" PTN_EXPORT int ptn_@SYM@_run_on_device(cudaStream_t stream, void** data, const int64_t* shapes,
+                                                 const int64_t* strides, char* err, int64_t errlen) {{
+  using namespace @NS@;
+  return ptn::run_entry_device(stream, &body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, data, shapes, strides,
+                               err, errlen);
+}}
+#endif
 
 extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}
 
@@ -136,3 +149,95 @@ extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) {{ return ptn::error_c
     symbol = f"ptn_{c_name(op.name)}_{digest}"
     text = text.replace("@NS@", symbol + "_ns").replace("@SYM@", symbol)
     return Variant(symbol=symbol, source=text, device=device)
+
+
+# An XLA FFI handler around the entry point: XLA owns the buffers (row-major,
+# contiguous); outputs start zeroed or as their input's copy, as everywhere.
+_FFI_WRAPPER = r"""
+#include "xla/ffi/api/ffi.h"
+namespace @SYM@_ffi_ns {
+namespace ffi = xla::ffi;
+static ffi::Error fill(const ffi::AnyBuffer& b, int j, int itemsize, void** data, int64_t* shapes, int64_t* strides) {
+  auto dims = b.dimensions();
+  if ((int)dims.size() > PTN_MAX_NDIM) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "too many dimensions");
+  data[j] = b.untyped_data();
+  int64_t stride = itemsize;
+  for (int d = (int)dims.size() - 1; d >= 0; --d) {
+    shapes[j * PTN_MAX_NDIM + d] = dims[d];
+    strides[j * PTN_MAX_NDIM + d] = stride;
+    stride *= dims[d];
+  }
+  return ffi::Error::Success();
+}
+static ffi::Error impl(@STREAM_PARAM@ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const int n_in = @N_IN@, n_out = @N_OUT@;
+  static const int itemsizes[] = @ITEMSIZES@;
+  static const int source_of[] = @SOURCE_OF@;  // per output: the input it starts as, or -1
+  if ((int)args.size() != n_in || (int)rets.size() != n_out)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "@NAME@: wrong number of arguments");
+  void* data[@N@ + 1];
+  int64_t shapes[(@N@ + 1) * PTN_MAX_NDIM] = {0}, strides[(@N@ + 1) * PTN_MAX_NDIM] = {0};
+  std::vector<size_t> bytes(@N@ + 1, 0);
+  for (int i = 0; i < n_in; ++i) {
+    auto b = args.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    if (auto e = fill(b.value(), i, itemsizes[i], data, shapes, strides); e.failure()) return e;
+    bytes[i] = b.value().size_bytes();
+  }
+  for (int k = 0; k < n_out; ++k) {
+    auto r = rets.get<ffi::AnyBuffer>(k);
+    if (!r.has_value()) return r.error();
+    if (auto e = fill(*r.value(), n_in + k, itemsizes[n_in + k], data, shapes, strides); e.failure()) return e;
+    bytes[n_in + k] = r.value()->size_bytes();
+  }
+  for (int k = 0; k < n_out; ++k) {
+    void* out = data[n_in + k];
+    int i = source_of[k];
+    if (!bytes[n_in + k]) continue;
+    if (i < 0) @MEMSET@(out, 0, bytes[n_in + k]@ASYNC@);
+    else if (out != data[i]) @MEMCPY@(out, data[i], bytes[n_in + k]@COPY_KIND@@ASYNC@);
+  }
+  char err[2048] = {0};
+  int status = @RUN@;
+  if (status != 0)
+    return ffi::Error(status == PTN_STATUS_VALUE ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal,
+                      std::string("NativeOp '@NAME@': ") + err);
+  return ffi::Error::Success();
+}
+}  // namespace @SYM@_ffi_ns
+extern "C" PTN_EXPORT XLA_FFI_Error* @SYM@_ffi(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(@SYM@_ffi, @SYM@_ffi_ns::impl,
+                              xla::ffi::Ffi::Bind()@STREAM_BIND@.RemainingArgs().RemainingRets());
+"""
+
+
+def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant:
+    """The translation unit of an XLA FFI handler ``<symbol>_ffi`` for ``op`` on ``device``.
+
+    CPU: a host handler.  CUDA: a handler working on device buffers, on XLA's stream."""
+    base = generate(op, float_dtype, device)
+    n_in, n_out = len(op.in_info), len(op.out_info)
+    dtypes = [op.array_dtype(info, float_dtype) for info in op.in_info + op.out_info]
+    source_of = [-1] * n_out
+    for i, info in enumerate(op.in_info):
+        if info.get("want_inplace", -1) >= 0:
+            source_of[info["want_inplace"]] = i
+    cuda = device == "cuda"
+    fields = {
+        "@N_IN@": str(n_in), "@N_OUT@": str(n_out), "@N@": str(n_in + n_out), "@NAME@": op.name.replace('"', ""),
+        "@ITEMSIZES@": "{" + ", ".join(str(np.dtype(d).itemsize) for d in dtypes) + "}",
+        "@SOURCE_OF@": "{" + ", ".join(map(str, source_of + [0])) + "}",
+        "@STREAM_PARAM@": "cudaStream_t stream, " if cuda else "",
+        "@STREAM_BIND@": ".Ctx<xla::ffi::PlatformStream<cudaStream_t>>()" if cuda else "",
+        "@MEMSET@": "cudaMemsetAsync" if cuda else "memset",
+        "@MEMCPY@": "cudaMemcpyAsync" if cuda else "memcpy",
+        "@COPY_KIND@": ", cudaMemcpyDeviceToDevice" if cuda else "",
+        "@ASYNC@": ", stream" if cuda else "",
+        "@RUN@": (f"ptn_{base.symbol}_run_on_device(stream, data, shapes, strides, err, sizeof(err))" if cuda
+                  else f"{base.symbol}(data, shapes, strides, err, sizeof(err))"),
+    }
+    text = _FFI_WRAPPER
+    for k, v in fields.items():
+        text = text.replace(k, v)
+    text = text.replace("@SYM@", base.symbol)
+    return Variant(symbol=base.symbol, source=base.source + text, device=device, include_dirs=(include_dir,))

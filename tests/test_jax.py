@@ -1,0 +1,58 @@
+"""JAX mode: native ops as XLA FFI calls (CPU here), same numbers and gradients as the default mode."""
+
+import shutil
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import ptnative  # noqa: E402
+from ptnative.ops import LstmGenericBase  # noqa: E402
+
+from .test_lstm import lstm_data, symbolic  # noqa: E402
+from .test_native_op import scale_op  # noqa: E402
+
+
+def test_lstm_forward_and_gradients_match_default_mode():
+    Z, V_h, c, i = symbolic("float64")
+    Y, H, d = LstmGenericBase.make_op()(Z, V_h, c, i)
+    grads = pytensor.grad((Y ** 2).sum() + (d * 3).sum(), [Z, V_h, c])
+    values = lstm_data(6, 3, 4, "float64", seed=4)
+    ref = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads])(*values)
+    f = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads], mode="JAX")
+    results = f(*values)
+    assert all(isinstance(r, jax.Array) for r in results)  # computed by XLA
+    for got, want in zip(results, ref):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_inplace_input_and_int_scalar(dtype):
+    x, w, k = pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.iscalar()
+    y, s = scale_op()(x * 2, w, k)
+    f = pytensor.function([x, w, k], [y, s, x * 2], mode="JAX")
+    xv = np.arange(6, dtype=dtype).reshape(2, 3)
+    got_y, got_s, got_x2 = (np.asarray(a) for a in f(xv, np.ones(3, dtype=dtype), 1))
+    np.testing.assert_allclose(got_y, xv * 2 + 1)
+    np.testing.assert_allclose(got_s, (xv * 2 + 1).sum(axis=1))
+    np.testing.assert_allclose(got_x2, xv * 2)  # the aliased input's other use still sees its value
+
+
+def test_kernel_error_is_raised():
+    x, w, k = pt.matrix(), pt.vector(), pt.iscalar()
+    f = pytensor.function([x, w, k], scale_op()(x, w, k), mode="JAX")
+    with pytest.raises(Exception, match="ScaleRows.*check failed"):
+        f(np.ones((2, 3)), np.ones(2), 0)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_cuda_ffi_handler_compiles(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    from ptnative.source import generate_ffi
+
+    op = LstmGenericBase.make_op()
+    variant = generate_ffi(op, "float32", "cuda", jax.ffi.include_dir())
+    assert ptnative.build.build(variant).exists()
