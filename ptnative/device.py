@@ -24,13 +24,16 @@ def cuda_device_count() -> int:
 def resolve(op) -> str:
     """``"cpu"`` or ``"cuda"`` for ``op`` under its own ``device`` or ``ptnative.config.device``.
 
-    ``"auto"`` picks the GPU when one is present and the op supports it, else the CPU.  Raises
+    ``"auto"`` picks the GPU when one is present (and nvcc, to build for it) and the op supports it, else
+    the CPU.  Raises
     ``RuntimeError`` when the choice cannot run here: ``"cuda"`` without a GPU, or a GPU-only op
     (``cpu_support=False``) without one.
     """
+    from .build import nvcc
+
     wanted = op.device or config.device
     has_gpu = cuda_device_count() > 0
-    if wanted == "cuda" or (wanted == "auto" and has_gpu):
+    if wanted == "cuda" or (wanted == "auto" and has_gpu and nvcc() is not None):
         if not has_gpu:
             raise RuntimeError(f"NativeOp {op.name!r}: device 'cuda' was requested, but no CUDA driver and GPU "
                                "were found (set ptnative.config.device = 'auto' or 'cpu')")
