@@ -1,0 +1,120 @@
+"""Benchmark: ptnative.edit_distance against editdistance, rapidfuzz and a numpy DP.
+
+Run: /work/venv/bin/python bench/edit_distance.py [--reps N]
+
+Workloads (vocabulary 30, int32 labels): 1000 pairs of length ~50, 100 pairs
+of length ~500, 10 pairs of length ~5000.  ptnative gets the whole batch as
+padded (B, T) arrays in one compiled PyTensor call (default mode and "C");
+the peers are called once per pair in a Python loop on lists of ints, as a user
+would.  Times are the best of --reps runs; ratios are peer time / ptnative time
+(> 1: ptnative is faster).  A peer that is not installed is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+
+import ptnative  # noqa: F401
+from ptnative.ops.edit_distance import edit_distance, optimal_completion_edit_distance
+
+
+def make_batch(n_pairs, length, vocab, rng):
+    lens_a = rng.integers(int(length * 0.8), int(length * 1.2) + 1, size=n_pairs).astype(np.int32)
+    lens_b = rng.integers(int(length * 0.8), int(length * 1.2) + 1, size=n_pairs).astype(np.int32)
+    a = rng.integers(0, vocab, size=(n_pairs, lens_a.max())).astype(np.int32)
+    b = a.copy() if a.shape[1] >= lens_b.max() else np.pad(a, ((0, 0), (0, lens_b.max() - a.shape[1])))
+    b = b[:, :lens_b.max()].copy()
+    # b: a with ~20% of the labels replaced, so the distances are realistic (not ~length)
+    noise = rng.random(b.shape) < 0.2
+    b[noise] = rng.integers(0, vocab, size=noise.sum())
+    return a, lens_a, b, lens_b
+
+
+def numpy_dp(x, y):
+    """Row-wise Levenshtein DP, vectorised over the row with a prefix-min scan."""
+    ar = np.arange(len(y) + 1)
+    row = ar.copy()
+    for i in range(1, len(x) + 1):
+        new = np.empty_like(row)
+        new[0] = i
+        np.minimum(row[:-1] + (y != x[i - 1]), row[1:] + 1, out=new[1:])
+        row = np.minimum.accumulate(new - ar) + ar
+    return int(row[-1])
+
+
+def best_of(fn, reps):
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+
+    peers = {}
+    try:
+        import editdistance
+
+        peers["editdistance"] = lambda xs, ys: [editdistance.eval(x, y) for x, y in zip(xs, ys)]
+    except ImportError:
+        print("note: editdistance is not installed; skipped (pip install editdistance)")
+    try:
+        from rapidfuzz.distance import Levenshtein
+
+        peers["rapidfuzz"] = lambda xs, ys: [Levenshtein.distance(x, y) for x, y in zip(xs, ys)]
+    except ImportError:
+        print("note: rapidfuzz is not installed; skipped (pip install rapidfuzz)")
+
+    a, al, b, bl = pt.imatrix("a"), pt.ivector("a_len"), pt.imatrix("b"), pt.ivector("b_len")
+    fns = {
+        "ptnative (default mode)": pytensor.function([a, al, b, bl], edit_distance(a, al, b, bl)),
+        "ptnative (C mode)": pytensor.function([a, al, b, bl], edit_distance(a, al, b, bl), mode="C"),
+    }
+    f_ocd = pytensor.function([a, al, b, bl], optimal_completion_edit_distance(a, al, b, bl))
+
+    workloads = [(1000, 50), (100, 500), (10, 5000)]
+    print(f"edit distance, vocabulary 30, best of {args.reps} runs (ratio = other / ptnative default mode)")
+    for n_pairs, length in workloads:
+        A, AL, B, BL = make_batch(n_pairs, length, 30, rng)
+        xs = [A[i, :AL[i]].tolist() for i in range(n_pairs)]
+        ys = [B[i, :BL[i]].tolist() for i in range(n_pairs)]
+        print(f"\n{n_pairs} pairs of length ~{length} ({int((AL.astype(np.int64) * BL).sum()):,} DP cells)")
+        for f in fns.values():
+            f(A, AL, B, BL)  # warm up (compile, load)
+        ref_time = ref_out = None
+        for name, f in fns.items():
+            t, out = best_of(lambda f=f: f(A, AL, B, BL), args.reps)
+            if ref_time is None:
+                ref_time, ref_out = t, out
+            np.testing.assert_array_equal(out, ref_out)
+            print(f"  {name:26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
+        f_ocd(A, AL, B, BL)
+        t, _ = best_of(lambda: f_ocd(A, AL, B, BL), args.reps)
+        print(f"  {'ptnative OCD (default)':26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
+        for name, peer in peers.items():
+            t, out = best_of(lambda peer=peer: peer(xs, ys), args.reps)
+            np.testing.assert_array_equal(out, ref_out)
+            r = t / ref_time
+            verdict = f"ptnative {r:.1f}x faster" if r >= 1 else f"ptnative {1 / r:.1f}x slower"
+            print(f"  {name:26s} {t * 1e3:10.3f} ms   ratio {r:6.2f}  ({verdict})")
+        xa = [A[i, :AL[i]] for i in range(n_pairs)]
+        ya = [B[i, :BL[i]] for i in range(n_pairs)]
+        np_reps = 1 if length >= 500 else min(args.reps, 2)
+        t, out = best_of(lambda: [numpy_dp(x, y) for x, y in zip(xa, ya)], np_reps)
+        np.testing.assert_array_equal(out, ref_out)
+        print(f"  {'numpy row-wise DP':26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""The edit-distance family against plain-Python DP references and brute force."""
+
+import shutil
+from functools import cache
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ptnative
+from ptnative import NativeOp
+from ptnative.ops.edit_distance import (
+    EditDistanceOp,
+    NextEditDistanceReduceOp,
+    NextEditDistanceRowOp,
+    OptimalCompletionEditDistanceOp,
+    OptimalCompletionEditDistancePerSuccessorOp,
+    edit_distance,
+    next_edit_distance_reduce,
+    next_edit_distance_row,
+    optimal_completion_edit_distance,
+    optimal_completion_edit_distance_per_successor,
+)
+
+from .conftest import check_infer_shape
+from .reference import edit_distance as ref
+
+I32 = np.int32
+
+
+def batch(B, Ta, Tb, V, rng, lo=0):
+    a = rng.integers(lo, lo + V, size=(B, Ta)).astype(I32)
+    b = rng.integers(lo, lo + V, size=(B, Tb)).astype(I32)
+    a_len = rng.integers(0, Ta + 1, size=B).astype(I32)
+    b_len = rng.integers(0, Tb + 1, size=B).astype(I32)
+    if B:
+        a_len[0], b_len[0] = Ta, Tb
+    return a, a_len, b, b_len
+
+
+def pair_vars():
+    return pt.imatrix("a"), pt.ivector("a_len"), pt.imatrix("b"), pt.ivector("b_len")
+
+
+@cache
+def full_fn(mode=None):
+    """(a, a_len, b, b_len, successors) -> (ED, OCD, OCD per successor)."""
+    a, al, b, bl = pair_vars()
+    s = pt.ivector("s")
+    outs = [edit_distance(a, al, b, bl), optimal_completion_edit_distance(a, al, b, bl),
+            optimal_completion_edit_distance_per_successor(a, al, b, bl, s)]
+    return pytensor.function([a, al, b, bl, s], outs, mode=mode)
+
+
+@cache
+def next_fns(mode=None):
+    last, b = pt.imatrix("last_row"), pt.imatrix("b")
+    a1, an, ended, bl = pt.ivector("a"), pt.ivector("a_n"), pt.ivector("a_ended"), pt.ivector("b_len")
+    a2, oc, blank = pt.imatrix("cands"), pt.iscalar("oc"), pt.iscalar("blank")
+    f_row = pytensor.function([last, a1, an, ended, b, bl], next_edit_distance_row(last, a1, an, ended, b, bl),
+                              mode=mode)
+    f_red = pytensor.function([last, a2, an, ended, b, bl, oc, blank],
+                              next_edit_distance_reduce(last, a2, an, ended, b, bl, oc, blank), mode=mode)
+    return f_row, f_red
+
+
+def check_full(a, a_len, b, b_len, succ, mode=None):
+    ed, ocd, per = full_fn(mode)(a, a_len, b, b_len, succ)
+    for got in (ed, ocd, per):
+        assert got.dtype == np.int32
+    np.testing.assert_array_equal(ed, ref.edit_distance(a, a_len, b, b_len))
+    np.testing.assert_array_equal(ocd, ref.optimal_completion_edit_distance(a, a_len, b, b_len))
+    np.testing.assert_array_equal(per, ref.optimal_completion_edit_distance_per_successor(a, a_len, b, b_len, succ))
+
+
+# ---------------------------------------------------------------- the reference itself
+def test_reference_dp_equals_bfs():
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        x = list(rng.integers(0, 3, size=rng.integers(0, 5)))
+        y = list(rng.integers(0, 3, size=rng.integers(0, 5)))
+        assert ref.levenshtein(x, y) == ref.bfs_distance(x, y)
+
+
+# ---------------------------------------------------------------- full-sequence ops
+def test_against_reference_all_modes(mode):
+    rng = np.random.default_rng(1)
+    a, a_len, b, b_len = batch(6, 9, 7, 4, rng)
+    a_len[1], b_len[2], a_len[3], b_len[3] = 0, 0, 0, 0
+    check_full(a, a_len, b, b_len, np.array([0, 3, 1, 7, 2], I32), mode)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_small_alphabet(data):
+    V = data.draw(st.integers(1, 4), label="V")
+    B = data.draw(st.integers(1, 4), label="B")
+    seqs = st.lists(st.integers(0, V - 1), max_size=9)
+    xs = [data.draw(seqs, label="a") for _ in range(B)]
+    ys = [data.draw(seqs, label="b") for _ in range(B)]
+    Ta, Tb = max(map(len, xs)) + data.draw(st.integers(0, 2)), max(map(len, ys)) + data.draw(st.integers(0, 2))
+    a, b = np.full((B, Ta), 99, I32), np.full((B, Tb), 99, I32)  # padding must be ignored
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        a[i, :len(x)], b[i, :len(y)] = x, y
+    a_len, b_len = np.array([len(x) for x in xs], I32), np.array([len(y) for y in ys], I32)
+    check_full(a, a_len, b, b_len, np.arange(-1, V + 1, dtype=I32))
+
+
+def numpy_last_row(x, y):
+    """D[len(x)][0..len(y)] by a numpy row-wise DP (prefix-min scan over each row)."""
+    x, y = np.asarray(x), np.asarray(y)
+    ar = np.arange(len(y) + 1)
+    row = ar.copy()
+    for i in range(1, len(x) + 1):
+        new = np.empty_like(row)
+        new[0] = i
+        new[1:] = np.minimum(row[:-1] + (y != x[i - 1]), row[1:] + 1)
+        row = np.minimum.accumulate(new - ar) + ar
+    return row
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_long_sequences(data):
+    """Lengths up to 300 on 2-3 labels: the multi-word path, both orientations."""
+    V = data.draw(st.integers(2, 3))
+    seqs = st.lists(st.integers(0, V - 1), max_size=300)
+    x, y = data.draw(seqs), data.draw(seqs)
+    a, b = np.array([x + [0]], I32), np.array([y + [0]], I32)
+    ed, ocd, per = full_fn()(a, np.array([len(x)], I32), b, np.array([len(y)], I32), np.arange(V, dtype=I32))
+    row = numpy_last_row(x, y)
+    assert ed[0] == row[-1] and ocd[0] == row.min()
+    for s in range(V):
+        assert per[0, s] == numpy_last_row(x + [s], y).min()
+
+
+@pytest.mark.parametrize("V", [2, 5])
+def test_long_sequences_multiword(V):
+    """Lengths around and above 64, 128 and 192: the multi-word bit-parallel path."""
+    rng = np.random.default_rng(V)
+    a, a_len, b, b_len = batch(5, 200, 150, V, rng)
+    a_len[1:] = [63, 64, 65, 129]
+    b_len[1:] = [140, 1, 64, 130]
+    check_full(a, a_len, b, b_len, np.arange(V, dtype=I32))
+
+
+def test_wide_and_negative_labels_hash_path():
+    """Labels spanning more than 2**16 values use the hashed label map."""
+    rng = np.random.default_rng(3)
+    pool = np.array([-2**31, -7, 0, 5, 2**31 - 1, 123456789], I32)
+    a = pool[rng.integers(0, len(pool), size=(4, 70))]
+    b = pool[rng.integers(0, len(pool), size=(4, 80))]
+    a_len, b_len = np.array([70, 3, 0, 66], I32), np.array([80, 70, 5, 0], I32)
+    check_full(a, a_len, b, b_len, np.array([2**31 - 1, 1, -7, -2**31], I32))
+    # and a small range with negative labels (dense map with an offset)
+    a, a_len, b, b_len = batch(4, 70, 70, 6, rng, lo=-3)
+    check_full(a, a_len, b, b_len, np.arange(-4, 4, dtype=I32))
+
+
+def test_many_distinct_labels_fallback():
+    """A very long pattern of distinct labels falls back to the plain row-wise DP."""
+    rng = np.random.default_rng(4)
+    n = 16500
+    a = rng.permutation(n).astype(I32)[None]
+    b = np.concatenate([a[0, 5:12], [n + 1, n + 2, 0]]).astype(I32)[None]
+    a_len, b_len = np.array([n], I32), np.array([b.shape[1]], I32)
+    ed, ocd, per = full_fn()(a, a_len, b, b_len, np.array([0, n + 1], I32))
+    D_last = ref.dp_table(b[0], a[0])  # transposed table: D_last[j][n] = D[n][j]
+    col = [D_last[j][n] for j in range(b.shape[1] + 1)]
+    assert ed[0] == col[-1] and ocd[0] == min(col)
+    assert list(per[0]) == [min(n + 1, col[-1] + 1, min(c + (s != y) for c, y in zip(col, b[0])))
+                            for s in (0, n + 1)]
+
+
+def test_long_pair_against_numpy_dp():
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 30, size=900).astype(I32), rng.integers(0, 30, size=700).astype(I32)
+    row = np.arange(len(y) + 1)
+    for i in range(1, len(x) + 1):  # numpy row-wise DP
+        sub = row[:-1] + (y != x[i - 1])
+        new = np.empty_like(row)
+        new[0] = i
+        new[1:] = np.minimum(sub, row[1:] + 1)
+        new = np.minimum.accumulate(new - np.arange(len(new))) + np.arange(len(new))
+        row = new
+    ed, ocd, _ = full_fn()(x[None], np.array([900], I32), y[None], np.array([700], I32), np.zeros(0, I32))
+    assert ed[0] == row[-1] and ocd[0] == row.min()
+    ed2, _, _ = full_fn()(y[None], np.array([700], I32), x[None], np.array([900], I32), np.zeros(0, I32))
+    assert ed2[0] == row[-1]
+
+
+def test_empty_shapes(mode):
+    f = full_fn(mode)
+    z = np.zeros(0, I32)
+    ed, ocd, per = f(np.zeros((0, 3), I32), z, np.zeros((0, 4), I32), z, np.arange(3, dtype=I32))
+    assert ed.shape == (0,) and ocd.shape == (0,) and per.shape == (0, 3)
+    lens = np.array([0, 0], I32)
+    ed, ocd, per = f(np.zeros((2, 0), I32), lens, np.zeros((2, 0), I32), lens, np.zeros(0, I32))
+    np.testing.assert_array_equal(ed, [0, 0])
+    np.testing.assert_array_equal(ocd, [0, 0])
+    assert per.shape == (2, 0)
+    ed, ocd, per = f(np.zeros((2, 0), I32), lens, np.array([[1, 2, 3]] * 2, I32), np.array([3, 1], I32),
+                     np.array([1, 2], I32))
+    np.testing.assert_array_equal(ed, [3, 1])
+    np.testing.assert_array_equal(ocd, [0, 0])
+    np.testing.assert_array_equal(per, [[0, 1], [0, 1]])
+
+
+def test_successors_as_count_and_other_int_dtypes():
+    a, al, b, bl = pt.lmatrix("a"), pt.lvector("al"), pt.lmatrix("b"), pt.lvector("bl")
+    f = pytensor.function([a, al, b, bl], optimal_completion_edit_distance_per_successor(a, al, b, bl, 4))
+    rng = np.random.default_rng(6)
+    av, alv, bv, blv = batch(3, 5, 6, 4, rng)
+    got = f(av.astype(np.int64), alv.astype(np.int64), bv.astype(np.int64), blv.astype(np.int64))
+    np.testing.assert_array_equal(got, ref.optimal_completion_edit_distance_per_successor(av, alv, bv, blv,
+                                                                                          range(4)))
+
+
+# ---------------------------------------------------------------- incremental ops
+def test_rows_chained_over_time_give_ed_and_ocd(mode):
+    rng = np.random.default_rng(7)
+    a, a_len, b, b_len = batch(5, 8, 6, 3, rng)
+    a_len[1], b_len[2] = 0, 0
+    f_row, f_red = next_fns(mode)
+    B, Ta, Tb = a.shape[0], a.shape[1], b.shape[1]
+    row = np.tile(np.arange(Tb + 1, dtype=I32), (B, 1))
+    succ = np.arange(4, dtype=I32)[None]
+    for t in range(Ta):
+        ended = (t >= a_len).astype(I32)
+        # the reduce op over all labels equals the row op per label
+        for oc in (0, 1):
+            red = f_red(row, succ, np.full(B, t, I32), ended, b, b_len, oc, -1)
+            for k in range(4):
+                r = f_row(row, np.full(B, k, I32), np.full(B, t, I32), ended, b, b_len)
+                np.testing.assert_array_equal(red[:, k], r.min(1) if oc else r[:, -1])
+        row = f_row(row, a[:, t], np.full(B, t, I32), ended, b, b_len)
+    np.testing.assert_array_equal(row[:, -1], ref.edit_distance(a, a_len, b, b_len))
+    np.testing.assert_array_equal(row.min(1), ref.optimal_completion_edit_distance(a, a_len, b, b_len))
+
+
+def next_data(B, Tb, V, rng, a_batch=None, L=5):
+    last = rng.integers(0, 12, size=(B, Tb + 1)).astype(I32)  # any row, not only true DP rows
+    b = rng.integers(0, V, size=(B, Tb)).astype(I32)
+    b_len = rng.integers(0, Tb + 1, size=B).astype(I32)
+    a_n = rng.integers(0, 6, size=B).astype(I32)
+    ended = (rng.random(B) < 0.3).astype(I32)
+    cands = rng.integers(-1, V, size=(a_batch or B, L)).astype(I32)
+    return last, cands, a_n, ended, b, b_len
+
+
+def test_next_row_against_reference(mode):
+    rng = np.random.default_rng(8)
+    last, cands, a_n, ended, b, b_len = next_data(7, 6, 3, rng)
+    b_len[0] = 0
+    f_row, _ = next_fns(mode)
+    got = f_row(last, cands[:, 0], a_n, ended, b, b_len)
+    np.testing.assert_array_equal(got, ref.next_edit_distance_row(last, cands[:, 0], a_n, ended, b, b_len))
+
+
+@pytest.mark.parametrize("a_batch", [None, 1])
+def test_next_reduce_against_reference(mode, a_batch):
+    rng = np.random.default_rng(9)
+    last, cands, a_n, ended, b, b_len = next_data(6, 7, 3, rng, a_batch)
+    b_len[0] = 0
+    _, f_red = next_fns(mode)
+    for oc in (0, 1):
+        for blank in (-1, 2):
+            got = f_red(last, cands, a_n, ended, b, b_len, oc, blank)
+            np.testing.assert_array_equal(got, ref.next_edit_distance_reduce(last, cands, a_n, ended, b, b_len,
+                                                                             oc, blank))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_next_reduce_random(data):
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    B, Tb, V = data.draw(st.integers(1, 4)), data.draw(st.integers(0, 8)), data.draw(st.integers(1, 3))
+    last, cands, a_n, ended, b, b_len = next_data(B, Tb, V, rng, data.draw(st.sampled_from([None, 1])))
+    oc, blank = data.draw(st.integers(0, 1)), data.draw(st.integers(-1, V))
+    _, f_red = next_fns()
+    np.testing.assert_array_equal(f_red(last, cands, a_n, ended, b, b_len, oc, blank),
+                                  ref.next_edit_distance_reduce(last, cands, a_n, ended, b, b_len, oc, blank))
+
+
+def test_next_functional_api_scalar_a_n_and_defaults():
+    last, b, bl = pt.imatrix(), pt.imatrix(), pt.ivector()
+    a1, a2, ended = pt.ivector(), pt.imatrix(), pt.vector(dtype="bool")
+    f = pytensor.function([last, a1, a2, ended, b, bl], [next_edit_distance_row(last, a1, 3, ended, b, bl),
+                                                         next_edit_distance_reduce(last, a2, 3, ended, b, bl)])
+    rng = np.random.default_rng(10)
+    lv, cands, _, ev, bv, blv = next_data(3, 4, 3, rng)
+    a_n = np.full(3, 3, I32)
+    row, red = f(lv, cands[:, 0], cands, ev.astype(bool), bv, blv)
+    np.testing.assert_array_equal(row, ref.next_edit_distance_row(lv, cands[:, 0], a_n, ev, bv, blv))
+    np.testing.assert_array_equal(red, ref.next_edit_distance_reduce(lv, cands, a_n, ev, bv, blv, False, -1))
+
+
+def test_next_empty(mode):
+    f_row, f_red = next_fns(mode)
+    z = np.zeros(0, I32)
+    assert f_row(np.zeros((0, 4), I32), z, z, z, np.zeros((0, 3), I32), z).shape == (0, 4)
+    assert f_red(np.zeros((0, 4), I32), np.zeros((1, 5), I32), z, z, np.zeros((0, 3), I32), z, 1, -1).shape == (0, 5)
+    one = np.zeros(1, I32)
+    row = f_row(np.zeros((1, 1), I32), one, one, one, np.zeros((1, 0), I32), one)
+    np.testing.assert_array_equal(row, [[1]])  # b empty: next[0] = a_n + 1
+    red = f_red(np.zeros((1, 1), I32), np.zeros((1, 0), I32), one, one, np.zeros((1, 0), I32), one, 0, -1)
+    assert red.shape == (1, 0)
+
+
+# ---------------------------------------------------------------- errors, shapes, build
+def test_bad_input_raises(mode):
+    f = full_fn(mode)
+    a, a_len, b, b_len = batch(3, 4, 5, 3, np.random.default_rng(11))
+    s = np.arange(2, dtype=I32)
+    for bad in ([5, 1, 1], [-1, 1, 1]):
+        with pytest.raises(ValueError, match="EditDistance.*check failed"):
+            f(a, np.array(bad, I32), b, b_len, s)
+    with pytest.raises(ValueError, match="check failed"):
+        f(a, a_len, b, np.array([6, 0, 0], I32), s)
+    with pytest.raises(ValueError, match="check failed"):
+        f(a, a_len[:2], b, b_len, s)
+    with pytest.raises(ValueError, match="check failed"):
+        f(a, a_len, b[:2], b_len, s)
+    f_row, f_red = next_fns(mode)
+    last, cands, a_n, ended, b, b_len = next_data(3, 4, 3, np.random.default_rng(12))
+    with pytest.raises(ValueError, match="NextEditDistanceRowOp.*check failed"):
+        f_row(last[:, :-1], cands[:, 0], a_n, ended, b, b_len)  # width != Tb + 1
+    with pytest.raises(ValueError, match="NextEditDistanceReduceOp.*check failed"):
+        f_red(last, cands[:2], a_n, ended, b, b_len, 0, -1)  # a batch neither 1 nor B
+    with pytest.raises(ValueError, match="check failed"):
+        f_red(last, cands, a_n, ended, b, np.array([0, 5, 1], I32), 0, -1)
+    with pytest.raises(ValueError, match="check failed"):
+        f_row(last, cands[:, 0], a_n[:2], ended, b, b_len)
+
+
+def test_bad_types_raise():
+    a, al, b, bl = pair_vars()
+    with pytest.raises(TypeError, match="integer dtype"):
+        edit_distance(pt.matrix(), al, b, bl)
+    with pytest.raises(TypeError, match="ndim 1"):
+        edit_distance(a, a, b, bl)
+    with pytest.raises(TypeError, match="ndim"):
+        next_edit_distance_row(a, al, pt.imatrix(), al, b, bl)
+    with pytest.raises(TypeError, match="ndim 2"):
+        next_edit_distance_reduce(a, al, al, al, b, bl)
+    with pytest.raises(ValueError, match=">= 0"):
+        optimal_completion_edit_distance_per_successor(a, al, b, bl, -1)
+    with pytest.raises(TypeError):
+        EditDistanceOp.make_op()(pt.matrix(), al, b, bl)
+
+
+def test_infer_shape():
+    a, al, b, bl = pair_vars()
+    s = pt.ivector("s")
+    outs = [edit_distance(a, al, b, bl), optimal_completion_edit_distance(a, al, b, bl),
+            optimal_completion_edit_distance_per_successor(a, al, b, bl, s)]
+    av, alv, bv, blv = batch(3, 4, 5, 3, np.random.default_rng(13))
+    check_infer_shape([a, al, b, bl, s], outs, [av, alv, bv, blv, np.arange(6, dtype=I32)], NativeOp)
+    last, a2, an, en = pt.imatrix(), pt.imatrix(), pt.ivector(), pt.ivector()
+    outs = [next_edit_distance_row(last, al, an, en, b, bl), next_edit_distance_reduce(last, a2, an, en, b, bl, True)]
+    lv, cv, anv, ev, bv, blv = next_data(3, 5, 3, np.random.default_rng(14), a_batch=1, L=7)
+    check_infer_shape([last, al, a2, an, en, b, bl], outs, [lv, cv[0, :3], cv, anv, ev, bv, blv], NativeOp)
+
+
+def test_no_gradient():
+    a, al, b, bl = pair_vars()
+    d = edit_distance(a, al, b, bl)
+    assert all(not any(row) for row in d.owner.op.connection_pattern(d.owner))
+
+
+def emulated_cuda_op(cls):
+    """The op with its CUDA branch (diagonal sweep, thread per candidate), run on the CPU launch emulation."""
+    text = cls.c_extra_support_code["edit_distance"]
+    wrapped = f'#pragma push_macro("CUDA")\n#undef CUDA\n#define CUDA 1\n{text}\n#pragma pop_macro("CUDA")\n'
+    return cls.make_op(c_extra_support_code={"edit_distance": wrapped})
+
+
+def test_cuda_algorithm_emulated_on_cpu():
+    a, al, b, bl = pair_vars()
+    s, last, cands = pt.ivector("s"), pt.imatrix("last"), pt.imatrix("cands")
+    a1, an, en, oc, blank = pt.ivector("a1"), pt.ivector("an"), pt.ivector("en"), pt.iscalar("oc"), pt.iscalar("bk")
+    graphs = [
+        ([a, al, b, bl], lambda op: op(a, al, b, bl), EditDistanceOp),
+        ([a, al, b, bl], lambda op: op(a, al, b, bl), OptimalCompletionEditDistanceOp),
+        ([a, al, b, bl, s], lambda op: op(a, al, b, bl, s), OptimalCompletionEditDistancePerSuccessorOp),
+        ([last, a1, an, en, b, bl], lambda op: op(last, a1, an, en, b, bl), NextEditDistanceRowOp),
+        ([last, cands, an, en, b, bl, oc, blank], lambda op: op(last, cands, an, en, b, bl, oc, blank),
+         NextEditDistanceReduceOp),
+    ]
+    rng = np.random.default_rng(15)
+    for inputs, build, cls in graphs:
+        f_cpu = pytensor.function(inputs, build(cls.make_op()))
+        f_gpu = pytensor.function(inputs, build(emulated_cuda_op(cls)))
+        for trial in range(4):
+            B, Ta, Tb = [(5, 7, 9), (3, 0, 4), (0, 3, 3), (4, 70, 66)][trial]
+            if len(inputs) == 4 or len(inputs) == 5:
+                values = list(batch(B, Ta, Tb, 3, rng))
+                if len(inputs) == 5:
+                    values.append(np.arange(-1, 4, dtype=I32))
+            else:
+                one = trial % 2 and len(inputs) == 8
+                last_v, cands_v, an_v, en_v, b_v, bl_v = next_data(B, Tb, 3, rng, a_batch=1 if one else None)
+                values = ([last_v, cands_v[:, 0] if B else np.zeros(0, I32), an_v, en_v, b_v, bl_v]
+                          if len(inputs) == 6 else [last_v, cands_v, an_v, en_v, b_v, bl_v, trial % 2, 1])
+            np.testing.assert_array_equal(f_gpu(*values), f_cpu(*values), err_msg=f"{cls.__name__} {trial}")
+        bad = list(values)
+        bad[3 if len(inputs) < 6 else 5] = np.full(B, 999, I32)  # b_len out of range
+        with pytest.raises(ValueError, match="check failed"):
+            f_gpu(*bad)
+
+
+ALL_OPS = [EditDistanceOp, OptimalCompletionEditDistanceOp, OptimalCompletionEditDistancePerSuccessorOp,
+           NextEditDistanceRowOp, NextEditDistanceReduceOp]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_kernels_compile_with_nvcc(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    for cls in ALL_OPS:  # no gradient ops: every input is disconnected
+        path = ptnative.build.build(cls.make_op().variant("float32", device="cuda"))
+        assert path.exists() and path.stat().st_size > 0
