@@ -15,6 +15,7 @@ from .ops.edit_distance import (  # noqa: E402
     edit_distance, next_edit_distance_reduce, next_edit_distance_row, optimal_completion_edit_distance,
     optimal_completion_edit_distance_per_successor,
 )
+from .ops.rnnt import multiblank_rnnt_lattice, multiblank_rnnt_loss, rnnt_loss  # noqa: E402
 
 _jax_backend.install()  # the JAX implementation registers when PyTensor's JAX backend is imported
 
@@ -23,4 +24,5 @@ __version__ = "0.1.0"
 __all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "KernelValueError", "KernelRuntimeError",
            "config", "ops", "__version__",
            "edit_distance", "optimal_completion_edit_distance", "optimal_completion_edit_distance_per_successor",
-           "next_edit_distance_row", "next_edit_distance_reduce"]
+           "next_edit_distance_row", "next_edit_distance_reduce",
+           "rnnt_loss", "multiblank_rnnt_loss", "multiblank_rnnt_lattice"]

@@ -1,0 +1,296 @@
+"""RNN-Transducer losses, standard and multi-blank (kernels in ``c_code/rnnt.cu``).
+
+:class:`MultiBlankRnntLoss` is one native op computing the whole lattice of a
+batch (log-softmax denominators, alphas, betas, per-sequence log-likelihood,
+costs and the gradient with respect to the logits).  Its gradient is the
+kernel's gradient, scaled by the upstream gradient of the costs.  The
+functions :func:`multiblank_rnnt_loss`, :func:`rnnt_loss` and
+:func:`multiblank_rnnt_lattice` are the user API; ``docs/rnnt.md`` has the
+details.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import namedtuple
+from functools import cache
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
+from pytensor.tensor.variable import TensorConstant
+
+from ..op import NativeOp, NativeOpGenBase
+from ..source import read_kernel_file
+
+__all__ = ["MultiBlankRnntLoss", "RnntLossOp", "RnntLattice", "multiblank_rnnt_lattice", "multiblank_rnnt_loss",
+           "rnnt_loss"]
+
+#: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS).
+MAX_BIG_BLANKS = 32
+REDUCTIONS = ("none", "sum", "mean")
+
+
+class RnntLossOp(NativeOp):
+    """The NativeOp of :class:`MultiBlankRnntLoss`, whose gradient with respect
+    to ``acts`` is its ``grads`` output times the upstream gradient of ``costs``
+    (per sequence).  No other output is differentiable."""
+
+    def pullback(self, inputs, outputs, cotangents):
+        acts = inputs[0]
+        result = [disconnected_type() for _ in inputs]
+        if any(not isinstance(g.type, DisconnectedType) for g in cotangents[1:]):
+            result[0] = grad_not_implemented(
+                self, 0, acts, f"NativeOp {self.name!r}: only the 'costs' output has a gradient")
+            return result
+        g_costs = cotangents[0]
+        if isinstance(g_costs.type, DisconnectedType):
+            result[0] = pt.zeros_like(acts)
+        else:
+            grad = outputs[1] * g_costs.dimshuffle(0, "x", "x", "x")
+            result[0] = grad if grad.dtype == acts.dtype else pt.cast(grad, acts.dtype)
+        return result
+
+    L_op = pullback
+
+
+class MultiBlankRnntLoss(NativeOpGenBase):
+    """Multi-blank RNN-T lattice and loss (standard RNN-T: no big blanks, sigma 0).
+
+    Inputs:
+      * ``acts`` (B, T, U+1, K) logits, float32/float64; ``grads`` reuses its buffer when inplace;
+      * ``labels`` (B, U') int32, U' >= max(label_lens), zero-padded;
+      * ``act_lens`` (B,) int32, ``label_lens`` (B,) int32;
+      * ``durations`` (n_big,) int32 (host), big blank i has class ``blank - 1 - i``;
+      * ``blank`` () int32 (host);
+      * ``params`` (3,) float64 (host): ``[sigma, fastemit_lambda, clamp]``.
+
+    Outputs:
+      * ``costs`` (B,) ``-(1 + lambda) * loglik``;
+      * ``grads`` (B, T, U+1, K) the per-sequence gradient of the logits (seed formula, clamped; 0 on padding);
+      * ``loglik`` (B,) log p(labels | acts) from the alphas (arcs weigh ``logp - sigma``);
+      * ``alphas``, ``betas`` (B, T, U+1) (0 on padding); ``lognorm`` (B, T, U+1) the log-softmax
+        denominator ``logsumexp_k acts`` (0 on padding).
+
+    Bad lengths, labels, blank indices, durations or parameters raise ``ValueError``.
+    """
+
+    in_info = (
+        {"name": "acts", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True, "want_inplace": 1},
+        {"name": "labels", "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
+         "gradient": "disconnected"},
+        {"name": "act_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
+         "gradient": "disconnected"},
+        {"name": "label_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
+         "gradient": "disconnected"},
+        {"name": "durations", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
+         "host_memory": True, "gradient": "disconnected"},
+        {"name": "blank", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"},
+        {"name": "params", "ndim": 1, "shape": (3,), "dtype": "float64", "need_contiguous": True,
+         "host_memory": True, "gradient": "disconnected"},
+    )
+    out_info = (
+        {"name": "costs", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True},
+        {"name": "grads", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (0, 3)), "need_contiguous": True},
+        {"name": "loglik", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True},
+        {"name": "alphas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "betas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "lognorm", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+    )
+    c_extra_support_code = {"rnnt": read_kernel_file("rnnt.cu")}
+    c_fw_code = "rnnt_multiblank_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = None  # the gradient is the `grads` output (RnntLossOp.pullback)
+    code_version = (1,)
+    op_class = RnntLossOp
+
+
+@cache
+def _op() -> RnntLossOp:
+    return MultiBlankRnntLoss.make_op()
+
+
+#: The outputs of :func:`multiblank_rnnt_lattice`.
+RnntLattice = namedtuple("RnntLattice", ["costs", "grads", "loglik", "alphas", "betas", "lognorm"])
+
+
+def _constant_value(v):
+    """The value of a constant tensor, else None."""
+    return np.asarray(v.data) if isinstance(v, TensorConstant) else None
+
+
+def _real(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _int_tensor(name, x, ndim):
+    v = pt.as_tensor_variable(x)
+    if v.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got ndim {v.ndim} ({v.type})")
+    if not (v.dtype.startswith(("int", "uint"))):
+        raise TypeError(f"{name} must have an integer dtype, got {v.dtype}")
+    return v if v.dtype == "int32" else pt.cast(v, "int32")
+
+
+def multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank_durations=(), sigma=0.0,
+                            fastemit_lambda=0.0, clamp=-1.0):
+    """All outputs of the multi-blank RNN-T op, as an :data:`RnntLattice`
+    ``(costs, grads, loglik, alphas, betas, lognorm)``; arguments as in
+    :func:`multiblank_rnnt_loss`.  Only ``costs`` is differentiable."""
+    acts = pt.as_tensor_variable(acts)
+    if acts.ndim != 4:
+        raise ValueError(f"acts must be 4-D (B, T, U+1, K), got ndim {acts.ndim} ({acts.type})")
+    if not acts.dtype.startswith("float"):
+        raise TypeError(f"acts must be floating point, got {acts.dtype}")
+    labels = _int_tensor("labels", labels, 2)
+    act_lens = _int_tensor("act_lens", act_lens, 1)
+    label_lens = _int_tensor("label_lens", label_lens, 1)
+
+    if isinstance(blank, bool) or not isinstance(blank, numbers.Integral):
+        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+    blank = int(blank)
+    if isinstance(big_blank_durations, numbers.Integral | str | bytes):
+        raise TypeError("big_blank_durations must be a sequence of ints")
+    durations = []
+    for d in big_blank_durations:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise TypeError(f"big_blank_durations must hold ints, got {d!r}")
+        if d < 2:
+            raise ValueError(f"big blank durations must be >= 2 (a duration of 1 is the standard blank), got {d}")
+        durations.append(int(d))
+    if len(durations) > MAX_BIG_BLANKS:
+        raise ValueError(f"at most {MAX_BIG_BLANKS} big blanks are supported, got {len(durations)}")
+    K = acts.type.shape[3]
+    if blank < len(durations) or (K is not None and blank >= K):
+        raise ValueError(f"blank = {blank} must satisfy {len(durations)} <= blank < K = {K} "
+                         f"(big blank i has class blank - 1 - i)")
+    sigma = _real("sigma", sigma)
+    fastemit_lambda = _real("fastemit_lambda", fastemit_lambda)
+    if fastemit_lambda < 0:
+        raise ValueError(f"fastemit_lambda must be >= 0, got {fastemit_lambda}")
+    clamp = _real("clamp", clamp)
+    if clamp < 0 and clamp != -1.0:
+        raise ValueError(f"clamp must be >= 0 (0 or -1: no clamping), got {clamp}")
+
+    # Checks on values known now (the kernel repeats them at run time).
+    B, T, U1, _ = acts.type.shape
+    al, ll, lab = _constant_value(act_lens), _constant_value(label_lens), _constant_value(labels)
+    for name, v in (("act_lens", al), ("label_lens", ll)):
+        if v is not None and v.size and v.min() < 0:
+            raise ValueError(f"{name} must be >= 0, got {v.min()}")
+    if al is not None and al.size and T is not None and al.max() != T:
+        raise ValueError(f"acts.shape[1] = {T} must equal max(act_lens) = {al.max()}")
+    if ll is not None and ll.size and U1 is not None and ll.max() + 1 != U1:
+        raise ValueError(f"acts.shape[2] = {U1} must equal max(label_lens) + 1 = {ll.max() + 1}")
+    if lab is not None and ll is not None and lab.shape[0] == ll.shape[0]:
+        if ll.size and ll.max() > lab.shape[1]:
+            raise ValueError(f"labels has {lab.shape[1]} columns, fewer than max(label_lens) = {ll.max()}")
+        valid = np.arange(lab.shape[1])[None, :] < ll[:, None]
+        bad = valid & ((lab < 0) | (lab >= (K if K is not None else np.iinfo(np.int32).max)))
+        if bad.any():
+            b, u = np.argwhere(bad)[0]
+            raise ValueError(f"labels[{b}, {u}] = {lab[b, u]} is out of range [0, {K})")
+    for name, v in (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens)):
+        nb = v.type.shape[0]
+        if B is not None and nb is not None and nb != B:
+            raise ValueError(f"{name} has batch size {nb}, acts has {B}")
+
+    outs = _op()(acts, labels, act_lens, label_lens, pt.constant(np.asarray(durations, dtype=np.int32)),
+                 pt.constant(np.int32(blank)), pt.constant(np.asarray([sigma, fastemit_lambda, clamp],
+                                                                      dtype=np.float64)))
+    return RnntLattice(*outs)
+
+
+def _reduce(costs, reduction):
+    if reduction == "none":
+        return costs
+    if reduction == "sum":
+        return costs.sum()
+    return costs.mean()
+
+
+def _check_reduction(reduction):
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma=0.0,
+                         fastemit_lambda=0.0, clamp=-1.0, reduction="none"):
+    """Multi-blank RNN-T loss (arXiv 2211.03541) on logits.
+
+    Parameters
+    ----------
+    acts : tensor (B, T, U+1, K), float32 or float64
+        Joint-network logits; ``K = V + 1 + len(big_blank_durations)``.  One
+        log-softmax runs over all K classes.  ``T == max(act_lens)`` and
+        ``U + 1 == max(label_lens) + 1`` are required.
+    labels : int tensor (B, U') with U' >= max(label_lens), zero-padded
+        Entries before ``label_lens[b]`` must lie in ``[0, K)``.
+    act_lens, label_lens : int tensors (B,)
+    blank : int
+        The standard blank's class.  Big blank i (duration
+        ``big_blank_durations[i]``) has class ``blank - 1 - i``.
+    big_blank_durations : sequence of int, each >= 2 (at most 32)
+    sigma : float
+        Logit under-normalisation: every arc weighs ``logp - sigma``.
+    fastemit_lambda : float >= 0
+        FastEmit: the cost is ``-(1 + lambda) * loglik`` and only the label-arc
+        term of the gradient is scaled by ``1 + lambda`` (so with lambda > 0 the
+        gradient is FastEmit's regularised one, not the cost's derivative).
+    clamp : float
+        ``> 0``: each element of the per-sequence gradient is clamped to
+        ``[-clamp, clamp]`` before the reduction and the upstream gradient are
+        applied.  ``-1`` (default) or ``0``: off.  Other negatives: ValueError.
+    reduction : "none" | "sum" | "mean"
+        "none": costs (B,); "sum": a scalar; "mean": a scalar batch mean
+        (costs and gradients divided by B, not by the label lengths).
+
+    Returns
+    -------
+    The cost tensor, dtype of acts.  ``pytensor.grad(loss, acts)`` is the
+    kernel's gradient (computed in the forward pass) times the upstream
+    gradient; padded positions (t >= act_lens[b] or u > label_lens[b]) get 0.
+    A sequence with ``act_lens[b] == 0`` has loglik -inf, cost +inf and zero
+    gradient.
+
+    Raises
+    ------
+    ValueError
+        acts not 4-D; shapes that contradict known lengths; labels out of
+        range; durations < 2; a bad blank, clamp, lambda, sigma or reduction
+        (at graph build when known, else when run).
+    TypeError
+        Non-integer labels / lengths / blank / durations, non-float acts,
+        non-numeric hyper-parameters.
+
+    Example
+    -------
+    >>> loss = multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank=K - 1,
+    ...                             big_blank_durations=(2, 4), sigma=0.05, reduction="mean")
+    >>> g = pytensor.grad(loss, acts)
+    """
+    _check_reduction(reduction)
+    lat = multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma=sigma,
+                                  fastemit_lambda=fastemit_lambda, clamp=clamp)
+    return _reduce(lat.costs, reduction)
+
+
+def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, fastemit_lambda=0.0, clamp=-1.0, reduction="none"):
+    """Standard RNN-T loss on logits ``acts`` (B, T, U+1, V+1): the multi-blank
+    loss with no big blanks and sigma = 0 (same kernels).  Arguments, result
+    and errors as in :func:`multiblank_rnnt_loss`.
+
+    Example
+    -------
+    >>> loss = rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="sum")
+    >>> g = pytensor.grad(loss, acts)
+    """
+    _check_reduction(reduction)
+    lat = multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, (), sigma=0.0,
+                                  fastemit_lambda=fastemit_lambda, clamp=clamp)
+    return _reduce(lat.costs, reduction)

@@ -1,0 +1,351 @@
+"""RNN-T losses (standard and multi-blank) against the float64 numpy reference."""
+
+import shutil
+from functools import cache
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.gradient import verify_grad
+
+import ptnative
+from ptnative.ops.rnnt import MultiBlankRnntLoss, RnntLattice, RnntLossOp, multiblank_rnnt_lattice, multiblank_rnnt_loss, rnnt_loss
+
+from .conftest import check_infer_shape, tol
+from .reference.rnnt import batch_lattice, brute_force_loglik, sequence_lattice
+
+
+def rnnt_data(B, T, U, K, blank, n_big, dtype="float64", seed=0, zero_label_len=True):
+    """Random logits with ragged lengths (sequence 0 has the full T and U, the
+    last has label_len 0 when ``zero_label_len``); labels avoid the blank classes."""
+    rng = np.random.default_rng(seed)
+    act_lens = rng.integers(max(1, T - 3), T + 1, size=B).astype(np.int32)
+    label_lens = rng.integers(0, U + 1, size=B).astype(np.int32)
+    act_lens[0], label_lens[0] = T, U
+    if zero_label_len and B > 1:
+        label_lens[-1] = 0
+    non_blank = [k for k in range(K) if not (blank - n_big <= k <= blank)]
+    labels = np.zeros((B, U), dtype=np.int32)
+    for b in range(B):
+        labels[b, :label_lens[b]] = rng.choice(non_blank, size=label_lens[b])
+    acts = rng.normal(size=(B, T, U + 1, K)) * 1.5
+    return acts.astype(dtype), labels, act_lens, label_lens
+
+
+LAYOUTS = {
+    # blank last, big blanks directly below it (NeMo's test layout)
+    "blank_last": lambda K, n_big: K - 1,
+    # big blanks at the start, then the blank (espnet's vocabulary layout)
+    "blank_after_bigs": lambda K, n_big: n_big,
+}
+
+CONFIGS = [
+    # (durations, sigma, fastemit_lambda, clamp, layout)
+    ((), 0.0, 0.0, -1.0, "blank_after_bigs"),
+    ((), 0.0, 0.5, -1.0, "blank_last"),
+    ((2,), 0.0, 0.0, -1.0, "blank_last"),
+    ((2, 4), 0.05, 0.0, -1.0, "blank_after_bigs"),
+    ((3, 2), 0.3, 0.2, -1.0, "blank_last"),
+    ((2, 4, 8), 0.05, 0.0, 0.02, "blank_last"),
+    ((4, 2, 3), 0.1, 0.3, 0.05, "blank_after_bigs"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c[0]}-s{c[1]}-l{c[2]}-c{c[3]}-{c[4]}")
+def test_lattice_against_reference(config, dtype):
+    durations, sigma, lam, clamp, layout = config
+    B, T, U, V = 4, 9, 4, 5
+    K = V + 1 + len(durations)
+    blank = LAYOUTS[layout](K, len(durations))
+    acts, labels, act_lens, label_lens = rnnt_data(B, T, U, K, blank, len(durations), dtype, seed=len(durations))
+    x = pt.tensor4("acts", dtype=dtype)
+    lat = multiblank_rnnt_lattice(x, labels, act_lens, label_lens, blank, durations, sigma=sigma,
+                                  fastemit_lambda=lam, clamp=clamp)
+    got = pytensor.function([x], list(lat))(acts)
+    ref = batch_lattice(acts, labels, act_lens, label_lens, blank, durations, sigma, lam, clamp)
+    rtol, atol = tol(dtype)
+    for name, g, r in zip(lat._fields, got, ref):
+        assert g.dtype == dtype, name
+        np.testing.assert_allclose(g, r, rtol=rtol * 5, atol=atol * 5, err_msg=name)
+    if clamp > 0:
+        assert np.abs(got[1]).max() <= clamp * (1 + 1e-6)
+        assert np.isclose(np.abs(ref[1]).max(), clamp)  # the clamp is active
+    # padded positions are 0
+    for b in range(B):
+        assert not got[1][b, act_lens[b]:].any() and not got[1][b, :, label_lens[b] + 1:].any()
+
+
+def test_reference_against_brute_force():
+    rng = np.random.default_rng(3)
+    for durations, blank, K in [((), 0, 4), ((2,), 3, 5), ((2, 3), 2, 6), ((3, 2, 4), 5, 7)]:
+        for T, U in [(1, 0), (1, 2), (4, 0), (5, 2), (6, 3)]:
+            acts = rng.normal(size=(T, U + 1, K))
+            labels = rng.choice([k for k in range(K) if not blank - len(durations) <= k <= blank], size=U)
+            r = sequence_lattice(acts, labels, T, U, blank, durations, sigma=0.2)
+            bf = brute_force_loglik(acts, labels, T, U, blank, durations, sigma=0.2)
+            np.testing.assert_allclose(r["loglik"], bf, rtol=1e-12)
+            np.testing.assert_allclose(r["betas"][0, 0], bf, rtol=1e-12)
+            np.testing.assert_allclose(r["alphas"] + r["betas"] - r["loglik"] <= 1e-12, True)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_gradient_is_kernel_gradient_times_upstream(reduction):
+    """Clamp on, FastEmit on: the gradient is the clamped per-sequence kernel
+    gradient, then scaled by the reduction and the upstream gradient."""
+    durations, blank, sigma, lam, clamp = (2, 3), 6, 0.1, 0.25, 0.03
+    acts, labels, act_lens, label_lens = rnnt_data(3, 6, 3, 7, blank, 2, "float64", seed=5)
+    x = pt.tensor4("acts")
+    loss = multiblank_rnnt_loss(x, labels, act_lens, label_lens, blank, durations, sigma=sigma, fastemit_lambda=lam,
+                                clamp=clamp, reduction=reduction)
+    w = np.array([0.5, -2.0, 3.0])
+    total = (loss * w).sum() if reduction == "none" else 1.7 * loss
+    f = pytensor.function([x], [loss, pytensor.grad(total, x)])
+    cost, grad = f(acts)
+    costs, grads = batch_lattice(acts, labels, act_lens, label_lens, blank, durations, sigma, lam, clamp)[:2]
+    upstream = {"none": w, "sum": np.full(3, 1.7), "mean": np.full(3, 1.7 / 3)}[reduction]
+    want_cost = {"none": costs, "sum": costs.sum(), "mean": costs.mean()}[reduction]
+    assert np.shape(cost) == np.shape(want_cost)
+    np.testing.assert_allclose(cost, want_cost, rtol=1e-10)
+    np.testing.assert_allclose(grad, grads * upstream[:, None, None, None], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("durations,sigma,blank_of", [((), 0.0, lambda K: 0), ((2, 3), 0.0, lambda K: K - 1),
+                                                      ((2, 4), 0.2, lambda K: 2)])
+def test_verify_grad_float64(durations, sigma, blank_of):
+    K = 5 + len(durations)
+    blank = blank_of(K)
+    acts, labels, act_lens, label_lens = rnnt_data(3, 5, 2, K, blank, len(durations), "float64", seed=11)
+    rng = np.random.default_rng(1)
+    w = rng.uniform(0.5, 1.5, size=3)
+
+    def cost(a):
+        return (multiblank_rnnt_loss(a, labels, act_lens, label_lens, blank, durations, sigma=sigma) * w).sum()
+
+    verify_grad(cost, [acts], rng=rng, eps=1e-6, abs_tol=1e-6, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grad_sums_to_zero_on_valid_cells(dtype):
+    durations, blank = (2, 4, 3), 7
+    acts, labels, act_lens, label_lens = rnnt_data(4, 10, 4, 8, blank, 3, dtype, seed=2)
+    x = pt.tensor4("acts", dtype=dtype)
+    for lam in (0.0, 0.4):
+        lat = multiblank_rnnt_lattice(x, labels, act_lens, label_lens, blank, durations, sigma=0.1,
+                                      fastemit_lambda=lam)
+        grads = pytensor.function([x], lat.grads)(acts)
+        s = grads.astype(np.float64).sum(-1)
+        assert np.abs(s).max() < (1e-5 if dtype == "float32" else 1e-13)
+        assert np.abs(grads).max() > 0.1
+
+
+def test_standard_equals_multiblank_without_big_blanks():
+    acts, labels, act_lens, label_lens = rnnt_data(3, 7, 3, 6, 0, 0, "float32", seed=4)
+    x = pt.tensor4("acts", dtype="float32")
+    std = rnnt_loss(x, labels, act_lens, label_lens, blank=0, fastemit_lambda=0.1, reduction="sum")
+    mb = multiblank_rnnt_loss(x, labels, act_lens, label_lens, 0, (), fastemit_lambda=0.1, reduction="sum")
+    f = pytensor.function([x], [std, mb, pytensor.grad(std, x), pytensor.grad(mb, x)])
+    a, b, ga, gb = f(acts)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ga, gb)
+    costs, grads = batch_lattice(acts, labels, act_lens, label_lens, 0, (), 0.0, 0.1)[:2]
+    np.testing.assert_allclose(a, costs.sum(), rtol=1e-5)
+    np.testing.assert_allclose(ga, grads, rtol=2e-4, atol=2e-6)
+
+
+# One graph per mode, shared by the tests that run in every mode (C and CVM compile it once each).
+SHARED = dict(blank=3, durations=(2, 3), sigma=0.05, fastemit_lambda=0.1, clamp=0.2)
+
+
+@cache
+def shared_function(mode):
+    x, lab, al, ll = pt.tensor4("acts"), pt.imatrix("labels"), pt.ivector("act_lens"), pt.ivector("label_lens")
+    lat = multiblank_rnnt_lattice(x, lab, al, ll, SHARED["blank"], SHARED["durations"], sigma=SHARED["sigma"],
+                                  fastemit_lambda=SHARED["fastemit_lambda"], clamp=SHARED["clamp"])
+    g = pytensor.grad(lat.costs.mean(), x)
+    return pytensor.function([x, lab, al, ll], [*lat, g], mode=mode)
+
+
+def shared_reference(acts, labels, act_lens, label_lens):
+    return batch_lattice(acts, labels, act_lens, label_lens, SHARED["blank"], SHARED["durations"], SHARED["sigma"],
+                         SHARED["fastemit_lambda"], SHARED["clamp"])
+
+
+def test_modes_agree(mode):
+    """Every output and the gradient of the mean cost, with symbolic lengths and labels."""
+    data = rnnt_data(3, 6, 3, 8, SHARED["blank"], 2, "float64", seed=9)
+    got = shared_function(mode)(*data)
+    ref = shared_reference(*data)
+    for name, a, b in zip(RnntLattice._fields, got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(got[-1], ref[1] / 3, rtol=1e-10, atol=1e-12)
+    assert np.abs(ref[1]).max() == pytest.approx(SHARED["clamp"])
+    if mode is not None:
+        for a, b in zip(got, shared_function(None)(*data)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_runtime_errors(mode):
+    """Lengths and labels known only at run time: the kernel's checks raise ValueError."""
+    f = shared_function(mode)
+    acts, labels, act_lens, label_lens = rnnt_data(2, 5, 2, 6, SHARED["blank"], 2, "float64", seed=6)
+    f(acts, labels, act_lens, label_lens)
+    bad_labels = labels.copy()
+    bad_labels[0, 0] = 6
+    with pytest.raises(ValueError, match=r"MultiBlankRnntLoss.*labels\[0, 0\] = 6 is out of range"):
+        f(acts, bad_labels, act_lens, label_lens)
+    with pytest.raises(ValueError, match=r"act_lens\[1\] = 7 is out of range"):
+        f(acts, labels, np.array([5, 7], np.int32), label_lens)
+    with pytest.raises(ValueError, match=r"label_lens\[0\] = -1 is out of range"):
+        f(acts, labels, act_lens, np.array([-1, 2], np.int32))
+    with pytest.raises(ValueError, match=r"expected \(B, max\(act_lens\) = 4"):
+        f(acts, labels, np.array([4, 4], np.int32), label_lens)
+    with pytest.raises(ValueError, match=r"max\(label_lens\) \+ 1 = 2"):
+        f(acts, labels, act_lens, np.array([1, 0], np.int32))
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        f(acts, labels[:1], act_lens, label_lens)
+    with pytest.raises(ValueError, match=r"blank = 3 is out of range for K = 3"):
+        f(np.ascontiguousarray(acts[..., :3]), labels, act_lens, label_lens)
+
+
+def test_empty_batch_time_and_zero_labels(mode):
+    f = shared_function(mode)
+    # empty batch
+    out = f(np.zeros((0, 4, 3, 5)), np.zeros((0, 2), np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+    assert [o.shape for o in out] == [(0,), (0, 4, 3, 5), (0,), (0, 4, 3), (0, 4, 3), (0, 4, 3), (0, 4, 3, 5)]
+    # empty time: loglik -inf, cost +inf, gradient 0
+    out = f(np.zeros((2, 0, 1, 5)), np.zeros((2, 0), np.int32), np.zeros(2, np.int32), np.zeros(2, np.int32))
+    np.testing.assert_array_equal(out[0], [np.inf, np.inf])
+    np.testing.assert_array_equal(out[2], [-np.inf, -np.inf])
+    assert out[1].shape == (2, 0, 1, 5) and out[-1].shape == (2, 0, 1, 5)
+    # all label lengths 0 (U + 1 = 1), one sequence without frames (cost inf, gradient 0)
+    rng = np.random.default_rng(0)
+    acts = rng.normal(size=(3, 5, 1, 5))
+    labels, act_lens, label_lens = np.zeros((3, 0), np.int32), np.array([5, 0, 3], np.int32), np.zeros(3, np.int32)
+    out = f(acts, labels, act_lens, label_lens)
+    ref = shared_reference(acts, labels, act_lens, label_lens)
+    for name, o, r in zip(RnntLattice._fields, out, ref):
+        np.testing.assert_allclose(o, r, rtol=1e-10, atol=1e-12, err_msg=name)
+    assert out[0][1] == np.inf and np.isfinite(out[0][[0, 2]]).all()
+    np.testing.assert_allclose(out[-1], ref[1] / 3, atol=1e-12)
+
+
+def test_graph_time_validation_errors():
+    acts, labels, act_lens, label_lens = rnnt_data(2, 5, 2, 6, 5, 1, "float64", seed=6)
+    x = pt.tensor4("acts")
+
+    def call(**kw):
+        args = dict(acts=x, labels=labels, act_lens=act_lens, label_lens=label_lens, blank=5,
+                    big_blank_durations=(2,))
+        args.update(kw)
+        return multiblank_rnnt_loss(**args)
+
+    with pytest.raises(ValueError, match="acts must be 4-D"):
+        call(acts=pt.tensor3())
+    with pytest.raises(ValueError, match="durations must be >= 2"):
+        call(big_blank_durations=(2, 1))
+    with pytest.raises(TypeError, match="big_blank_durations"):
+        call(big_blank_durations=2)
+    with pytest.raises(ValueError, match="clamp must be >= 0"):
+        call(clamp=-0.5)
+    with pytest.raises(ValueError, match="fastemit_lambda must be >= 0"):
+        call(fastemit_lambda=-0.1)
+    with pytest.raises(ValueError, match="sigma must be finite"):
+        call(sigma=float("nan"))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        call(reduction="batchmean")
+    with pytest.raises(ValueError, match="blank = 0 must satisfy 1 <= blank"):
+        call(blank=0)
+    with pytest.raises(ValueError, match="blank = 6 must satisfy"):
+        call(acts=pt.tensor4(shape=(2, 5, 3, 6)), blank=6)
+    with pytest.raises(ValueError, match=r"acts.shape\[1\] = 4 must equal max\(act_lens\) = 5"):
+        call(acts=pt.tensor4(shape=(2, 4, 3, 6)))
+    with pytest.raises(ValueError, match=r"acts.shape\[2\] = 4 must equal max\(label_lens\) \+ 1 = 3"):
+        call(acts=pt.tensor4(shape=(2, 5, 4, 6)))
+    bad = labels.copy()
+    bad[0, 1] = 9
+    with pytest.raises(ValueError, match=r"labels\[0, 1\] = 9 is out of range \[0, 6\)"):
+        call(acts=pt.tensor4(shape=(2, 5, 3, 6)), labels=bad)
+    with pytest.raises(TypeError, match="labels must have an integer dtype"):
+        call(labels=labels.astype(np.float32))
+    with pytest.raises(ValueError, match="act_lens must be 1-D"):
+        call(act_lens=act_lens[None])
+    with pytest.raises(TypeError, match="blank must be an int"):
+        rnnt_loss(x, labels, act_lens, label_lens, blank=0.0)
+    # the op itself rejects bad hyper-parameters at run time too
+    op = MultiBlankRnntLoss.make_op()
+    outs = op(x, labels, act_lens, label_lens, np.array([1], np.int32), np.int32(5), np.zeros(3))
+    with pytest.raises(ValueError, match="durations must be >= 2"):
+        pytensor.function([x], outs[0])(acts)
+    outs = op(x, labels, act_lens, label_lens, np.array([2], np.int32), np.int32(0), np.zeros(3))
+    with pytest.raises(ValueError, match="leaves no room for 1 big blanks"):
+        pytensor.function([x], outs[0])(acts)
+    outs = op(x, labels, act_lens, label_lens, np.array([2], np.int32), np.int32(5), np.array([0, 0, -2.0]))
+    with pytest.raises(ValueError, match="clamp must be"):
+        pytensor.function([x], outs[0])(acts)
+
+
+def test_only_costs_are_differentiable():
+    acts, labels, act_lens, label_lens = rnnt_data(2, 4, 2, 5, 0, 0, "float64")
+    x = pt.tensor4("acts")
+    lat = multiblank_rnnt_lattice(x, labels, act_lens, label_lens, 0)
+    with pytest.raises(Exception, match="only the 'costs' output has a gradient"):
+        pytensor.grad(lat.loglik.sum(), x)
+
+
+def test_infer_shape():
+    acts, labels, act_lens, label_lens = rnnt_data(3, 5, 2, 6, 0, 0, "float64")
+    x, lab, al, ll = pt.tensor4("acts"), pt.imatrix("labels"), pt.ivector("act_lens"), pt.ivector("label_lens")
+    lat = multiblank_rnnt_lattice(x, lab, al, ll, 0)
+    check_infer_shape([x, lab, al, ll], list(lat), [acts, labels, act_lens, label_lens], RnntLossOp)
+
+
+@pytest.mark.parametrize("mode", [None, "C", "FAST_COMPILE"], ids=["default", "C", "FAST_COMPILE"])
+def test_inplace_on_computed_logits(mode):
+    """Logits computed in the graph are overwritten by the gradient buffer; the
+    numbers do not change and the user's input survives."""
+    acts, labels, act_lens, label_lens = rnnt_data(2, 5, 3, 6, 5, 1, "float64", seed=8)
+    x = pt.tensor4("x")
+    loss = multiblank_rnnt_loss(2 * x - 1, labels, act_lens, label_lens, 5, (3,), sigma=0.1, reduction="sum")
+    f = pytensor.function([x], [loss, pytensor.grad(loss, x)], mode=mode)
+    nodes = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, RnntLossOp)]
+    assert len(nodes) == 1 and bool(nodes[0].op.destroy_map) == (mode != "FAST_COMPILE")
+    before = acts.copy()
+    cost, grad = f(acts)
+    costs, grads = batch_lattice(2 * acts - 1, labels, act_lens, label_lens, 5, (3,), 0.1)[:2]
+    np.testing.assert_allclose(cost, costs.sum(), rtol=1e-10)
+    np.testing.assert_allclose(grad, 2 * grads, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(acts, before)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_rnnt_kernels_compile_with_nvcc(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    op = MultiBlankRnntLoss.make_op()
+    path = ptnative.build.build(op.variant("float32", device="cuda"))
+    assert path.exists() and path.stat().st_size > 0
+
+
+def test_wavefront_kernels_emulated_on_cpu():
+    """The CUDA form (row blocks, anti-diagonal wavefront), run through the CPU
+    launch emulation with one thread per block, against the reference."""
+    from ptnative.source import read_kernel_file
+
+    op = MultiBlankRnntLoss.make_op(c_extra_support_code={"0_emulate": "#define RNNT_EMULATE_CUDA_ON_CPU 1\n",
+                                                          "rnnt": read_kernel_file("rnnt.cu")})
+    x, lab, al, ll = pt.tensor4("acts"), pt.imatrix("labels"), pt.ivector("act_lens"), pt.ivector("label_lens")
+    dur, blank, params = pt.ivector("durations"), pt.iscalar("blank"), pt.dvector("params")
+    f = pytensor.function([x, lab, al, ll, dur, blank, params], op(x, lab, al, ll, dur, blank, params))
+    for durations, sigma, lam, clamp, layout in CONFIGS[2:5] + CONFIGS[6:]:
+        K = 6 + len(durations)
+        b = LAYOUTS[layout](K, len(durations))
+        data = rnnt_data(3, 7, 3, K, b, len(durations), "float64", seed=K)
+        got = f(*data, np.array(durations, np.int32), np.int32(b), np.array([sigma, lam, clamp]))
+        ref = batch_lattice(*data, b, durations, sigma, lam, clamp)
+        for name, g, r in zip(RnntLattice._fields, got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12, err_msg=name)
+    # empty time and label_len = 0
+    got = f(np.zeros((2, 0, 1, 4)), np.zeros((2, 0), np.int32), np.zeros(2, np.int32), np.zeros(2, np.int32),
+            np.array([2], np.int32), np.int32(3), np.zeros(3))
+    np.testing.assert_array_equal(got[0], [np.inf, np.inf])
