@@ -1,0 +1,193 @@
+"""Benchmarks of the automaton family (run: python bench/fsa.py [--quick]).
+
+1. ``ctc_loss`` forward + backward, T=200, B=16, D=50, N=40, float32, against
+   ``torch.nn.functional.ctc_loss`` on the CPU (skipped if torch is missing) and a
+   ``pytensor.scan`` CTC (log-space alpha recursion, gradient by autodiff).
+2. ``hmm_log_likelihood`` with gradients, T=1000, B=8, K=16, against a
+   ``pytensor.scan`` log-space forward algorithm (default mode).
+3. ``hmm_log_likelihood`` with gradients at T=10000 and T=100000 (B=1, K=4): finite, linear in T.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.tensor.special import log_softmax
+
+import ptnative
+from ptnative.ops import fsa
+
+
+def best_time(fn, reps=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), float(np.min(times))
+
+
+def fmt(name, med, mn, ref=None):
+    extra = f"   ratio vs ptnative: {med / ref:6.2f}x" if ref else ""
+    print(f"  {name:<44s} median {med * 1e3:9.2f} ms   min {mn * 1e3:9.2f} ms{extra}")
+
+
+# ------------------------------------------------------------------ CTC
+def ctc_data(T=200, B=16, D=50, N=40, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(T, B, D)).astype(np.float32)
+    lens = rng.integers(int(0.8 * T), T + 1, size=B).astype(np.int32)
+    lens[0] = T
+    tlens = rng.integers(int(0.7 * N), N + 1, size=B).astype(np.int32)
+    tlens[0] = N
+    targets = rng.integers(0, D - 1, size=(B, N)).astype(np.int32)  # blank = D - 1
+    return logits, lens, targets, tlens
+
+
+def scan_ctc(logits, lens, targets, tlens, blank):
+    """CTC in pure PyTensor: log-space alpha over the extended label sequence, via scan."""
+    T, B, D = logits.shape
+    lp = log_softmax(logits, axis=-1)
+    N = targets.shape[1]
+    S = 2 * N + 1
+    ext = pt.full((B, S), blank, dtype="int32")
+    ext = pt.set_subtensor(ext[:, 1::2], targets)
+    s_idx = pt.arange(S)
+    ext_len = 2 * tlens + 1
+    allow_skip = pt.concatenate([pt.zeros((B, 2), dtype="bool"),
+                                 pt.and_(pt.neq(ext[:, 2:], blank), pt.neq(ext[:, 2:], ext[:, :-2]))], axis=1)
+    valid_state = pt.lt(s_idx[None, :], ext_len[:, None])
+    neg_inf = np.float32(-1e30)
+    b_idx = pt.arange(B)[:, None]
+
+    def emit(t):
+        return lp[t][b_idx, ext]  # (B, S)
+
+    alpha0 = pt.full((B, S), neg_inf, dtype=logits.dtype)
+    e0 = emit(0)
+    alpha0 = pt.set_subtensor(alpha0[:, :2], e0[:, :2])
+    alpha0 = pt.switch(valid_state, alpha0, neg_inf)
+
+    def step(t, alpha):
+        a1 = pt.concatenate([pt.full((B, 1), neg_inf, dtype=alpha.dtype), alpha[:, :-1]], axis=1)
+        a2 = pt.concatenate([pt.full((B, 2), neg_inf, dtype=alpha.dtype), alpha[:, :-2]], axis=1)
+        a2 = pt.switch(allow_skip, a2, neg_inf)
+        m = pt.maximum(pt.maximum(alpha, a1), a2)
+        new = m + pt.log(pt.exp(alpha - m) + pt.exp(a1 - m) + pt.exp(a2 - m)) + emit(t)
+        new = pt.switch(valid_state, new, neg_inf)
+        return pt.switch(pt.lt(t, lens)[:, None], new, alpha)
+
+    alphas = pytensor.scan(step, sequences=[pt.arange(1, T)], outputs_info=[alpha0], return_updates=False)
+    final = alphas[-1]  # T > 1
+    last = final[pt.arange(B), ext_len - 1]
+    prev = final[pt.arange(B), pt.maximum(ext_len - 2, 0)]
+    return -pt.logaddexp(last, pt.switch(pt.gt(ext_len, 1), prev, neg_inf))
+
+
+def bench_ctc(reps):
+    logits, lens, targets, tlens = ctc_data()
+    T, B, D = logits.shape
+    print(f"ctc_loss forward+backward, T={T}, B={B}, D={D}, N={targets.shape[1]}, float32, reduction=sum")
+    x = pt.tensor3("logits", dtype="float32")
+    loss = fsa.ctc_loss(x, lens, targets, tlens, blank_index=-1)
+    f = pytensor.function([x], [loss.sum(), pytensor.grad(loss.sum(), x)])
+    ours_loss, ours_grad = f(logits)
+    med, mn = best_time(lambda: f(logits), reps)
+    fmt("ptnative.ctc_loss (default mode)", med, mn)
+    ref = med
+
+    try:
+        import torch
+    except ImportError:
+        print("  torch: not installed, skipped")
+    else:
+        xt = torch.tensor(logits, requires_grad=True)
+        tt, lt, tlt = torch.tensor(targets.astype(np.int64)), torch.tensor(lens.astype(np.int64)), torch.tensor(
+            tlens.astype(np.int64))
+
+        def run_torch():
+            xt.grad = None
+            lo = torch.nn.functional.ctc_loss(torch.log_softmax(xt, -1), tt, lt, tlt, blank=D - 1, reduction="sum")
+            lo.backward()
+            return lo
+
+        lo = run_torch()
+        assert abs(lo.item() - float(ours_loss)) < 1e-3 * abs(lo.item()), (lo.item(), float(ours_loss))
+        assert np.abs(xt.grad.numpy() - ours_grad).max() < 1e-3
+        for threads in (torch.get_num_threads(), 1):
+            torch.set_num_threads(threads)
+            med_t, mn_t = best_time(run_torch, reps)
+            fmt(f"torch.nn.functional.ctc_loss ({threads} thr)", med_t, mn_t, ref)
+
+    sl = scan_ctc(x, pt.constant(lens), pt.constant(targets), pt.constant(tlens), D - 1)
+    fs = pytensor.function([x], [sl.sum(), pytensor.grad(sl.sum(), x)])
+    sv, sg = fs(logits)
+    assert abs(float(sv) - float(ours_loss)) < 1e-3 * abs(float(sv)), (float(sv), float(ours_loss))
+    med_s, mn_s = best_time(lambda: fs(logits), max(3, reps // 3), 1)
+    fmt("pytensor.scan CTC (default mode)", med_s, mn_s, ref)
+
+
+# ------------------------------------------------------------------ HMM
+def scan_hmm(le, lA, lpi):
+    def step(e, la):
+        return pt.logsumexp(la[:, :, None] + lA[None], axis=1) + e
+
+    la0 = lpi[None, :] + le[0]
+    las = pytensor.scan(step, sequences=[le[1:]], outputs_info=[la0], return_updates=False)
+    return pt.logsumexp(las[-1], axis=-1)
+
+
+def hmm_data(T, B, K, seed=0):
+    rng = np.random.default_rng(seed)
+    le = rng.normal(size=(T, B, K))
+    lA = np.log(rng.dirichlet(np.ones(K), size=K))
+    lpi = np.log(rng.dirichlet(np.ones(K)))
+    return le, lA, lpi
+
+
+def bench_hmm(reps, long_T):
+    T, B, K = 1000, 8, 16
+    print(f"hmm_log_likelihood + gradients (emissions, transitions, initial), T={T}, B={B}, K={K}, float64")
+    le, lA, lpi = hmm_data(T, B, K)
+    xs = [pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")]
+    ll = fsa.hmm_log_likelihood(*xs)
+    f = pytensor.function(xs, [ll] + pytensor.grad(ll.sum(), xs))
+    ours = f(le, lA, lpi)
+    med, mn = best_time(lambda: f(le, lA, lpi), reps)
+    fmt("ptnative.hmm_log_likelihood (default mode)", med, mn)
+    sl = scan_hmm(*xs)
+    fs = pytensor.function(xs, [sl] + pytensor.grad(sl.sum(), xs))
+    theirs = fs(le, lA, lpi)
+    assert np.allclose(ours[0], theirs[0]) and all(np.allclose(a, b, atol=1e-8) for a, b in zip(ours[1:], theirs[1:]))
+    med_s, mn_s = best_time(lambda: fs(le, lA, lpi), max(3, reps // 3), 1)
+    fmt("pytensor.scan log-space forward (default mode)", med_s, mn_s, med)
+
+    print("hmm_log_likelihood + gradients, B=1, K=4, emissions N(0, 30^2) (long sequences)")
+    x = pt.tensor3("le")
+    lA4, lpi4 = hmm_data(2, 1, 4)[1:]
+    ll = fsa.hmm_log_likelihood(x, lA4, lpi4)
+    g = pytensor.function([x], [ll, pytensor.grad(ll.sum(), x)])
+    for T in (10000, long_T):
+        le4 = hmm_data(T, 1, 4, seed=1)[0] * 30
+        v, gr = g(le4)
+        med, mn = best_time(lambda: g(le4), max(3, reps // 3), 1)
+        ok = np.isfinite(v).all() and np.isfinite(gr).all() and np.allclose(gr.sum(-1), 1)
+        fmt(f"T={T}: ll={float(v[0]):.6g}, finite={ok}", med, mn)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    reps = 3 if quick else 10
+    print(f"ptnative {ptnative.__version__}, numpy {np.__version__}, pytensor {pytensor.__version__}")
+    bench_ctc(reps)
+    bench_hmm(reps, 20000 if quick else 100000)
+
+
+if __name__ == "__main__":
+    main()

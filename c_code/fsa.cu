@@ -1,0 +1,1210 @@
+// Sequence models on automata: Baum-Welch (forward-backward) over an edge list,
+// Viterbi, the CTC automaton, a fused CTC loss, and segmental Baum-Welch.
+//
+// Edge list layout (FastBaumWelch / Viterbi): `edges` (4, E) int32 with rows
+// (from state, to state, emission index, sequence index); states are global
+// indices into one state space shared by the whole batch, each state belonging
+// to one sequence.  Every edge consumes exactly one frame.
+//
+// Baum-Welch runs in probability space with per-frame scaling, in double:
+// emissions are exp(-(score - min score of the frame)), edge weights
+// exp(-(w - min w of the sequence)); the forward and backward vectors are
+// renormalised per sequence and frame, the log-scales are accumulated.  This
+// is exact (no log-add approximations), and its dynamic range per frame is
+// that of double (~700 nats between the best and a competing path at one
+// frame), while -log p itself may take any magnitude; sequences for which the
+// scaled pass finds no path are recomputed in log space (so extreme score
+// ranges stay exact).  Viterbi and the segmental op run in log space.
+
+#define FSA_LOOP(i, n) \
+  for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
+
+// exp(x) for the CPU as plain arithmetic (Cody-Waite reduction, degree-13 Taylor, ~1 ulp),
+// so that loops over it vectorise; values below exp(-708) flush to 0.  CUDA: exp.
+DEV_FUNC inline double fsa_exp(double x) {
+#if CUDA
+  return exp(x);
+#else
+  // branch-free (x <= 0 in our use; NaN is excluded by the callers)
+  double xc = x > -708.0 ? x : -708.0;
+  xc = xc < 709.0 ? xc : 709.0;
+  double k = std::floor(xc * 1.4426950408889634 + 0.5);
+  double r = (xc - k * 0.6931471803691238) - k * 1.9082149292705877e-10;
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  uint64_t bits = (uint64_t)((int64_t)k + 1023) << 52;
+  double scale;
+  memcpy(&scale, &bits, sizeof(double));
+  return x > -708.0 ? p * scale : 0.0;
+#endif
+}
+
+// ---------------------------------------------------------------- atomics
+#if CUDA
+DEV_FUNC inline void fsa_atomic_max(float* p, float v) {
+  int* ip = (int*)p;
+  int old = *ip;
+  while (v > __int_as_float(old)) {
+    int assumed = old;
+    old = atomicCAS(ip, assumed, __float_as_int(v));
+    if (old == assumed) break;
+  }
+}
+DEV_FUNC inline void fsa_atomic_max(double* p, double v) {
+  unsigned long long* ip = (unsigned long long*)p;
+  unsigned long long old = *ip;
+  while (v > __longlong_as_double(old)) {
+    unsigned long long assumed = old;
+    old = atomicCAS(ip, assumed, (unsigned long long)__double_as_longlong(v));
+    if (old == assumed) break;
+  }
+}
+DEV_FUNC inline void fsa_atomic_min(double* p, double v) {
+  unsigned long long* ip = (unsigned long long*)p;
+  unsigned long long old = *ip;
+  while (v < __longlong_as_double(old)) {
+    unsigned long long assumed = old;
+    old = atomicCAS(ip, assumed, (unsigned long long)__double_as_longlong(v));
+    if (old == assumed) break;
+  }
+}
+#else
+template <typename T> inline void fsa_atomic_max(T* p, T v) { if (v > *p) *p = v; }
+template <typename T> inline void fsa_atomic_min(T* p, T v) { if (v < *p) *p = v; }
+#endif
+
+// -log(exp(-a) + exp(-b)), with +inf as the zero.
+DEV_FUNC inline double fsa_neglog_add(double a, double b) {
+  if (a == INFINITY) return b;
+  if (b == INFINITY) return a;
+  double m = a < b ? a : b, d = a < b ? b - a : a - b;
+  return m - log1p(exp(-d));
+}
+
+#if CUDA
+DEV_FUNC inline void fsa_atomic_neglog_add(double* p, double v) {
+  if (v == INFINITY) return;
+  unsigned long long* ip = (unsigned long long*)p;
+  unsigned long long old = *ip;
+  while (true) {
+    unsigned long long assumed = old;
+    double nv = fsa_neglog_add(__longlong_as_double(assumed), v);
+    old = atomicCAS(ip, assumed, (unsigned long long)__double_as_longlong(nv));
+    if (old == assumed) break;
+  }
+}
+#else
+inline void fsa_atomic_neglog_add(double* p, double v) { *p = fsa_neglog_add(*p, v); }
+#endif
+
+// Scratch memory that is freed on every exit path (errors are exceptions).
+struct FsaScratch {
+  std::vector<void*> bufs;
+  template <typename T> T* get(int64_t n) {
+    void* p = device_malloc((size_t)std::max<int64_t>(n, 1) * sizeof(T));
+    bufs.push_back(p);
+    return (T*)p;
+  }
+  ~FsaScratch() {
+    for (void* p : bufs) device_free(p);
+  }
+};
+
+static void fsa_copy_to_host(void* dst, const void* src, size_t n) {
+#if CUDA
+  HANDLE_ERROR(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+// ---------------------------------------------------------------- validation
+// Claim state q for sequence s; a state used by two sequences is an error.
+DEV_FUNC inline int32_t fsa_claim(int32_t* state_seq, int32_t q, int32_t s) {
+  int32_t old = elem_atomic_cas(state_seq + q, (int32_t)-1, s);
+  return old == -1 ? s : old;
+}
+
+DEF_KERNEL void fsa_check_edges(int64_t n_edges, const int32_t* from, const int32_t* to, const int32_t* emis,
+                                const int32_t* seq, int64_t n_states, int64_t n_classes, int64_t n_batch,
+                                int32_t* state_seq) {
+  FSA_LOOP(e, n_edges) {
+    int32_t edge_from_state = from[e], edge_to_state = to[e], edge_emission = emis[e], edge_seq = seq[e];
+    assert_cmp(edge_from_state, >=, 0);
+    assert_cmp(edge_from_state, <, n_states);
+    assert_cmp(edge_to_state, >=, 0);
+    assert_cmp(edge_to_state, <, n_states);
+    assert_cmp(edge_emission, >=, 0);
+    assert_cmp(edge_emission, <, n_classes);
+    assert_cmp(edge_seq, >=, 0);
+    assert_cmp(edge_seq, <, n_batch);
+    if (state_seq) {
+      int32_t seq_owning_from_state = fsa_claim(state_seq, edge_from_state, edge_seq);
+      assert_cmp(seq_owning_from_state, ==, edge_seq);
+      int32_t seq_owning_to_state = fsa_claim(state_seq, edge_to_state, edge_seq);
+      assert_cmp(seq_owning_to_state, ==, edge_seq);
+    }
+  }
+}
+
+// Per sequence: the start state, and the length from a 0/1 prefix mask (index)
+// or from lengths.
+DEF_KERNEL void fsa_check_seqs(int64_t n_time, int64_t n_batch, const int32_t* start_states, int64_t n_states,
+                               const Float* index, const int32_t* lens_in, int32_t* seq_len, int32_t* state_seq) {
+  FSA_LOOP(b, n_batch) {
+    int32_t start_state = start_states[b];
+    assert_cmp(start_state, >=, 0);
+    assert_cmp(start_state, <, n_states);
+    if (state_seq) {
+      int32_t seq_owning_start_state = fsa_claim(state_seq, start_state, (int32_t)b);
+      assert_cmp(seq_owning_start_state, ==, (int32_t)b);
+    }
+    int32_t len = 0;
+    if (index) {
+      bool ended = false;
+      for (int64_t t = 0; t < n_time; ++t) {
+        Float index_value = index[t * n_batch + b];
+        bool index_is_0_or_1 = index_value == Float(0) || index_value == Float(1);
+        assert_cmp(index_is_0_or_1, ==, true);
+        if (index_value == Float(1)) {
+          bool index_is_a_prefix_mask = !ended;
+          assert_cmp(index_is_a_prefix_mask, ==, true);
+          ++len;
+        } else {
+          ended = true;
+        }
+      }
+    } else {
+      int32_t seq_length = lens_in[b];
+      assert_cmp(seq_length, >=, 0);
+      assert_cmp(seq_length, <=, n_time);
+      len = seq_length;
+    }
+    seq_len[b] = len;
+  }
+}
+
+// End states: `pairs` (n, 2) = (sequence, state), or `simple` (B,) = the end state of sequence n.
+DEV_FUNC inline int32_t fsa_end_seq(const int32_t* pairs, int64_t n) { return pairs ? pairs[2 * n] : (int32_t)n; }
+DEV_FUNC inline int32_t fsa_end_state(const int32_t* pairs, const int32_t* simple, int64_t n) {
+  return pairs ? pairs[2 * n + 1] : simple[n];
+}
+
+DEF_KERNEL void fsa_check_ends(int64_t n_end, const int32_t* pairs, const int32_t* simple, int64_t n_states,
+                               int64_t n_batch, int32_t* state_seq) {
+  FSA_LOOP(n, n_end) {
+    int32_t end_seq = fsa_end_seq(pairs, n), end_state = fsa_end_state(pairs, simple, n);
+    assert_cmp(end_seq, >=, 0);
+    assert_cmp(end_seq, <, n_batch);
+    assert_cmp(end_state, >=, 0);
+    assert_cmp(end_state, <, n_states);
+    if (state_seq) {
+      int32_t seq_owning_end_state = fsa_claim(state_seq, end_state, end_seq);
+      assert_cmp(seq_owning_end_state, ==, end_seq);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Baum-Welch core
+enum { FBW_NEGLOG = 0, FBW_LOGITS = 1, FBW_LOGPROBS = 2 };
+
+DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Float* w, double* wmin) {
+  FSA_LOOP(e, n_edges) {
+    double v = (double)w[e];
+    bool weight_is_not_minus_inf = !(v == -INFINITY);
+    assert_cmp(weight_is_not_minus_inf, ==, true);
+    if (v < INFINITY) fsa_atomic_min(wmin + seq[e], v);
+  }
+}
+
+DEF_KERNEL void fbw_weights(int64_t n_edges, const int32_t* seq, const Float* w, const double* wmin, double* W) {
+  FSA_LOOP(e, n_edges) {
+    double v = (double)w[e];
+    W[e] = v < INFINITY ? exp(-(v - wmin[seq[e]])) : 0.0;
+  }
+}
+
+DEF_KERNEL void fbw_fill(int64_t n, double* p, double v) {
+  FSA_LOOP(i, n) p[i] = v;
+}
+
+DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, double* alpha0) {
+  FSA_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
+}
+
+// Emission factors of frame t: P[b, d] = exp(-(a - min a)) with a = -log score;
+// shift[b] = what -log p gains from the scaling; norm[b] = sum of P (softmax).
+DEF_KERNEL void fbw_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const Float* am,
+                              const int32_t* seq_len, double* P, double* shift, double* norm) {
+  FSA_LOOP(b, n_batch) {
+    if (t >= seq_len[b]) continue;
+    const Float* row = am + (t * n_batch + b) * n_classes;
+    double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
+    double m = INFINITY;
+    for (int64_t d = 0; d < n_classes; ++d) {
+      double a = sign * (double)row[d];
+      bool score_is_not_infinitely_likely = !(a == -INFINITY);
+      assert_cmp(score_is_not_infinitely_likely, ==, true);
+      if (a < m) m = a;
+    }
+    double sum = 0.0;
+    double* Pb = P + b * n_classes;
+    if (m < INFINITY) {
+      for (int64_t d = 0; d < n_classes; ++d) {
+        double a = sign * (double)row[d];
+        double p = a < INFINITY ? fsa_exp(-(a - m)) : 0.0;  // NaN counts as impossible
+        Pb[d] = p;
+        sum += p;
+      }
+    } else {
+      for (int64_t d = 0; d < n_classes; ++d) Pb[d] = 0.0;
+      m = 0.0;
+    }
+    norm[b] = sum;
+    shift[b] = mode == FBW_LOGITS ? (sum > 0 ? log(sum) : 0.0) : m;
+  }
+}
+
+DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
+                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const double* W,
+                              const double* P, const double* alpha_t, double* alpha_next, double* c) {
+  FSA_LOOP(e, n_edges) {
+    int32_t s = seq[e];
+    if (t >= seq_len[s]) continue;
+    double a = alpha_t[from[e]];
+    if (a == 0.0) continue;
+    double v = a * W[e] * P[s * n_classes + emis[e]];
+    if (v == 0.0) continue;
+    elem_atomic_add(alpha_next + to[e], v);
+    elem_atomic_add(c + s, v);
+  }
+}
+
+DEF_KERNEL void fbw_normalize(int64_t t, int64_t n_states, const int32_t* state_seq, const int32_t* seq_len,
+                              const double* c, double* vec) {
+  FSA_LOOP(q, n_states) {
+    int32_t s = state_seq[q];
+    if (s < 0 || t >= seq_len[s]) continue;
+    double cs = c[s];
+    vec[q] = cs > 0.0 ? vec[q] / cs : 0.0;
+  }
+}
+
+DEF_KERNEL void fbw_fwd_seq(int64_t t, int64_t n_batch, const int32_t* seq_len, double* c, const double* shift,
+                            const double* wmin, double* nll) {
+  FSA_LOOP(b, n_batch) {
+    if (t >= seq_len[b]) continue;
+    double cb = c[b];
+    if (cb > 0.0 && wmin[b] < INFINITY)
+      nll[b] += shift[b] + wmin[b] - log(cb);
+    else
+      nll[b] = INFINITY;
+    c[b] = 0.0;
+  }
+}
+
+// After the forward pass: add -log(sum over end states of alpha * exp(-w_end)).
+DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, int64_t n_end,
+                              const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                              const double* alpha, double* nll, double* end_wmin) {
+  FSA_LOOP(b, n_batch) {
+    const double* a = alpha + (int64_t)seq_len[b] * n_states;
+    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
+    double wm = INFINITY;
+    for (int64_t n = n0; n < n1; ++n) {
+      if (fsa_end_seq(end_pairs, n) != b) continue;
+      double w = end_w ? (double)end_w[n] : 0.0;
+      bool end_weight_is_not_minus_inf = !(w == -INFINITY);
+      assert_cmp(end_weight_is_not_minus_inf, ==, true);
+      if (w < wm) wm = w;
+    }
+    double p = 0.0;
+    if (wm < INFINITY) {
+      for (int64_t n = n0; n < n1; ++n) {
+        if (fsa_end_seq(end_pairs, n) != b) continue;
+        double w = end_w ? (double)end_w[n] : 0.0;
+        if (w < INFINITY) p += a[fsa_end_state(end_pairs, end_simple, n)] * exp(-(w - wm));
+      }
+    }
+    end_wmin[b] = wm;
+    if (p > 0.0 && nll[b] < INFINITY)
+      nll[b] += wm - log(p);
+    else
+      nll[b] = INFINITY;
+  }
+}
+
+// Backward, frame t: reset the per-sequence sums; sequences of length t + 1 start here.
+DEF_KERNEL void fbw_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, int64_t n_end,
+                            const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                            const double* end_wmin, double* beta_next, double* dsum, double* zsum) {
+  FSA_LOOP(b, n_batch) {
+    dsum[b] = 0.0;
+    zsum[b] = 0.0;
+    if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) continue;
+    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
+    for (int64_t n = n0; n < n1; ++n) {
+      if (fsa_end_seq(end_pairs, n) != b) continue;
+      double w = end_w ? (double)end_w[n] : 0.0;
+      if (w < INFINITY) beta_next[fsa_end_state(end_pairs, end_simple, n)] += exp(-(w - end_wmin[b]));
+    }
+  }
+}
+
+DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
+                             const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const double* W,
+                             const double* P, const double* alpha_t, const double* beta_next, double* beta_cur,
+                             double* G, double* dsum, double* zsum) {
+  FSA_LOOP(e, n_edges) {
+    int32_t s = seq[e];
+    if (t >= seq_len[s]) continue;
+    double bn = beta_next[to[e]];
+    if (bn == 0.0) continue;
+    double pb = W[e] * P[s * n_classes + emis[e]] * bn;
+    if (pb == 0.0) continue;
+    elem_atomic_add(beta_cur + from[e], pb);
+    elem_atomic_add(dsum + s, pb);
+    double x = alpha_t[from[e]] * pb;
+    if (x != 0.0) {
+      elem_atomic_add(zsum + s, x);
+      elem_atomic_add(G + s * n_classes + emis[e], x);
+    }
+  }
+}
+
+// Frame t's outputs.  FBW_NEGLOG: out = -log posterior (INF where none), sums = -log p on
+// valid frames of sequences with a path, else 0.  FBW_LOGITS / FBW_LOGPROBS: out = d(-log p)/d
+// logits = softmax - posterior (resp. -posterior), 0 on padded frames.
+DEF_KERNEL void fbw_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
+                           const double* nll, const double* zsum, const double* P, const double* norm, double* G,
+                           Float* out, Float* sums) {
+  FSA_LOOP(i, n_batch * n_classes) {
+    int64_t b = i / n_classes;
+    bool valid = t < seq_len[b];
+    bool has_path = valid && nll[b] < INFINITY && zsum[b] > 0.0;
+    double g = has_path ? G[i] / zsum[b] : 0.0;  // G holds the unnormalised posterior mass
+    G[i] = 0.0;
+    Float* o = out + t * n_batch * n_classes + i;
+    if (mode == FBW_NEGLOG) {
+      *o = has_path && g > 0.0 ? (Float)(-log(g)) : (Float)INFINITY;
+      if (sums && i % n_classes == 0) sums[t * n_batch + b] = has_path ? (Float)nll[b] : Float(0);
+    } else if (!valid) {
+      *o = Float(0);
+    } else {
+      double soft = mode == FBW_LOGITS && norm[b] > 0.0 ? P[i] / norm[b] : 0.0;
+      *o = (Float)(soft - (has_path ? g : 0.0));
+    }
+  }
+}
+
+DEF_KERNEL void fbw_loss_out(int64_t n_batch, const double* nll, Float* loss) {
+  FSA_LOOP(b, n_batch) loss[b] = (Float)nll[b];
+}
+
+// ---- log-space fallback, for sequences whose scaled pass found no path (no path at all,
+// or emission / weight ranges beyond double's ~700 nats per frame).
+DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, int32_t* redo, int32_t* n_redo) {
+  FSA_LOOP(b, n_batch) {
+    redo[b] = nll[b] < INFINITY ? 0 : 1;
+    if (redo[b]) elem_atomic_add(n_redo, 1);
+  }
+}
+
+// Q[b, d] = -log emission probability of frame t.
+DEF_KERNEL void fbl_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const Float* am,
+                              const int32_t* seq_len, const int32_t* redo, double* Q) {
+  FSA_LOOP(b, n_batch) {
+    if (!redo[b] || t >= seq_len[b]) continue;
+    const Float* row = am + (t * n_batch + b) * n_classes;
+    double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
+    double m = INFINITY, lse = 0.0;
+    for (int64_t d = 0; d < n_classes; ++d) {
+      double a = sign * (double)row[d];
+      if (a < m) m = a;
+    }
+    if (mode == FBW_LOGITS && m < INFINITY) {
+      double sum = 0.0;
+      for (int64_t d = 0; d < n_classes; ++d) {
+        double a = sign * (double)row[d];
+        if (a < INFINITY) sum += exp(-(a - m));
+      }
+      lse = m - log(sum);  // -log sum exp(-a)
+    }
+    for (int64_t d = 0; d < n_classes; ++d) {
+      double a = sign * (double)row[d];
+      Q[b * n_classes + d] = a < INFINITY ? a - lse : INFINITY;
+    }
+  }
+}
+
+DEF_KERNEL void fbl_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
+                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
+                              const Float* w, const double* Q, const double* la_t, double* la_next) {
+  FSA_LOOP(e, n_edges) {
+    int32_t s = seq[e];
+    if (!redo[s] || t >= seq_len[s]) continue;
+    double a = la_t[from[e]];
+    if (a == INFINITY) continue;
+    double v = a + (double)w[e] + Q[s * n_classes + emis[e]];
+    if (v < INFINITY) fsa_atomic_neglog_add(la_next + to[e], v);
+  }
+}
+
+DEF_KERNEL void fbl_start(int64_t n_batch, const int32_t* start, const int32_t* redo, double* la0) {
+  FSA_LOOP(b, n_batch) if (redo[b]) la0[start[b]] = 0.0;
+}
+
+DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, const int32_t* redo,
+                          int64_t n_end, const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                          const double* la, double* nll) {
+  FSA_LOOP(b, n_batch) {
+    if (!redo[b]) continue;
+    const double* a = la + (int64_t)seq_len[b] * n_states;
+    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
+    double acc = INFINITY;
+    for (int64_t n = n0; n < n1; ++n) {
+      if (fsa_end_seq(end_pairs, n) != b) continue;
+      double w = end_w ? (double)end_w[n] : 0.0;
+      double v = a[fsa_end_state(end_pairs, end_simple, n)] + w;
+      if (v < INFINITY) acc = fsa_neglog_add(acc, v);
+    }
+    nll[b] = acc;
+  }
+}
+
+DEF_KERNEL void fbl_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, const int32_t* redo, int64_t n_end,
+                            const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                            double* lb_next) {
+  FSA_LOOP(b, n_batch) {
+    if (!redo[b] || seq_len[b] != t + 1) continue;
+    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
+    for (int64_t n = n0; n < n1; ++n) {
+      if (fsa_end_seq(end_pairs, n) != b) continue;
+      double w = end_w ? (double)end_w[n] : 0.0;
+      if (w < INFINITY) {
+        int32_t q = fsa_end_state(end_pairs, end_simple, n);
+        lb_next[q] = fsa_neglog_add(lb_next[q], w);
+      }
+    }
+  }
+}
+
+DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
+                             const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
+                             const Float* w, const double* Q, const double* nll, const double* la_t,
+                             const double* lb_next, double* lb_cur, double* G) {
+  FSA_LOOP(e, n_edges) {
+    int32_t s = seq[e];
+    if (!redo[s] || t >= seq_len[s] || !(nll[s] < INFINITY)) continue;
+    double bn = lb_next[to[e]];
+    if (bn == INFINITY) continue;
+    double pb = (double)w[e] + Q[s * n_classes + emis[e]] + bn;
+    if (!(pb < INFINITY)) continue;
+    fsa_atomic_neglog_add(lb_cur + from[e], pb);
+    double a = la_t[from[e]];
+    if (a < INFINITY) fsa_atomic_neglog_add(G + s * n_classes + emis[e], a + pb - nll[s]);
+  }
+}
+
+DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
+                           const int32_t* redo, const double* nll, const double* Q, double* G, Float* out,
+                           Float* sums) {
+  FSA_LOOP(i, n_batch * n_classes) {
+    int64_t b = i / n_classes;
+    if (!redo[b]) continue;
+    bool valid = t < seq_len[b];
+    bool has_path = valid && nll[b] < INFINITY;
+    double g = G[i];
+    G[i] = INFINITY;
+    Float* o = out + t * n_batch * n_classes + i;
+    if (mode == FBW_NEGLOG) {
+      *o = has_path ? (Float)g : (Float)INFINITY;
+      if (sums && i % n_classes == 0) sums[t * n_batch + b] = has_path ? (Float)nll[b] : Float(0);
+    } else if (valid) {
+      double soft = mode == FBW_LOGITS ? exp(-Q[i]) : 0.0;
+      *o = (Float)(soft - (has_path ? exp(-g) : 0.0));
+    }
+  }
+}
+
+struct FbwProblem {
+  int mode;
+  int64_t T, B, D, E, S;
+  const Float* am;
+  const int32_t *from, *to, *emis, *seq;
+  const Float* w;
+  const int32_t* start;
+  int64_t n_end;
+  const int32_t* end_pairs;   // (n_end, 2) or null
+  const int32_t* end_simple;  // (B,) when end_pairs is null
+  const Float* end_w;         // (n_end,) or null (all 0)
+  const Float* index;         // (T, B) prefix mask, or null
+  const int32_t* lens;        // (B,) lengths when index is null
+  Float* out;                 // (T, B, D)
+  Float* sums;                // (T, B) or null
+  Float* loss;                // (B,) or null
+};
+
+static void fbw_run(const FbwProblem& p) {
+  FsaScratch scratch;
+  const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
+  int32_t* state_seq = scratch.get<int32_t>(S);
+  int32_t* seq_len = scratch.get<int32_t>(B);
+  Ndarray_memset(state_seq, 255, S * sizeof(int32_t));
+  start_dev_kernel(fsa_check_edges, (E, p.from, p.to, p.emis, p.seq, S, D, B, state_seq));
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fsa_check_seqs, (T, B, p.start, S, p.index, p.lens, seq_len, state_seq));
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fsa_check_ends, (p.n_end, p.end_pairs, p.end_simple, S, B, state_seq));
+  HANDLE_LAST_ERROR();
+  if (B == 0) return;
+
+  double* wmin = scratch.get<double>(B);
+  double* W = scratch.get<double>(E);
+  double* alpha = scratch.get<double>((T + 1) * S);
+  double* beta = scratch.get<double>(2 * S);
+  // Emission factors of every frame are kept for the backward pass when they fit in 256 MB.
+  const bool keep_P = T * B * D <= (int64_t)32 * 1024 * 1024;
+  double* P_all = scratch.get<double>(keep_P ? T * B * D : B * D);
+  double* norm_all = scratch.get<double>(keep_P ? T * B : B);
+  double* P = P_all;
+  double* G = scratch.get<double>(B * D);
+  double* shift = scratch.get<double>(B);
+  double* c = scratch.get<double>(B);
+  double* nll = scratch.get<double>(B);
+  double* end_wmin = scratch.get<double>(B);
+  double* dsum = scratch.get<double>(B);
+  double* zsum = scratch.get<double>(B);
+
+  start_dev_kernel(fbw_fill, (B, wmin, (double)INFINITY));
+  start_dev_kernel(fbw_init_weights, (E, p.seq, p.w, wmin));
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fbw_weights, (E, p.seq, p.w, wmin, W));
+  Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
+  Ndarray_memset(c, 0, B * sizeof(double));
+  Ndarray_memset(nll, 0, B * sizeof(double));
+  Ndarray_memset(G, 0, B * D * sizeof(double));
+  start_dev_kernel(fbw_set_start, (B, p.start, alpha));
+
+  // forward
+  for (int64_t t = 0; t < T; ++t) {
+    double* a_t = alpha + t * S;
+    double* a_next = a_t + S;
+    P = keep_P ? P_all + t * B * D : P_all;
+    double* norm = keep_P ? norm_all + t * B : norm_all;
+    start_dev_kernel(fbw_emissions, (p.mode, t, B, D, p.am, seq_len, P, shift, norm));
+    start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, a_t, a_next, c));
+    start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, c, a_next));
+    start_dev_kernel(fbw_fwd_seq, (t, B, seq_len, c, shift, wmin, nll));
+  }
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fbw_fwd_final, (B, S, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, alpha, nll, end_wmin));
+  HANDLE_LAST_ERROR();
+  if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
+
+  // backward
+  Ndarray_memset(beta, 0, 2 * S * sizeof(double));
+  for (int64_t t = T - 1; t >= 0; --t) {
+    double* b_next = beta + ((t + 1) & 1) * S;
+    double* b_cur = beta + (t & 1) * S;
+    Ndarray_memset(b_cur, 0, S * sizeof(double));
+    start_dev_kernel(fbw_bw_init, (t, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_next, dsum,
+                                   zsum));
+    P = keep_P ? P_all + t * B * D : P_all;
+    double* norm = keep_P ? norm_all + t * B : norm_all;
+    if (!keep_P) start_dev_kernel(fbw_emissions, (p.mode, t, B, D, p.am, seq_len, P, shift, norm));
+    start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
+                                    G, dsum, zsum));
+    start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, dsum, b_cur));
+    start_dev_kernel(fbw_bw_out, (p.mode, t, B, D, seq_len, nll, zsum, P, norm, G, p.out, p.sums));
+  }
+  HANDLE_LAST_ERROR();
+
+  // log-space pass over the sequences without a path so far
+  int32_t* redo = scratch.get<int32_t>(B);
+  int32_t* n_redo_dev = scratch.get<int32_t>(1);
+  Ndarray_memset(n_redo_dev, 0, sizeof(int32_t));
+  start_dev_kernel(fbl_mark, (B, nll, redo, n_redo_dev));
+  int32_t n_redo = 0;
+  fsa_copy_to_host(&n_redo, n_redo_dev, sizeof(int32_t));
+  if (n_redo == 0) return;
+  double* la = alpha;
+  double* lb = beta;
+  P = P_all;
+  start_dev_kernel(fbw_fill, ((T + 1) * S, la, (double)INFINITY));
+  start_dev_kernel(fbw_fill, (2 * S, lb, (double)INFINITY));
+  start_dev_kernel(fbw_fill, (B * D, G, (double)INFINITY));
+  start_dev_kernel(fbl_start, (B, p.start, redo, la));
+  for (int64_t t = 0; t < T; ++t) {
+    start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
+    start_dev_kernel(fbl_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, la + t * S,
+                                     la + (t + 1) * S));
+  }
+  start_dev_kernel(fbl_final, (B, S, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, la, nll));
+  HANDLE_LAST_ERROR();
+  if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
+  for (int64_t t = T - 1; t >= 0; --t) {
+    double* b_next = lb + ((t + 1) & 1) * S;
+    double* b_cur = lb + (t & 1) * S;
+    start_dev_kernel(fbw_fill, (S, b_cur, (double)INFINITY));
+    start_dev_kernel(fbl_bw_init, (t, B, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, b_next));
+    start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
+    start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, nll, la + t * S,
+                                    b_next, b_cur, G));
+    start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, P, G, p.out, p.sums));
+  }
+  HANDLE_LAST_ERROR();
+}
+
+static void fsa_check_edges_shape(Ndarray* edges, Ndarray* weights, int64_t n_rows) {
+  assert_cmp(Ndarray_DIMS(edges)[0], ==, n_rows);
+  assert_cmp(Ndarray_DIMS(weights)[0], ==, Ndarray_DIMS(edges)[1]);
+}
+
+// inputs: am_scores (T,B,D), edges (4,E), weights (E), start_end_states (2,B), index (T,B), state_buffer (2,S)
+// outputs: output (T,B,D), sums (T,B)
+static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *am = inputs[0], *edges = inputs[1], *weights = inputs[2], *se = inputs[3], *index = inputs[4],
+          *state_buffer = inputs[5];
+  FbwProblem p;
+  p.mode = FBW_NEGLOG;
+  p.T = Ndarray_DIMS(am)[0];
+  p.B = Ndarray_DIMS(am)[1];
+  p.D = Ndarray_DIMS(am)[2];
+  fsa_check_edges_shape(edges, weights, 4);
+  p.E = Ndarray_DIMS(edges)[1];
+  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
+  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
+  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
+  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
+  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
+  p.S = Ndarray_DIMS(state_buffer)[1];
+  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
+  p.am = Ndarray_DEV_DATA(am);
+  p.from = e;
+  p.to = e + p.E;
+  p.emis = e + 2 * p.E;
+  p.seq = e + 3 * p.E;
+  p.w = Ndarray_DEV_DATA(weights);
+  p.start = Ndarray_DEV_DATA_int32(se);
+  p.n_end = p.B;
+  p.end_pairs = 0;
+  p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
+  p.end_w = 0;
+  p.index = Ndarray_DEV_DATA(index);
+  p.lens = 0;
+  p.out = Ndarray_DEV_DATA(*outputs[0]);
+  p.sums = Ndarray_DEV_DATA(*outputs[1]);
+  p.loss = 0;
+  fbw_run(p);
+}
+
+// inputs: am_scores, edges (4,E), weights, start_states (B), end_states (N,2), end_state_weights (N),
+//         index (T,B), state_buffer (2,S); outputs: output (T,B,D), sums (T,B)
+static void multi_end_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 8);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *am = inputs[0], *edges = inputs[1], *weights = inputs[2], *starts = inputs[3], *ends = inputs[4],
+          *end_w = inputs[5], *index = inputs[6], *state_buffer = inputs[7];
+  FbwProblem p;
+  p.mode = FBW_NEGLOG;
+  p.T = Ndarray_DIMS(am)[0];
+  p.B = Ndarray_DIMS(am)[1];
+  p.D = Ndarray_DIMS(am)[2];
+  fsa_check_edges_shape(edges, weights, 4);
+  p.E = Ndarray_DIMS(edges)[1];
+  assert_cmp(Ndarray_DIMS(starts)[0], ==, p.B);
+  assert_cmp(Ndarray_DIMS(ends)[1], ==, 2);
+  assert_cmp(Ndarray_DIMS(end_w)[0], ==, Ndarray_DIMS(ends)[0]);
+  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
+  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
+  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
+  p.S = Ndarray_DIMS(state_buffer)[1];
+  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
+  p.am = Ndarray_DEV_DATA(am);
+  p.from = e;
+  p.to = e + p.E;
+  p.emis = e + 2 * p.E;
+  p.seq = e + 3 * p.E;
+  p.w = Ndarray_DEV_DATA(weights);
+  p.start = Ndarray_DEV_DATA_int32(starts);
+  p.n_end = Ndarray_DIMS(ends)[0];
+  p.end_pairs = Ndarray_DEV_DATA_int32(ends);
+  p.end_simple = 0;
+  p.end_w = Ndarray_DEV_DATA(end_w);
+  p.index = Ndarray_DEV_DATA(index);
+  p.lens = 0;
+  p.out = Ndarray_DEV_DATA(*outputs[0]);
+  p.sums = Ndarray_DEV_DATA(*outputs[1]);
+  p.loss = 0;
+  fbw_run(p);
+}
+
+// inputs: logits (T,B,D), edges (4,E), weights (E), start_end_states (2,B), seq_lens (B), logits_normalized (host)
+// outputs: loss (B), grad (T,B,D)
+static void fsa_ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *logits = inputs[0], *edges = inputs[1], *weights = inputs[2], *se = inputs[3], *lens = inputs[4];
+  int32_t normalized = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
+  FbwProblem p;
+  p.mode = normalized ? FBW_LOGPROBS : FBW_LOGITS;
+  p.T = Ndarray_DIMS(logits)[0];
+  p.B = Ndarray_DIMS(logits)[1];
+  p.D = Ndarray_DIMS(logits)[2];
+  fsa_check_edges_shape(edges, weights, 4);
+  p.E = Ndarray_DIMS(edges)[1];
+  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
+  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
+  assert_cmp(Ndarray_DIMS(lens)[0], ==, p.B);
+  // Global state count: the largest state index in use + 1.
+  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
+  p.am = Ndarray_DEV_DATA(logits);
+  p.from = e;
+  p.to = e + p.E;
+  p.emis = e + 2 * p.E;
+  p.seq = e + 3 * p.E;
+  p.w = Ndarray_DEV_DATA(weights);
+  p.start = Ndarray_DEV_DATA_int32(se);
+  p.n_end = p.B;
+  p.end_pairs = 0;
+  p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
+  p.end_w = 0;
+  p.index = 0;
+  p.lens = Ndarray_DEV_DATA_int32(lens);
+  p.out = Ndarray_DEV_DATA(*outputs[1]);
+  p.sums = 0;
+  p.loss = Ndarray_DEV_DATA(*outputs[0]);
+  // The CTC automaton of GetCtcFsaFastBwOp has (E / B - 5) / 5 * 2 + 3 states per sequence.
+  assert_cmp(p.B > 0 ? p.E % p.B : 0, ==, 0);
+  int64_t per_seq = p.B > 0 ? p.E / p.B : 10;
+  assert_cmp(per_seq >= 10 ? (per_seq - 10) % 5 : 0, ==, 0);
+  int64_t n_labels = per_seq >= 10 ? (per_seq - 10) / 5 + 1 : 0;
+  p.S = p.B * (2 * n_labels + 3);
+  fbw_run(p);
+}
+
+// ---------------------------------------------------------------- Viterbi
+DEF_KERNEL void vit_init(int64_t n, Float* val, int32_t* idx) {
+  FSA_LOOP(i, n) {
+    val[i] = -(Float)INFINITY;
+    idx[i] = 0x7fffffff;
+  }
+}
+
+DEF_KERNEL void vit_set_start(int64_t n_batch, const int32_t* start, Float* val0) {
+  FSA_LOOP(b, n_batch) val0[start[b]] = Float(0);
+}
+
+DEV_FUNC inline Float vit_candidate(int64_t t, int64_t e, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                                    const int32_t* emis, const int32_t* seq, const Float* w, const Float* am,
+                                    const Float* val_t) {
+  Float pv = val_t[from[e]];
+  if (!(pv > -(Float)INFINITY)) return -(Float)INFINITY;
+  Float v = pv + w[e] + am[(t * n_batch + seq[e]) * n_classes + emis[e]];
+  return v > -(Float)INFINITY ? v : -(Float)INFINITY;  // NaN counts as impossible
+}
+
+DEF_KERNEL void vit_max(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                        const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
+                        const Float* w, const Float* am, const Float* val_t, Float* val_next) {
+  FSA_LOOP(e, n_edges) {
+    if (t >= seq_len[seq[e]]) continue;
+    Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
+    if (v > -(Float)INFINITY) fsa_atomic_max(val_next + to[e], v);
+  }
+}
+
+// Ties go to the lowest edge index.
+DEF_KERNEL void vit_arg(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                        const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
+                        const Float* w, const Float* am, const Float* val_t, const Float* val_next, int32_t* idx_next) {
+  FSA_LOOP(e, n_edges) {
+    if (t >= seq_len[seq[e]]) continue;
+    Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
+    if (v > -(Float)INFINITY && v == val_next[to[e]]) elem_atomic_min(idx_next + to[e], (int32_t)e);
+  }
+}
+
+DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states, int64_t n_edges,
+                              const int32_t* from, const int32_t* emis, const int32_t* end, const int32_t* seq_len,
+                              const Float* val, const int32_t* idx, int32_t* out, Float* score) {
+  FSA_LOOP(b, n_batch) {
+    int64_t len = seq_len[b];
+    int32_t cur = end[b];
+    Float sc = val[len * n_states + cur];
+    score[b] = sc;
+    for (int64_t t = n_time - 1; t >= 0; --t) {
+      int32_t label = 0;
+      if (t < len && sc > -(Float)INFINITY) {
+        int32_t e = idx[(t + 1) * n_states + cur];
+        if (e >= 0 && e < n_edges) {
+          label = emis[e];
+          cur = from[e];
+        }
+      }
+      out[t * n_batch + b] = label;
+    }
+  }
+}
+
+// inputs: am_scores (T,B,D) +log, am_seq_len (B), edges (4,E), weights (E), start_end_states (2,B), n_states
+// outputs: output (T,B) int32, scores (B)
+static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *am = inputs[0], *lens = inputs[1], *edges = inputs[2], *weights = inputs[3], *se = inputs[4];
+  int64_t n_states = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
+  assert_cmp(n_states, >=, 0);
+  int64_t T = Ndarray_DIMS(am)[0], B = Ndarray_DIMS(am)[1], D = Ndarray_DIMS(am)[2];
+  fsa_check_edges_shape(edges, weights, 4);
+  int64_t E = Ndarray_DIMS(edges)[1];
+  assert_cmp(Ndarray_DIMS(lens)[0], ==, B);
+  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
+  assert_cmp(Ndarray_DIMS(se)[1], ==, B);
+  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
+  const int32_t *from = e, *to = e + E, *emis = e + 2 * E, *seq = e + 3 * E;
+  const int32_t* start = Ndarray_DEV_DATA_int32(se);
+  const int32_t* end = start + B;
+  FsaScratch scratch;
+  int32_t* seq_len = scratch.get<int32_t>(B);
+  start_dev_kernel(fsa_check_edges, (E, from, to, emis, seq, n_states, D, B, (int32_t*)0));
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fsa_check_seqs, (T, B, start, n_states, (const Float*)0, Ndarray_DEV_DATA_int32(lens), seq_len,
+                                    (int32_t*)0));
+  HANDLE_LAST_ERROR();
+  start_dev_kernel(fsa_check_ends, (B, (const int32_t*)0, end, n_states, B, (int32_t*)0));
+  HANDLE_LAST_ERROR();
+  if (B == 0) return;
+  Float* val = scratch.get<Float>((T + 1) * n_states);
+  int32_t* idx = scratch.get<int32_t>((T + 1) * n_states);
+  start_dev_kernel(vit_init, ((T + 1) * n_states, val, idx));
+  start_dev_kernel(vit_set_start, (B, start, val));
+  const Float* w = Ndarray_DEV_DATA(weights);
+  const Float* a = Ndarray_DEV_DATA(am);
+  for (int64_t t = 0; t < T; ++t) {
+    const Float* v_t = val + t * n_states;
+    Float* v_next = val + (t + 1) * n_states;
+    start_dev_kernel(vit_max, (t, E, B, D, from, to, emis, seq, seq_len, w, a, v_t, v_next));
+    start_dev_kernel(vit_arg, (t, E, B, D, from, to, emis, seq, seq_len, w, a, v_t, v_next, idx + (t + 1) * n_states));
+  }
+  start_dev_kernel(vit_backtrack, (T, B, n_states, E, from, emis, end, seq_len, val, idx,
+                                   Ndarray_DEV_DATA_int32(*outputs[0]), Ndarray_DEV_DATA(*outputs[1])));
+  HANDLE_LAST_ERROR();
+}
+
+// ---------------------------------------------------------------- CTC automaton
+// Per sequence b with L labels and N = targets width: states (offset (2N+3) b)
+// 2k blank (k = 0..L), 2k+1 label k, 2L+1 dummy, 2L+2 end.  5(N-1)+10 edge slots per
+// sequence; the end state is entered by consuming the last frame, so every CTC
+// alignment is exactly one path; unused slots are dummy -> dummy (never reach the end).
+DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per_seq, const int32_t* targets,
+                              const int32_t* seq_lens, int32_t blank, bool label_loop, int32_t* edges,
+                              int32_t* start_end) {
+  FSA_LOOP(b, n_batch) {
+    int32_t L = seq_lens[b];
+    int32_t target_length = L;
+    assert_cmp(target_length, >=, 0);
+    assert_cmp(target_length, <=, n_labels_max);
+    int64_t E = n_batch * per_seq;
+    int32_t off = (int32_t)((2 * n_labels_max + 3) * b);
+    int32_t dummy = 2 * L + 1, end = 2 * L + 2;
+    const int32_t* y = targets + b * n_labels_max;
+    int64_t slot = b * per_seq, slot_end = slot + per_seq;
+    auto put = [&](int32_t from, int32_t to, int32_t emission) {
+      edges[slot] = off + from;
+      edges[E + slot] = off + to;
+      edges[2 * E + slot] = emission;
+      edges[3 * E + slot] = (int32_t)b;
+      ++slot;
+    };
+    for (int32_t k = 0; k + 1 < L; ++k) {
+      int32_t bl = 2 * k, lab = 2 * k + 1;
+      bool skip_ok = y[k] != y[k + 1] || !label_loop;
+      put(bl, bl, blank);
+      put(bl, lab, y[k]);
+      put(lab, label_loop ? lab : dummy, y[k]);
+      put(lab, lab + 1, blank);
+      if (skip_ok) put(lab, lab + 2, y[k + 1]); else put(lab, dummy, blank);
+    }
+    if (L >= 2) {
+      bool skip_ok = y[L - 2] != y[L - 1] || !label_loop;
+      put(2 * L - 3, skip_ok ? end : dummy, y[L - 1]);
+    }
+    if (L >= 1) {
+      int32_t bl = 2 * L - 2, lab = 2 * L - 1;
+      put(bl, bl, blank);
+      put(bl, lab, y[L - 1]);
+      put(bl, end, y[L - 1]);
+      put(lab, label_loop ? lab : dummy, y[L - 1]);
+      put(lab, lab + 1, blank);
+      put(lab, label_loop ? end : dummy, y[L - 1]);
+      put(lab, end, blank);
+    }
+    put(2 * L, 2 * L, blank);
+    put(2 * L, end, blank);
+    while (slot < slot_end) put(dummy, dummy, blank);
+    start_end[b] = off;
+    start_end[n_batch + b] = off + end;
+  }
+}
+
+// inputs: targets (B,N), seq_lens (B), blank_idx (host), weights (E) [shape only], label_loop (host)
+// outputs: edges (4,E), start_end_states (2,B)
+static void ctc_fsa_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *targets = inputs[0], *lens = inputs[1], *weights = inputs[3];
+  int32_t blank = Ndarray_DEV_DATA_int32_scalar(inputs[2]);
+  bool label_loop = Ndarray_DEV_DATA_int32_scalar(inputs[4]) != 0;
+  int64_t B = Ndarray_DIMS(targets)[0], N = Ndarray_DIMS(targets)[1];
+  assert_cmp(Ndarray_DIMS(lens)[0], ==, B);
+  int64_t per_seq = 5 * (N - 1) + 10;
+  assert_cmp(Ndarray_DIMS(weights)[0], ==, B * per_seq);
+  int64_t n_states_total = B * (2 * N + 3);
+  assert_cmp(n_states_total, <=, (int64_t)std::numeric_limits<int32_t>::max());
+  start_dev_kernel(ctc_fsa_build, (B, N, per_seq, Ndarray_DEV_DATA_int32(targets), Ndarray_DEV_DATA_int32(lens),
+                                   blank, label_loop, Ndarray_DEV_DATA_int32(*outputs[0]),
+                                   Ndarray_DEV_DATA_int32(*outputs[1])));
+  HANDLE_LAST_ERROR();
+}
+
+// ---------------------------------------------------------------- segmental Baum-Welch (log space)
+
+DEV_FUNC inline double seg_scale(const Float* scales, int64_t n_scales, const Float* epoch) {
+  double ep = (double)epoch[0];
+  int64_t k = ep > 0.0 ? (int64_t)ep : 0;
+  if (k > n_scales - 1) k = n_scales - 1;
+  return (double)scales[k];
+}
+
+// max state index + 1 over edges and start/end states (single thread), and index checks.
+DEF_KERNEL void seg_check(int64_t n_edges, const int32_t* edges, int64_t n_classes, int64_t n_lenmods,
+                          int64_t n_batch, const int32_t* start_end, int32_t* n_states) {
+  FSA_LOOP(i, 1) {
+    int32_t m = -1;
+    for (int64_t e = 0; e < n_edges; ++e) {
+      int32_t edge_from_state = edges[e], edge_to_state = edges[n_edges + e], edge_emission = edges[2 * n_edges + e];
+      int32_t edge_length_model = edges[3 * n_edges + e], edge_seq = edges[4 * n_edges + e];
+      assert_cmp(edge_from_state, >=, 0);
+      assert_cmp(edge_to_state, >=, 0);
+      assert_cmp(edge_emission, >=, 0);
+      assert_cmp(edge_emission, <, n_classes);
+      assert_cmp(edge_length_model, >=, 0);
+      assert_cmp(edge_length_model, <, n_lenmods);
+      assert_cmp(edge_seq, >=, 0);
+      assert_cmp(edge_seq, <, n_batch);
+      m = std::max(m, std::max(edge_from_state, edge_to_state));
+    }
+    for (int64_t b = 0; b < 2 * n_batch; ++b) {
+      int32_t start_or_end_state = start_end[b];
+      assert_cmp(start_or_end_state, >=, 0);
+      m = std::max(m, start_or_end_state);
+    }
+    n_states[0] = m + 1;
+  }
+}
+
+// Column owners, and the length of every sequence.
+DEF_KERNEL void seg_columns(int64_t n_frames, int64_t n_batch, int64_t max_len, int64_t n_cols, const int32_t* bidx,
+                            const Float* index, int32_t* col_seq, int32_t* col_t, int32_t* seq_len) {
+  FSA_LOOP(b, n_batch) {
+    int32_t len = 0;
+    for (int64_t t = 0; t < n_frames; ++t) {
+      int32_t column = bidx[t * n_batch + b];
+      assert_cmp(column, >=, -1);
+      assert_cmp(column, <, n_cols);
+      if (column < 0) continue;
+      int32_t seq_owning_column = elem_atomic_cas(col_seq + column, (int32_t)-1, (int32_t)b);
+      bool column_used_once = seq_owning_column == -1;
+      assert_cmp(column_used_once, ==, true);
+      col_t[column] = (int32_t)t;
+      for (int64_t i = 0; i < max_len && t + i + 1 <= n_frames; ++i)
+        if (index[i * n_cols + column] != Float(0) && t + i + 1 > len) len = (int32_t)(t + i + 1);
+    }
+    seq_len[b] = len;
+  }
+}
+
+DEF_KERNEL void seg_fwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_states, int64_t n_batch,
+                        int64_t max_len, int64_t n_cols, int64_t n_classes, const int32_t* edges, const Float* w,
+                        const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
+                        const Float* scales, int64_t n_scales, const Float* epoch, double* alpha) {
+  FSA_LOOP(e, n_edges) {
+    double a = alpha[t * n_states + edges[e]];
+    if (a == INFINITY) continue;
+    int32_t s = edges[4 * n_edges + e];
+    int32_t n = bidx[t * n_batch + s];
+    if (n < 0) continue;
+    double scale = seg_scale(scales, n_scales, epoch);
+    double base = a + (double)w[e];
+    int32_t to = edges[n_edges + e], emis = edges[2 * n_edges + e], lm = edges[3 * n_edges + e];
+    for (int64_t i = 0; i < max_len && t + i + 1 <= n_frames; ++i) {
+      if (index[i * n_cols + n] == Float(0)) continue;
+      double v = base + scale * (double)am[(i * n_cols + n) * n_classes + emis] + (double)lenmod[lm * max_len + i];
+      if (!(v < INFINITY)) continue;
+      fsa_atomic_neglog_add(alpha + (t + i + 1) * n_states + to, v);
+    }
+  }
+}
+
+DEF_KERNEL void seg_bwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_states, int64_t n_batch,
+                        int64_t max_len, int64_t n_cols, int64_t n_classes, const int32_t* edges, const Float* w,
+                        const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
+                        const Float* scales, int64_t n_scales, const Float* epoch, double* beta) {
+  FSA_LOOP(e, n_edges) {
+    int32_t s = edges[4 * n_edges + e];
+    int32_t n = bidx[t * n_batch + s];
+    if (n < 0) continue;
+    double scale = seg_scale(scales, n_scales, epoch);
+    int32_t from = edges[e], to = edges[n_edges + e], emis = edges[2 * n_edges + e], lm = edges[3 * n_edges + e];
+    double acc = INFINITY;
+    for (int64_t i = 0; i < max_len && t + i + 1 <= n_frames; ++i) {
+      if (index[i * n_cols + n] == Float(0)) continue;
+      double bn = beta[(t + i + 1) * n_states + to];
+      if (bn == INFINITY) continue;
+      double v = bn + (double)w[e] + scale * (double)am[(i * n_cols + n) * n_classes + emis] +
+                 (double)lenmod[lm * max_len + i];
+      if (v < INFINITY) acc = fsa_neglog_add(acc, v);
+    }
+    if (acc < INFINITY) fsa_atomic_neglog_add(beta + t * n_states + from, acc);
+  }
+}
+
+DEF_KERNEL void seg_set_ends(int64_t n_batch, int64_t n_states, const int32_t* start_end, const int32_t* seq_len,
+                             double* alpha, double* beta) {
+  FSA_LOOP(b, n_batch) {
+    alpha[start_end[b]] = 0.0;
+    beta[(int64_t)seq_len[b] * n_states + start_end[n_batch + b]] = 0.0;
+  }
+}
+
+// pass 0: nf[i, n] (+)= xi; pass 1: out[i, n, emis] (+)= xi - nf[i, n]   (-log semiring)
+DEF_KERNEL void seg_post(int pass, int64_t n_frames, int64_t n_edges, int64_t n_states, int64_t n_batch,
+                         int64_t max_len, int64_t n_cols, int64_t n_classes, const int32_t* edges, const Float* w,
+                         const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
+                         const Float* scales, int64_t n_scales, const Float* epoch, const double* alpha,
+                         const double* beta, double* nf, double* out) {
+  FSA_LOOP(idx, n_frames * n_edges) {
+    int64_t t = idx / n_edges, e = idx - t * n_edges;
+    double a = alpha[t * n_states + edges[e]];
+    if (a == INFINITY) continue;
+    int32_t s = edges[4 * n_edges + e];
+    int32_t n = bidx[t * n_batch + s];
+    if (n < 0) continue;
+    double scale = seg_scale(scales, n_scales, epoch);
+    int32_t to = edges[n_edges + e], emis = edges[2 * n_edges + e], lm = edges[3 * n_edges + e];
+    for (int64_t i = 0; i < max_len && t + i + 1 <= n_frames; ++i) {
+      if (index[i * n_cols + n] == Float(0)) continue;
+      double bn = beta[(t + i + 1) * n_states + to];
+      if (bn == INFINITY) continue;
+      double v = a + (double)w[e] + scale * (double)am[(i * n_cols + n) * n_classes + emis] +
+                 (double)lenmod[lm * max_len + i] + bn;
+      if (!(v < INFINITY)) continue;
+      if (pass == 0)
+        fsa_atomic_neglog_add(nf + i * n_cols + n, v);
+      else
+        fsa_atomic_neglog_add(out + (i * n_cols + n) * n_classes + emis, v - nf[i * n_cols + n]);
+    }
+  }
+}
+
+DEF_KERNEL void seg_merge(int64_t max_len, int64_t n_cols, const Float* index, double* nf) {
+  FSA_LOOP(n, n_cols) {
+    double acc = INFINITY;
+    for (int64_t i = 0; i < max_len; ++i)
+      if (index[i * n_cols + n] != Float(0)) acc = fsa_neglog_add(acc, nf[i * n_cols + n]);
+    for (int64_t i = 0; i < max_len; ++i)
+      if (index[i * n_cols + n] != Float(0)) nf[i * n_cols + n] = acc;
+  }
+}
+
+DEF_KERNEL void seg_finish(int64_t max_len, int64_t n_cols, int64_t n_classes, int64_t n_states, int64_t n_batch,
+                           const int32_t* col_seq, const int32_t* start_end, const double* beta, const double* nf,
+                           const double* out_acc, Float* out, Float* nf_out, Float* pw_out) {
+  FSA_LOOP(idx, max_len * n_cols) {
+    int32_t s = col_seq[idx % n_cols];
+    double nll = s >= 0 ? beta[start_end[s]] : INFINITY;
+    double f = nf[idx];
+    bool used = f < INFINITY && nll < INFINITY;
+    nf_out[idx] = used ? (Float)f : Float(0);
+    pw_out[idx] = used ? (Float)exp(-(f - nll)) : Float(0);
+    for (int64_t d = 0; d < n_classes; ++d) out[idx * n_classes + d] = used ? (Float)out_acc[idx * n_classes + d]
+                                                                            : (Float)INFINITY;
+  }
+}
+
+// inputs: am_scores (L,Nb,D), batch_idxs (F,B), edges (5,E), weights (E), length_models (M,L),
+//         start_end_states (2,B), index (L,Nb), am_score_scales (K), epoch ()
+// outputs: output (L,Nb,D), normalization_factors (L,Nb), posterior_weigths (L,Nb)
+static void segment_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
+                               bool segmentwise_normalization) {
+  assert_cmp(n_inputs, ==, 9);
+  assert_cmp(n_outputs, ==, 3);
+  Ndarray *am = inputs[0], *bidx = inputs[1], *edges = inputs[2], *weights = inputs[3], *lenmod = inputs[4],
+          *se = inputs[5], *index = inputs[6], *scales = inputs[7], *epoch = inputs[8];
+  const int64_t L = Ndarray_DIMS(am)[0], Nb = Ndarray_DIMS(am)[1], D = Ndarray_DIMS(am)[2];
+  const int64_t F = Ndarray_DIMS(bidx)[0], B = Ndarray_DIMS(bidx)[1];
+  const int64_t E = Ndarray_DIMS(edges)[1], M = Ndarray_DIMS(lenmod)[0], K = Ndarray_DIMS(scales)[0];
+  assert_cmp(Ndarray_DIMS(edges)[0], ==, 5);
+  assert_cmp(Ndarray_DIMS(weights)[0], ==, E);
+  assert_cmp(Ndarray_DIMS(lenmod)[1], ==, L);
+  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
+  assert_cmp(Ndarray_DIMS(se)[1], ==, B);
+  assert_cmp(Ndarray_DIMS(index)[0], ==, L);
+  assert_cmp(Ndarray_DIMS(index)[1], ==, Nb);
+  assert_cmp(K, >=, 1);
+  Float* out = Ndarray_DEV_DATA(*outputs[0]);
+  FsaScratch scratch;
+  int32_t* n_states_dev = scratch.get<int32_t>(1);
+  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
+  const int32_t* start_end = Ndarray_DEV_DATA_int32(se);
+  start_dev_kernel(seg_check, (E, e, D, M, B, start_end, n_states_dev));
+  HANDLE_LAST_ERROR();
+  int32_t n_states_host = 0;
+  fsa_copy_to_host(&n_states_host, n_states_dev, sizeof(int32_t));
+  const int64_t S = n_states_host;
+  int32_t* col_seq = scratch.get<int32_t>(Nb);
+  int32_t* col_t = scratch.get<int32_t>(Nb);
+  int32_t* seq_len = scratch.get<int32_t>(B);
+  Ndarray_memset(col_seq, 255, Nb * sizeof(int32_t));
+  const Float* idx = Ndarray_DEV_DATA(index);
+  start_dev_kernel(seg_columns, (F, B, L, Nb, Ndarray_DEV_DATA_int32(bidx), idx, col_seq, col_t, seq_len));
+  HANDLE_LAST_ERROR();
+  double* alpha = scratch.get<double>((F + 1) * S);
+  double* beta = scratch.get<double>((F + 1) * S);
+  double* nf = scratch.get<double>(L * Nb);
+  double* out_acc = scratch.get<double>(L * Nb * D);
+  start_dev_kernel(fbw_fill, ((F + 1) * S, alpha, (double)INFINITY));
+  start_dev_kernel(fbw_fill, ((F + 1) * S, beta, (double)INFINITY));
+  start_dev_kernel(fbw_fill, (L * Nb, nf, (double)INFINITY));
+  start_dev_kernel(fbw_fill, (L * Nb * D, out_acc, (double)INFINITY));
+  start_dev_kernel(seg_set_ends, (B, S, start_end, seq_len, alpha, beta));
+  const int32_t* bi = Ndarray_DEV_DATA_int32(bidx);
+  const Float *a = Ndarray_DEV_DATA(am), *w = Ndarray_DEV_DATA(weights), *lm = Ndarray_DEV_DATA(lenmod);
+  const Float *sc = Ndarray_DEV_DATA(scales), *ep = Ndarray_DEV_DATA(epoch);
+  for (int64_t t = 0; t < F; ++t)
+    start_dev_kernel(seg_fwd, (t, F, E, S, B, L, Nb, D, e, w, a, lm, bi, idx, sc, K, ep, alpha));
+  for (int64_t t = F - 1; t >= 0; --t)
+    start_dev_kernel(seg_bwd, (t, F, E, S, B, L, Nb, D, e, w, a, lm, bi, idx, sc, K, ep, beta));
+  start_dev_kernel(seg_post, (0, F, E, S, B, L, Nb, D, e, w, a, lm, bi, idx, sc, K, ep, alpha, beta, nf, out_acc));
+  if (segmentwise_normalization) start_dev_kernel(seg_merge, (L, Nb, idx, nf));
+  start_dev_kernel(seg_post, (1, F, E, S, B, L, Nb, D, e, w, a, lm, bi, idx, sc, K, ep, alpha, beta, nf, out_acc));
+  start_dev_kernel(seg_finish, (L, Nb, D, S, B, col_seq, start_end, beta, nf, out_acc, out,
+                                Ndarray_DEV_DATA(*outputs[1]), Ndarray_DEV_DATA(*outputs[2])));
+  HANDLE_LAST_ERROR();
+}

@@ -1,0 +1,562 @@
+"""Sequence models on automata (kernels in ``c_code/fsa.cu`` and ``c_code/hmm.cu``).
+
+Automata are edge lists: ``edges`` (4, E) int32 with rows ``(from state, to state,
+emission index, sequence index)``, ``weights`` (E,), ``start_end_states`` (2, B)
+int32.  States are global indices shared by the batch; each state belongs to one
+sequence (a state used by two sequences is an error).  Every edge consumes one
+frame: a path of a sequence of length ``T_b`` takes exactly ``T_b`` edges from its
+start state to its end state.
+
+* :class:`FastBaumWelchOp`, :class:`MultiEndFastBaumWelchOp`: forward-backward in
+  ``-log`` space (posteriors of the emissions per frame, and ``-log p``).
+* :class:`SegmentFastBaumWelchOp`: segmental forward-backward with length models.
+* :class:`FastViterbiOp`: the best path (``+log`` space) and its score.
+* :class:`GetCtcFsaFastBwOp`: the CTC (or RNA) automaton of a batch of label sequences.
+* :class:`CtcFsaLossOp`: fused CTC loss and its gradient (used by :func:`ctc_loss`).
+* :class:`HmmForwardBackwardOp`: the log-likelihood of a dense K-state HMM and its
+  gradients (used by :func:`hmm_log_likelihood`).
+
+The functional API: :func:`get_ctc_fsa_fast_bw`, :func:`fast_baum_welch`,
+:func:`fast_viterbi`, :func:`ctc_loss`, :func:`ctc_loss_viterbi`,
+:func:`hmm_log_likelihood`.  See ``docs/fsa.md``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
+from pytensor.tensor.special import log_softmax
+
+from ..op import NativeOp, NativeOpGenBase
+from ..source import read_kernel_file
+
+_FSA = {"fsa": read_kernel_file("fsa.cu")}
+_HMM = {"hmm": read_kernel_file("hmm.cu")}
+
+
+def _arr(name, ndim, dtype=None, shape=None, disc=True):
+    info = {"name": name, "ndim": ndim, "shape": shape if shape is not None else (None,) * ndim,
+            "need_contiguous": True}
+    if dtype:
+        info["dtype"] = dtype
+    if disc:
+        info["gradient"] = "disconnected"
+    return info
+
+
+def _host_scalar(name):
+    return {"name": name, "ndim": 0, "shape": (), "dtype": "int32", "need_contiguous": True, "host_memory": True,
+            "gradient": "disconnected"}
+
+
+class FastBaumWelchOp(NativeOpGenBase):
+    """Forward-backward over an automaton, in ``-log`` space.
+
+    Inputs (none has a gradient):
+      * ``am_scores`` (T, B, D): emission scores, ``-log`` probabilities (float32/float64);
+      * ``edges`` (4, E) int32: ``(from, to, emission_idx, sequence_idx)``;
+      * ``weights`` (E,): edge weights, ``-log`` (``inf`` = edge unusable);
+      * ``start_end_states`` (2, B) int32;
+      * ``index`` (T, B): 0/1 prefix mask (sequence b has ``T_b = sum(index[:, b])`` frames);
+      * ``state_buffer`` (2, S): only its shape is used, S = number of states (it is not written).
+
+    Outputs:
+      * ``output`` (T, B, D): ``-log`` posterior that frame t of sequence b emits d,
+        ``-log sum_paths P(path | x) [path emits d at t]``; ``inf`` where that
+        probability is 0, on padded frames, and for sequences without a path;
+      * ``sums`` (T, B): ``-log p(x_b)`` on every valid frame of a sequence with a path,
+        0 on padded frames and for sequences without a path.
+
+    Errors (``ValueError``): states outside ``[0, S)``, emission indices outside
+    ``[0, D)``, sequence indices outside ``[0, B)``, a state used by two sequences,
+    a non-0/1 or non-prefix ``index``, shape mismatches, ``-inf`` scores or weights.
+    NaN scores or weights count as impossible.  Computed in double with per-frame
+    scaling (exact up to rounding; the per-frame dynamic range is ~700 nats).
+    """
+
+    in_info = (
+        _arr("am_scores", 3),
+        _arr("edges", 2, "int32"),
+        _arr("weights", 1),
+        _arr("start_end_states", 2, "int32", (2, None)),
+        _arr("index", 2, shape=((0, 0), (0, 1))),
+        _arr("state_buffer", 2, shape=(2, None)),
+    )
+    out_info = (
+        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "sums", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+    )
+    c_extra_support_code = _FSA
+    c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class MultiEndFastBaumWelchOp(NativeOpGenBase):
+    """:class:`FastBaumWelchOp` with several weighted end states per sequence.
+
+    Inputs: ``am_scores`` (T, B, D), ``edges`` (4, E), ``weights`` (E,),
+    ``start_states`` (B,) int32, ``end_states`` (N, 2) int32 rows ``(sequence, state)``,
+    ``end_state_weights`` (N,) ``-log`` weights (``p(x_b)`` sums over the end states of b,
+    each path's probability multiplied by ``exp(-end_state_weight)``), ``index`` (T, B),
+    ``state_buffer`` (2, S).  Outputs and errors as in :class:`FastBaumWelchOp`.  Runs on
+    the CPU and on CUDA.
+    """
+
+    in_info = (
+        _arr("am_scores", 3),
+        _arr("edges", 2, "int32"),
+        _arr("weights", 1),
+        _arr("start_states", 1, "int32"),
+        _arr("end_states", 2, "int32", (None, 2)),
+        _arr("end_state_weights", 1, shape=((4, 0),)),
+        _arr("index", 2, shape=((0, 0), (0, 1))),
+        _arr("state_buffer", 2, shape=(2, None)),
+    )
+    out_info = FastBaumWelchOp.out_info
+    c_extra_support_code = _FSA
+    c_fw_code = "multi_end_fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class SegmentFastBaumWelchOp(NativeOpGenBase):
+    """Segmental forward-backward: each edge consumes a segment of 1..L frames.
+
+    Inputs (none has a gradient; ``F`` frames in total, ``L`` = max segment length,
+    ``Nb`` = number of segment columns):
+      * ``am_scores`` (L, Nb, D): ``-log`` score of emitting d over the segment of
+        length ``i + 1`` described by column n;
+      * ``batch_idxs`` (F, B) int32: the column of the segments of sequence b that start
+        at frame t, or -1 (no segment starts there);
+      * ``edges`` (5, E) int32: ``(from, to, emission_idx, length_model_idx, sequence_idx)``;
+      * ``weights`` (E,): ``-log`` edge weights;
+      * ``length_models`` (M, L): ``-log`` score of a segment of length ``i + 1`` under
+        length model m;
+      * ``start_end_states`` (2, B) int32;
+      * ``index`` (L, Nb): 1 where the segment of length ``i + 1`` of column n is allowed, else 0;
+      * ``am_score_scales`` (K,), ``epoch`` (): the emission scores are multiplied by
+        ``am_score_scales[min(int(epoch), K - 1)]``.
+
+    A segment (t, i) of sequence b exists if ``n = batch_idxs[t, b] >= 0`` and
+    ``index[i, n] != 0``; it covers frames ``t .. t + i``.  Sequence b ends at
+    ``T_b`` = the largest ``t + i + 1`` over its segments (0 if none), where its path
+    must reach the end state.  The score of a path is the sum of its edges'
+    ``w + scale * am_scores[i, n, emission] + length_models[m, i]``.
+
+    Outputs:
+      * ``output`` (L, Nb, D): for every existing segment, ``-log`` posterior of its
+        emission d given that the segment is used (normalised within the segment),
+        ``inf`` elsewhere;
+      * ``normalization_factors`` (L, Nb): ``-log P(segment used, x)``, 0 where the
+        segment does not exist or is never used; with ``segmentwise_normalization``
+        the factors of all lengths of a column are replaced by their ``-log`` sum
+        (over the used ones);
+      * ``posterior_weigths`` (L, Nb): ``P(segment used | x) = exp(-(factor - (-log p(x))))``
+        (0 where unused or no path).
+
+    ``make_op(segmentwise_normalization=False)``.  Computed in log space (double).
+    Errors (``ValueError``) as in :class:`FastBaumWelchOp`, plus columns outside
+    ``[0, Nb)`` and length-model indices outside ``[0, M)``.
+    """
+
+    in_info = (
+        _arr("am_scores", 3),
+        _arr("batch_idxs", 2, "int32"),
+        _arr("edges", 2, "int32"),
+        _arr("weights", 1, shape=((2, 1),)),
+        _arr("length_models", 2, shape=(None, (0, 0))),
+        _arr("start_end_states", 2, "int32", (2, None)),
+        _arr("index", 2, shape=((0, 0), (0, 1))),
+        _arr("am_score_scales", 1),
+        _arr("epoch", 0, shape=()),
+    )
+    out_info = (
+        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "normalization_factors", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+        {"name": "posterior_weigths", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+    )
+    c_extra_support_code = _FSA
+    c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
+    code_version = (1,)
+
+    @classmethod
+    def make_op(cls, segmentwise_normalization: bool = False, **kwargs) -> NativeOp:
+        if segmentwise_normalization:
+            kwargs.setdefault("c_fw_code", "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, true);")
+        return super().make_op(**kwargs)
+
+
+class FastViterbiOp(NativeOpGenBase):
+    """The best path through an automaton (max-plus, ``+log`` space).
+
+    Inputs (no gradients): ``am_scores`` (T, B, D) ``+log`` scores, ``am_seq_len`` (B,)
+    int32 in ``[0, T]``, ``edges`` (4, E) int32, ``weights`` (E,) ``+log`` (added to the
+    path score), ``start_end_states`` (2, B) int32, ``n_states`` () int32 (host).
+
+    Outputs: ``output`` (T, B) int32, the emission of the best path per frame
+    (0 on frames ``t >= am_seq_len[b]`` and for sequences without a path);
+    ``scores`` (B,), the best path's score (``-inf`` without a path).  Among equal
+    scores the backtrace takes, at every frame, the lowest edge index.  Errors as in
+    :class:`FastBaumWelchOp` (states must be ``< n_states``).
+    """
+
+    in_info = (
+        _arr("am_scores", 3),
+        _arr("am_seq_len", 1, "int32", ((0, 0),)),
+        _arr("edges", 2, "int32", (4, None)),
+        _arr("weights", 1, shape=((3, 1),)),
+        _arr("start_end_states", 2, "int32", (2, (0, 0))),
+        _host_scalar("n_states"),
+    )
+    out_info = (
+        {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
+        {"name": "scores", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+    )
+    c_extra_support_code = _FSA
+    c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class GetCtcFsaFastBwOp(NativeOpGenBase):
+    """The CTC automaton of a batch of label sequences, as FastBaumWelch edges.
+
+    Inputs: ``targets`` (B, N) int32, ``seq_lens`` (B,) int32 in ``[0, N]``,
+    ``blank_idx`` () int32, ``weights`` (E,) with ``E = B * (5 * (N - 1) + 10)``
+    (only its shape is used; it is not written: pass zeros), ``label_loop`` () int32.
+
+    Outputs: ``edges`` (4, E) int32 and ``start_end_states`` (2, B) int32.  Sequence b
+    uses states ``(2N + 3) b + [0, 2L + 2]``: ``2k`` blank, ``2k + 1`` label k, ``2L + 1``
+    a dummy, ``2L + 2`` the end state, entered by consuming the last frame, so every
+    alignment is one path.  ``label_loop=1`` gives CTC (labels repeat, a repeated
+    label needs a blank in between); 0 gives the RNA topology (each label is emitted
+    on exactly one frame).  Edge slots ``[b E / B, (b + 1) E / B)`` belong to b;
+    unused ones are dummy self-loops (they never reach the end).
+    """
+
+    in_info = (
+        _arr("targets", 2, "int32"),
+        _arr("seq_lens", 1, "int32"),
+        _host_scalar("blank_idx"),
+        _arr("weights", 1),
+        _host_scalar("label_loop"),
+    )
+    out_info = (
+        {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
+        {"name": "start_end_states", "ndim": 2, "shape": (2, (1, 0)), "dtype": "int32", "need_contiguous": True},
+    )
+    c_extra_support_code = _FSA
+    c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class _LossWithGradOp(NativeOp):
+    """A NativeOp whose output 0 is a per-sequence loss (B,) and output 1 its gradient
+    w.r.t. input 0 (per sequence, along axis 1); the pullback scales output 1 by the
+    upstream gradient.  Second derivatives are not implemented."""
+
+    def pullback(self, inputs, outputs, cotangents):
+        g_loss, g_grad = cotangents
+        rest = [disconnected_type() for _ in inputs[1:]]
+        if not isinstance(g_grad.type, DisconnectedType):
+            return [grad_not_implemented(self, 0, inputs[0], "the gradient output has no gradient")] + rest
+        if isinstance(g_loss.type, DisconnectedType):
+            return [pt.zeros_like(inputs[0])] + rest
+        return [pt.cast(g_loss.dimshuffle("x", 0, "x") * outputs[1], inputs[0].dtype)] + rest
+
+    L_op = pullback
+
+
+class CtcFsaLossOp(NativeOpGenBase):
+    """Fused CTC loss over a FastBaumWelch automaton (from :class:`GetCtcFsaFastBwOp`).
+
+    Inputs: ``logits`` (T, B, D), ``edges`` (4, E), ``weights`` (E,) ``-log``,
+    ``start_end_states`` (2, B), ``seq_lens`` (B,) int32 (frames of each sequence),
+    ``logits_normalized`` () int32.  Outputs: ``loss`` (B,) ``-log p(targets | x)``
+    (``inf`` without a path) and ``grad`` (T, B, D) its derivative w.r.t. ``logits``:
+    ``softmax(logits) - posterior`` (``-posterior`` if ``logits_normalized``, the
+    logits then being log-probabilities), 0 on padded frames.  The gradient of a
+    cost w.r.t. ``logits`` is ``d cost / d loss[b] * grad[:, b]``.
+    """
+
+    in_info = (
+        _arr("logits", 3, disc=False),
+        _arr("edges", 2, "int32"),
+        _arr("weights", 1),
+        _arr("start_end_states", 2, "int32", (2, None)),
+        _arr("seq_lens", 1, "int32"),
+        _host_scalar("logits_normalized"),
+    )
+    out_info = (
+        {"name": "loss", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+        {"name": "grad", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+    )
+    c_extra_support_code = _FSA
+    c_fw_code = "fsa_ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LossWithGradOp
+
+
+class HmmForwardBackwardOp(NativeOpGenBase):
+    """Log-likelihood of a dense K-state HMM, with gradients (see :func:`hmm_log_likelihood`).
+
+    Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
+    ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask (no gradient).
+    Output: ``log_likelihood`` (B,).
+    """
+
+    in_info = (
+        _arr("log_emissions", 3, disc=False),
+        _arr("log_transitions", 2, disc=False),
+        _arr("log_initial", 1, disc=False),
+        _arr("log_final", 1, disc=False),
+        _arr("mask", 2),
+    )
+    out_info = ({"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},)
+    # gradient op inputs: the five inputs and the output's gradient
+    grad_input_map = (0, 1, 2, 3, 4, 6)
+    c_extra_support_code = _HMM
+    c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+# ---------------------------------------------------------------------------------------- functional API
+def _as_int(x, name, ndim):
+    x = pt.as_tensor_variable(x)
+    if not (x.dtype.startswith(("int", "uint")) or x.dtype == "bool"):
+        raise TypeError(f"{name} must be an integer tensor, got {x.type}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim}")
+    return pt.cast(x, "int32") if x.dtype != "int32" else x
+
+
+def _as_float(x, name, ndim, dtype=None):
+    x = pt.as_tensor_variable(x)
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim}")
+    if dtype is None:
+        if x.dtype not in ("float32", "float64"):
+            if x.dtype.startswith(("int", "uint")) or x.dtype == "bool":
+                return pt.cast(x, "float64")
+            raise TypeError(f"{name} must be a float tensor, got {x.type}")
+        return x
+    if not (x.dtype.startswith(("float", "int", "uint")) or x.dtype == "bool"):
+        raise TypeError(f"{name} must be numeric, got {x.type}")
+    return pt.cast(x, dtype) if x.dtype != dtype else x
+
+
+def _n_states(edges, start_end_states):
+    """The number of states an edge list uses: the largest state index + 1."""
+    flat = pt.concatenate([edges[:2].flatten(), start_end_states.flatten(), pt.constant([-1], dtype="int32")])
+    return pt.cast(pt.max(flat) + 1, "int32")
+
+
+def _bool_scalar(x, name):
+    if isinstance(x, bool | int | np.bool_ | np.integer):
+        return pt.constant(np.int32(bool(x)))
+    x = pt.as_tensor_variable(x)
+    if x.ndim != 0:
+        raise ValueError(f"{name} must be a scalar")
+    return pt.cast(pt.neq(x, 0), "int32")
+
+
+def get_ctc_fsa_fast_bw(targets, seq_lens, blank_idx, label_loop=True):
+    """The CTC automaton of ``targets`` in FastBaumWelch format.
+
+    Parameters
+    ----------
+    targets : (B, N) int tensor
+        Label sequences, batch-major; entries past ``seq_lens[b]`` are ignored.
+    seq_lens : (B,) int tensor
+        Lengths, in ``[0, N]`` (else ``ValueError`` when evaluated).
+    blank_idx : int or int scalar tensor
+        The blank's class index.
+    label_loop : bool
+        True: CTC topology; False: RNA (no label repetition, each label on one frame).
+
+    Returns
+    -------
+    edges : (4, E) int32, weights : (E,) float32 zeros, start_end_states : (2, B) int32
+        with ``E = B * (5 * (N - 1) + 10)``.  See :class:`GetCtcFsaFastBwOp`.
+    """
+    targets = _as_int(targets, "targets", 2)
+    seq_lens = _as_int(seq_lens, "seq_lens", 1)
+    blank = _as_int(blank_idx, "blank_idx", 0)
+    n_batch, n_labels = targets.shape[0], targets.shape[1]
+    n_edges = n_batch * (5 * (n_labels - 1) + 10)
+    weights = pt.zeros((n_edges,), dtype="float32")
+    edges, start_end_states = GetCtcFsaFastBwOp.make_op()(targets, seq_lens, blank, weights,
+                                                          _bool_scalar(label_loop, "label_loop"))
+    return edges, weights, start_end_states
+
+
+def fast_baum_welch(am_scores, edges, weights, start_end_states, float_idx, state_buffer=None):
+    """Forward-backward over an automaton; see :class:`FastBaumWelchOp`.
+
+    Parameters
+    ----------
+    am_scores : (T, B, D) float tensor, ``-log`` emission scores.
+    edges : (4, E) int tensor; weights : (E,) ``-log``; start_end_states : (2, B) int.
+    float_idx : (T, B) 0/1 prefix mask (any numeric dtype).
+    state_buffer : (2, S), optional
+        Only its shape matters (S = number of states); by default S is the largest
+        state index in ``edges`` / ``start_end_states`` plus one.
+
+    Returns
+    -------
+    fwdbwd : (T, B, D) ``-log`` posteriors (``inf`` where 0 or padded);
+    obs_scores : (T, B) ``-log p(x_b)`` on valid frames (0 on padded frames or without a path).
+    Not differentiable (use :func:`ctc_loss` for a CTC gradient).
+    """
+    am_scores = _as_float(am_scores, "am_scores", 3)
+    dtype = am_scores.dtype
+    edges = _as_int(edges, "edges", 2)
+    weights = _as_float(weights, "weights", 1, dtype)
+    start_end_states = _as_int(start_end_states, "start_end_states", 2)
+    float_idx = _as_float(float_idx, "float_idx", 2, dtype)
+    if state_buffer is None:
+        state_buffer = pt.zeros((2, _n_states(edges, start_end_states)), dtype=dtype)
+    else:
+        state_buffer = _as_float(state_buffer, "state_buffer", 2, dtype)
+    fwdbwd, obs = FastBaumWelchOp.make_op()(am_scores, edges, weights, start_end_states, float_idx, state_buffer)
+    return fwdbwd, obs
+
+
+def fast_viterbi(am_scores, am_seq_len, edges, weights, start_end_states):
+    """The best path per sequence; see :class:`FastViterbiOp`.
+
+    Parameters
+    ----------
+    am_scores : (T, B, D) ``+log`` scores; am_seq_len : (B,) int lengths in ``[0, T]``;
+    edges : (4, E) int; weights : (E,) ``+log``; start_end_states : (2, B) int.
+
+    Returns
+    -------
+    alignment : (T, B) int32 emissions of the best path (0 past the length or without a path);
+    scores : (B,) best path score (``-inf`` without a path).
+    """
+    am_scores = _as_float(am_scores, "am_scores", 3)
+    edges = _as_int(edges, "edges", 2)
+    start_end_states = _as_int(start_end_states, "start_end_states", 2)
+    weights = _as_float(weights, "weights", 1, am_scores.dtype)
+    am_seq_len = _as_int(am_seq_len, "am_seq_len", 1)
+    alignment, scores = FastViterbiOp.make_op()(am_scores, am_seq_len, edges, weights, start_end_states,
+                                                _n_states(edges, start_end_states))
+    return alignment, scores
+
+
+def _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens, blank_index, label_loop):
+    logits = _as_float(logits, "logits", 3)
+    logits_seq_lens = _as_int(logits_seq_lens, "logits_seq_lens", 1)
+    targets = _as_int(targets, "targets", 2)
+    targets_seq_lens = _as_int(targets_seq_lens, "targets_seq_lens", 1)
+    if isinstance(blank_index, int | np.integer):
+        blank_index = int(blank_index)
+        blank = logits.shape[2] + blank_index if blank_index < 0 else pt.constant(np.int32(blank_index))
+    else:
+        blank = blank_index
+    edges, weights, start_end_states = get_ctc_fsa_fast_bw(targets, targets_seq_lens, blank, label_loop)
+    return logits, logits_seq_lens, edges, weights, start_end_states
+
+
+def ctc_loss(logits, logits_seq_lens, targets, targets_seq_lens, blank_index=-1, label_loop=True,
+             logits_normalized=False, zero_infinity=False):
+    """CTC negative log-likelihood per sequence, differentiable w.r.t. ``logits``.
+
+    Parameters
+    ----------
+    logits : (T, B, D) float tensor, time-major.
+    logits_seq_lens : (B,) int, frames per sequence in ``[0, T]``.
+    targets : (B, N) int, batch-major labels; targets_seq_lens : (B,) int in ``[0, N]``.
+    blank_index : int
+        The blank class; negative values count from the end (-1: the last class).
+    label_loop : bool
+        True: CTC; False: RNA topology (see :func:`get_ctc_fsa_fast_bw`).
+    logits_normalized : bool
+        False: ``log_softmax`` is applied to ``logits``; True: ``logits`` are log-probabilities.
+    zero_infinity : bool
+        Sequences without a valid alignment (e.g. too few frames) get loss 0 and gradient 0
+        instead of loss ``inf``.
+
+    Returns
+    -------
+    (B,) tensor, ``-log p(targets_b | logits_b)``.  Its gradient w.r.t. ``logits`` is
+    ``softmax - posterior`` (``-posterior`` when ``logits_normalized``) on valid frames,
+    0 on padded frames, times the upstream gradient of each sequence.  Sequences without
+    a path (loss ``inf``) get the gradient ``softmax`` unless ``zero_infinity``.
+    Invalid lengths, labels or blank outside ``[0, D)`` raise ``ValueError`` when evaluated.
+    """
+    logits, lens, edges, weights, start_end_states = _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens,
+                                                                 blank_index, label_loop)
+    loss, _ = CtcFsaLossOp.make_op()(logits, edges, weights, start_end_states, lens,
+                                     pt.constant(np.int32(bool(logits_normalized))))
+    if zero_infinity:
+        loss = pt.switch(pt.isinf(loss), pt.zeros_like(loss), loss)
+    return loss
+
+
+def ctc_loss_viterbi(logits, logits_seq_lens, targets, targets_seq_lens, blank_index=-1, label_loop=True,
+                     logits_normalized=False, zero_infinity=False):
+    """CTC loss of the best alignment only: ``-max_alignment log p(alignment | logits)``.
+
+    Same parameters as :func:`ctc_loss`.  The gradient w.r.t. ``logits`` is
+    ``softmax - onehot(best alignment)`` (``-onehot`` when ``logits_normalized``) on valid
+    frames, 0 on padded frames.  Without a path the loss is ``inf`` with gradient 0, or 0
+    with ``zero_infinity``.
+    """
+    logits, lens, edges, weights, start_end_states = _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens,
+                                                                 blank_index, label_loop)
+    log_probs = logits if logits_normalized else log_softmax(logits, axis=-1)
+    alignment, score = fast_viterbi(log_probs, lens, edges, weights, start_end_states)
+    n_time, n_classes = logits.shape[0], logits.shape[2]
+    mask = pt.lt(pt.arange(n_time)[:, None], lens[None, :])
+    onehot = pt.eq(alignment[:, :, None], pt.arange(n_classes)[None, None, :]) & mask[:, :, None]
+    path_nll = -pt.sum(pt.switch(onehot, log_probs, pt.zeros_like(log_probs)), axis=(0, 2))
+    no_path = pt.isinf(score)
+    fill = pt.zeros_like(path_nll) if zero_infinity else pt.fill(path_nll, np.inf).astype(path_nll.dtype)
+    return pt.switch(no_path, fill, path_nll)
+
+
+def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
+    """Log-likelihood of observation sequences under a dense K-state HMM.
+
+    ``p(x_b) = sum_z pi(z_0) e_0(z_0) prod_{t=1}^{T_b-1} A(z_{t-1}, z_t) e_t(z_t) * f(z_{T_b-1})``.
+
+    Parameters
+    ----------
+    log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
+    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised).
+    log_initial : (K,) float, ``log pi``.
+    log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
+    mask : (T, B), optional, 0/1 prefix mask (default: all frames valid); a sequence with
+        ``T_b = 0`` has ``log sum_k pi(k) f(k)``.
+
+    Returns
+    -------
+    (B,) log-likelihoods (``-inf`` if impossible).  Differentiable w.r.t. every
+    log-probability input: emission gradients are the state posteriors, transition
+    gradients the expected transition counts (summed over the batch, weighted by the
+    upstream gradient), initial/final gradients the posteriors of the first/last state.
+    Computed with per-step scaling in double (stable at any T); a non-0/1 or non-prefix
+    mask and shape mismatches raise ``ValueError`` when evaluated.
+    """
+    log_emissions = _as_float(log_emissions, "log_emissions", 3)
+    dtype = log_emissions.dtype
+    log_transitions = _as_float(log_transitions, "log_transitions", 2, dtype)
+    log_initial = _as_float(log_initial, "log_initial", 1, dtype)
+    if log_final is None:
+        log_final = pt.zeros_like(log_initial)
+    else:
+        log_final = _as_float(log_final, "log_final", 1, dtype)
+    if mask is None:
+        mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
+    else:
+        mask = _as_float(mask, "mask", 2, dtype)
+    return HmmForwardBackwardOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
+
+
+__all__ = [
+    "FastBaumWelchOp", "MultiEndFastBaumWelchOp", "SegmentFastBaumWelchOp", "FastViterbiOp", "GetCtcFsaFastBwOp",
+    "CtcFsaLossOp", "HmmForwardBackwardOp", "get_ctc_fsa_fast_bw", "fast_baum_welch", "fast_viterbi", "ctc_loss",
+    "ctc_loss_viterbi", "hmm_log_likelihood",
+]

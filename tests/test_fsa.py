@@ -1,0 +1,519 @@
+"""Automaton ops (Baum-Welch, Viterbi, CTC automaton, CTC loss, segmental BW, HMM)
+against independent numpy references (brute-force path enumeration, log-space
+forward-backward, Graves' CTC recursion)."""
+
+import shutil
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.gradient import verify_grad
+
+import ptnative
+from ptnative import NativeOp
+from ptnative.ops import fsa
+
+from .conftest import check_infer_shape, tol
+from .reference import fsa as ref
+
+INF = np.inf
+
+
+def ctc_graph(targets, tlens, blank=0, label_loop=True):
+    tg, tl = pt.imatrix("targets"), pt.ivector("tlens")
+    f = pytensor.function([tg, tl], list(fsa.get_ctc_fsa_fast_bw(tg, tl, blank, label_loop)))
+    return f(np.asarray(targets, dtype=np.int32), np.asarray(tlens, dtype=np.int32))
+
+
+def mask_of(lens, T):
+    return (np.arange(T)[:, None] < np.asarray(lens)[None, :]).astype(np.float64)
+
+
+def random_fsa(rng, B, n_states_per_seq, n_edges_per_seq, D):
+    """A random automaton per sequence (own state range), -log weights."""
+    rows = []
+    for b in range(B):
+        off = b * n_states_per_seq
+        for _ in range(n_edges_per_seq):
+            rows.append((off + rng.integers(n_states_per_seq), off + rng.integers(n_states_per_seq),
+                         rng.integers(D), b))
+    edges = np.array(rows, dtype=np.int32).T.copy()
+    weights = rng.random(edges.shape[1]) * 2
+    start_end = np.array([[b * n_states_per_seq for b in range(B)],
+                          [b * n_states_per_seq + n_states_per_seq - 1 for b in range(B)]], dtype=np.int32)
+    return edges, weights, start_end
+
+
+def fbw_function(dtype, mode=None):
+    a, m = pt.tensor3("am", dtype=dtype), pt.matrix("idx", dtype=dtype)
+    e, s = pt.imatrix("edges"), pt.imatrix("se")
+    w = pt.vector("w", dtype=dtype)
+    out, sums = fsa.fast_baum_welch(a, e, w, s, m)
+    return pytensor.function([a, e, w, s, m], [out, sums], mode=mode)
+
+
+# ------------------------------------------------------------------ CTC automaton
+@pytest.mark.parametrize("label_loop", [True, False])
+def test_ctc_fsa_accepts_exactly_the_alignments(label_loop):
+    """Each frame labelling has exactly one path iff it collapses to the target, else none."""
+    D, T, blank = 3, 4, 2
+    targets = [[0, 1], [1, 1], [0, 0], [1, 0]]
+    tlens = [2, 2, 1, 0]
+    edges, weights, se = ctc_graph(targets, tlens, blank, label_loop)
+    B, N = 4, 2
+    assert edges.shape == (4, B * (5 * (N - 1) + 10)) and weights.shape == (edges.shape[1],)
+    np.testing.assert_array_equal(weights, 0)
+    np.testing.assert_array_equal(se[0], np.arange(B) * (2 * N + 3))
+    np.testing.assert_array_equal(se[1] - se[0], 2 * np.array(tlens) + 2)
+    collapse = ref.ctc_collapse if label_loop else ref.rna_collapse
+    n_states = int(edges[:2].max()) + 1
+    for b in range(B):
+        own = edges[:, edges[3] == b]
+        for seq in ref.all_sequences(T, D):
+            count = np.zeros(n_states)
+            count[se[0, b]] = 1
+            for t in range(T):
+                nxt = np.zeros(n_states)
+                for fr, to, em, _ in own.T:
+                    if em == seq[t]:
+                        nxt[to] += count[fr]
+                count = nxt
+            expected = int(collapse(seq, blank) == targets[b][:tlens[b]])
+            assert count[se[1, b]] == expected, (b, seq)
+
+
+def test_ctc_fsa_does_not_write_weights_and_checks_input():
+    op = fsa.GetCtcFsaFastBwOp.make_op()
+    tg, tl, w = pt.imatrix(), pt.ivector(), pt.vector("w", dtype="float32")
+    f = pytensor.function([tg, tl, w], op(tg, tl, np.int32(0), w, np.int32(1)))
+    weights = np.full(2 * 15, 7.0, dtype=np.float32)
+    f(np.ones((2, 2), np.int32), np.array([2, 1], np.int32), weights)
+    np.testing.assert_array_equal(weights, 7.0)
+    with pytest.raises(ValueError, match="target_length"):
+        f(np.ones((2, 2), np.int32), np.array([3, 1], np.int32), weights)  # length > N
+    with pytest.raises(ValueError, match="GetCtcFsaFastBwOp"):
+        f(np.ones((2, 2), np.int32), np.array([2, 1], np.int32), weights[:-1])  # E mismatch
+
+
+# ------------------------------------------------------------------ FastBaumWelch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fast_bw_against_references(mode, dtype):
+    rng = np.random.default_rng(1)
+    T, D = 5, 4
+    targets, tlens = [[1, 2], [1, 1], [2, 0], [0, 0]], [2, 2, 1, 0]
+    lens = np.array([5, 4, 3, 2])
+    edges, weights, se = ctc_graph(targets, tlens, blank=0)
+    am = -ref.log_softmax(rng.normal(size=(T, 4, D)) * 2)
+    f = fbw_function(dtype, mode)
+    out, sums = f(am.astype(dtype), edges, weights.astype(dtype), se, mask_of(lens, T).astype(dtype))
+    nll, post = ref.brute_force_bw(am, edges, weights, se, lens)
+    rtol, atol = tol(dtype)
+    valid = mask_of(lens, T).astype(bool)
+    np.testing.assert_allclose(np.exp(-out.astype(np.float64)), post, rtol=rtol * 10, atol=atol * 10)
+    np.testing.assert_allclose(sums, np.where(valid, nll[None, :], 0.0), rtol=rtol, atol=atol)
+    assert out.dtype == dtype and sums.dtype == dtype
+    assert np.all(np.isinf(out[~valid]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fast_bw_random_automaton_with_weights(dtype):
+    rng = np.random.default_rng(2)
+    T, B, D = 6, 3, 3
+    edges, weights, se = random_fsa(rng, B, 4, 9, D)
+    weights[3] = np.inf  # an unusable edge
+    lens = np.array([6, 4, 5])
+    am = rng.random((T, B, D)) * 3
+    out, sums = fbw_function(dtype)(am.astype(dtype), edges, weights.astype(dtype), se,
+                                    mask_of(lens, T).astype(dtype))
+    nll, post = ref.forward_backward_edges(am, edges, weights, se, lens)
+    rtol, atol = tol(dtype)
+    valid = mask_of(lens, T).astype(bool)
+    has_path = np.isfinite(nll)
+    assert has_path.any()
+    np.testing.assert_allclose(np.exp(-out.astype(np.float64)), post, rtol=rtol * 10, atol=atol * 10)
+    np.testing.assert_allclose(sums, np.where(valid & has_path[None], np.where(has_path, nll, 0)[None], 0),
+                               rtol=rtol, atol=atol)
+    nll_b, post_b = ref.brute_force_bw(am, edges, weights, se, lens)
+    np.testing.assert_allclose(post_b, post, atol=1e-12)
+
+
+def test_fast_bw_no_path_padding_and_empty():
+    f = fbw_function("float64")
+    edges, weights, se = ctc_graph([[1, 1]], [2], blank=0)
+    am = -ref.log_softmax(np.random.default_rng(3).normal(size=(4, 1, 3)))
+    out, sums = f(am, edges, weights, se, mask_of([2], 4))  # "1 1" needs >= 3 frames
+    assert np.all(np.isinf(out)) and np.all(sums == 0)
+    out, sums = f(np.zeros((0, 1, 3)), edges, weights, se, np.zeros((0, 1)))
+    assert out.shape == (0, 1, 3) and sums.shape == (0, 1)
+    out, sums = f(np.zeros((3, 0, 3)), np.zeros((4, 0), np.int32), np.zeros(0), np.zeros((2, 0), np.int32),
+                  np.zeros((3, 0)))
+    assert out.shape == (3, 0, 3)
+    # huge scores: still finite (per-frame scaling)
+    out, sums = f(am * 1e4, edges, weights, se, mask_of([4], 4))
+    nll, _ = ref.forward_backward_edges(am * 1e4, edges, weights, se, [4])
+    np.testing.assert_allclose(sums[0, 0], nll[0], rtol=1e-12)
+
+
+def test_fast_bw_bad_input(mode):
+    f = fbw_function("float64", mode)
+    edges, weights, se = ctc_graph([[1, 2]], [2], blank=0)
+    am = np.zeros((5, 1, 3))
+    m = mask_of([5], 5)
+    a, e, w, s, i = pt.tensor3(), pt.imatrix(), pt.vector(), pt.imatrix(), pt.matrix()
+    small = pytensor.function([a, e, w, s, i], list(fsa.fast_baum_welch(a, e, w, s, i, pt.zeros((2, 3)))),
+                              mode=mode)
+    with pytest.raises(ValueError, match="edge_(from|to)_state < n_states"):
+        small(am, edges, weights, se, m)  # state buffer of 3 states
+    with pytest.raises(ValueError, match="edge_emission < n_classes"):
+        f(np.zeros((5, 1, 2)), edges, weights, se, m)  # label 2 >= D
+    with pytest.raises(ValueError, match="prefix"):
+        f(am, edges, weights, se, np.array([[1], [0], [1], [1], [1]], float))
+    with pytest.raises(ValueError, match="0_or_1"):
+        f(am, edges, weights, se, m * 0.5)
+    with pytest.raises(ValueError, match="FastBaumWelchOp"):
+        f(np.zeros((5, 2, 3)), edges, weights, se, mask_of([5, 5], 5))  # B mismatch
+    e2, w2, se2 = ctc_graph([[1, 2], [1, 2]], [2, 2], blank=0)
+    e2[1, -1] = se2[0, 0]  # an edge of sequence 1 into a state of sequence 0
+    with pytest.raises(ValueError, match="seq_owning"):
+        f(np.zeros((5, 2, 3)), e2, w2, se2, mask_of([5, 5], 5))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_multi_end_fast_bw(dtype):
+    rng = np.random.default_rng(4)
+    T, B, D = 5, 2, 3
+    edges, weights, se = random_fsa(rng, B, 4, 10, D)
+    ends = np.array([[0, 3], [0, 2], [1, 7], [1, 5], [1, 4]], dtype=np.int32)
+    end_w = np.array([0.5, 1.0, 0.0, 2.0, 0.3])
+    lens = np.array([5, 3])
+    am = rng.random((T, B, D)) * 2
+    op = fsa.MultiEndFastBaumWelchOp.make_op()
+    out, sums = pytensor.function([], op(am.astype(dtype), edges, weights.astype(dtype), se[0], ends,
+                                         end_w.astype(dtype), mask_of(lens, T).astype(dtype),
+                                         np.zeros((2, 8), dtype)))()
+    nll, post = ref.brute_force_bw(am, edges, weights, se, lens, end_list=[tuple(x) + (w,) for x, w in
+                                                                            zip(ends.tolist(), end_w)])
+    rtol, atol = tol(dtype)
+    has_path = np.isfinite(nll)
+    assert has_path.any()
+    np.testing.assert_allclose(np.exp(-out.astype(np.float64)), post, rtol=rtol * 10, atol=atol * 10)
+    np.testing.assert_allclose(sums, np.where((mask_of(lens, T) > 0) & has_path[None], np.where(has_path, nll, 0)[None],
+                                              0), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("segmentwise", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_segment_fast_bw(dtype, segmentwise):
+    rng = np.random.default_rng(5)
+    L, D = 3, 2
+    # two sequences of 4 and 3 frames; a column per (frame, sequence)
+    lens = [4, 3]
+    F, B = 4, 2
+    bidx = -np.ones((F, B), np.int32)
+    cols = []
+    for b in range(B):
+        for t in range(lens[b]):
+            bidx[t, b] = len(cols)
+            cols.append((t, b))
+    Nb = len(cols) + 1  # one unused column
+    index = np.zeros((L, Nb))
+    for n, (t, b) in enumerate(cols):
+        index[: lens[b] - t, n] = 1
+    edges = np.array([[0, 0, 1, 1, 2, 2, 3, 3],  # from
+                      [1, 0, 1, 0, 3, 2, 3, 2],  # to
+                      [0, 1, 1, 0, 0, 1, 1, 0],  # emission
+                      [0, 1, 1, 0, 0, 1, 1, 0],  # length model
+                      [0, 0, 0, 0, 1, 1, 1, 1]], dtype=np.int32)
+    se = np.array([[0, 2], [1, 3]], dtype=np.int32)
+    am = rng.random((L, Nb, D)) * 2
+    w = rng.random(8)
+    lm = rng.random((2, L))
+    scales, epoch = np.array([1.0, 0.7]), np.array(3.0)
+    op = fsa.SegmentFastBaumWelchOp.make_op(segmentwise_normalization=segmentwise)
+    got = pytensor.function([], op(am.astype(dtype), bidx, edges, w.astype(dtype), lm.astype(dtype), se,
+                                   index.astype(dtype), scales.astype(dtype), epoch.astype(dtype)))()
+    want = ref.segment_brute_force(am, bidx, edges, w, lm, se, index, 0.7, segmentwise)
+    rtol, atol = tol(dtype)
+    for name, g, r in zip(["output", "normalization_factors", "posterior_weigths"], got, want):
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(r), err_msg=name)
+        fin = np.isfinite(r)
+        np.testing.assert_allclose(g[fin], r[fin], rtol=rtol * 10, atol=atol * 10, err_msg=name)
+    assert np.any(got[2] > 0)
+
+
+# ------------------------------------------------------------------ Viterbi
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fast_viterbi_against_brute_force(mode, dtype):
+    rng = np.random.default_rng(6)
+    T, D = 5, 4
+    edges, weights, se = ctc_graph([[1, 2], [3, 3], [1, 0]], [2, 2, 1], blank=0)
+    lens = np.array([5, 2, 4])  # sequence 1 has no path ("3 3" needs 3 frames)
+    am = ref.log_softmax(rng.normal(size=(T, 3, D)) * 2)
+    a, s = pt.tensor3(dtype=dtype), pt.ivector()
+    al, sc = fsa.fast_viterbi(a, s, edges, weights, se)
+    got_a, got_s = pytensor.function([a, s], [al, sc], mode=mode)(am.astype(dtype), lens.astype(np.int32))
+    want_a, want_s = ref.viterbi_brute(am.astype(dtype).astype(np.float64), edges, weights, se, lens)
+    rtol, atol = tol(dtype)
+    assert got_a.dtype == np.int32 and got_s.dtype == dtype
+    np.testing.assert_allclose(got_s, want_s, rtol=rtol, atol=atol)
+    np.testing.assert_array_equal(got_a, want_a)
+    assert got_s[1] == -np.inf and np.all(got_a[:, 1] == 0)
+
+
+def test_fast_viterbi_ties_and_errors():
+    # integer scores make many exact ties; the backtrace takes the lowest edge index per frame
+    rng = np.random.default_rng(7)
+    T, B, D = 4, 2, 2
+    edges, weights, se = random_fsa(rng, B, 3, 8, D)
+    weights = np.floor(weights)
+    am = rng.integers(-1, 1, size=(T, B, D)).astype(np.float64)
+    lens = np.array([4, 3], np.int32)
+    a, s = pt.tensor3(), pt.ivector()
+    f = pytensor.function([a, s], list(fsa.fast_viterbi(a, s, edges, weights, se)))
+    got_a, got_s = f(am, lens)
+    want_a, want_s = ref.viterbi_brute(am, edges, weights, se, lens)
+    np.testing.assert_array_equal(got_s, want_s)
+    np.testing.assert_array_equal(got_a, want_a)
+    with pytest.raises(ValueError, match="seq_length <= n_time"):
+        f(am, np.array([5, 3], np.int32))
+    e, w = pt.imatrix(), pt.vector()
+    g = pytensor.function([a, s, e, w], list(fsa.fast_viterbi(a, s, e, w, se)))
+    bad = edges.copy()
+    bad[2, 0] = D
+    with pytest.raises(ValueError, match="edge_emission < n_classes"):
+        g(am, lens, bad, weights)
+
+
+# ------------------------------------------------------------------ CTC loss
+CTC_CASES = dict(
+    targets=np.array([[1, 2, 2], [3, 3, 0], [1, 0, 0], [0, 0, 0], [2, 2, 2]], np.int32),
+    tlens=np.array([3, 2, 1, 0, 3], np.int32),
+    lens=np.array([7, 5, 6, 3, 4], np.int32),  # the last one has no path (needs 5 frames)
+)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("blank_index", [0, -1])
+def test_ctc_loss_against_graves(mode, dtype, blank_index):
+    rng = np.random.default_rng(8)
+    T, B, D = 7, 5, 5
+    targets = CTC_CASES["targets"] + (1 if blank_index == 0 else 0)
+    targets = np.where(targets >= D, D - 2, targets).astype(np.int32)
+    blank = blank_index % D
+    logits = (rng.normal(size=(T, B, D)) * 2).astype(dtype)
+    up = rng.random(B)
+    x = pt.tensor3("logits", dtype=dtype)
+    losses = [fsa.ctc_loss(x, CTC_CASES["lens"], targets, CTC_CASES["tlens"], blank_index=blank_index,
+                           zero_infinity=z) for z in (False, True)]
+    grads = [pytensor.grad(pt.sum(pt.switch(pt.isinf(lo), 0, lo) * up), x) for lo in losses]
+    f = pytensor.function([x], losses + grads, mode=mode)
+    l0, l1, g0, g1 = f(logits)
+    nll, grad = ref.ctc_graves(logits.astype(np.float64), CTC_CASES["lens"], targets, CTC_CASES["tlens"], blank)
+    rtol, atol = tol(dtype)
+    assert np.isinf(nll[-1]) and np.isinf(l0[-1]) and l1[-1] == 0
+    np.testing.assert_allclose(l0[:-1], nll[:-1], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(l1[:-1], nll[:-1], rtol=rtol, atol=atol)
+    want = grad * up[None, :, None]
+    want[:, -1] = 0  # switch(isinf) cuts the impossible sequence
+    np.testing.assert_allclose(g0, want, rtol=rtol * 10, atol=atol * 10)
+    np.testing.assert_allclose(g1, want, rtol=rtol * 10, atol=atol * 10)
+    assert l0.dtype == dtype and g0.dtype == dtype
+
+
+def test_ctc_loss_gradient_without_zero_infinity_and_normalized():
+    rng = np.random.default_rng(9)
+    T, B, D = 6, 3, 4
+    logits = rng.normal(size=(T, B, D))
+    targets, tlens, lens = np.array([[1, 1], [2, 3], [1, 2]]), np.array([2, 2, 2]), np.array([6, 4, 1])
+    x = pt.tensor3("x")
+    for normalized in (False, True):
+        inp = ref.log_softmax(logits) if normalized else logits
+        loss = fsa.ctc_loss(x, lens, targets, tlens, blank_index=0, logits_normalized=normalized)
+        f = pytensor.function([x], [loss, pytensor.grad(loss[:2].sum(), x), pytensor.grad(loss.sum(), x)])
+        lo, g, gall = f(inp)
+        nll, grad = ref.ctc_graves(inp, lens, targets, tlens, 0, normalized=normalized)
+        np.testing.assert_allclose(lo, nll, rtol=1e-10)
+        grad_two = grad.copy()
+        grad_two[:, 2] = 0
+        np.testing.assert_allclose(g, grad_two, atol=1e-10)
+        # the impossible sequence (1 frame for 2 labels): loss inf, gradient softmax (or 0 if normalized)
+        np.testing.assert_allclose(gall[:, 2], grad[:, 2], atol=1e-12)
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_ctc_loss_verify_grad(normalized):
+    rng = np.random.default_rng(10)
+    T, B, D = 5, 3, 4
+    targets, tlens, lens = np.array([[1, 1], [2, 3], [3, 0]]), np.array([2, 2, 1]), np.array([5, 4, 2])
+    logits = rng.normal(size=(T, B, D))
+    if normalized:
+        logits = ref.log_softmax(logits)
+    weights = rng.random(B)
+
+    def cost(x):
+        return (fsa.ctc_loss(x, lens, targets, tlens, blank_index=0, logits_normalized=normalized) * weights).sum()
+
+    verify_grad(cost, [logits], rng=rng)
+
+
+def test_ctc_loss_rna_against_edge_forward_backward():
+    rng = np.random.default_rng(11)
+    T, B, D = 6, 3, 4
+    targets, tlens, lens = np.array([[1, 1], [2, 3], [3, 0]]), np.array([2, 2, 1]), np.array([6, 2, 4])
+    logits = rng.normal(size=(T, B, D))
+    x = pt.tensor3("x")
+    loss = fsa.ctc_loss(x, lens, targets, tlens, blank_index=0, label_loop=False)
+    lo, g = pytensor.function([x], [loss, pytensor.grad(loss.sum(), x)])(logits)
+    edges, weights, se = ctc_graph(targets, tlens, 0, label_loop=False)
+    lp = ref.log_softmax(logits)
+    nll, post = ref.forward_backward_edges(-lp, edges, weights, se, lens)
+    np.testing.assert_allclose(lo, nll, rtol=1e-10)
+    valid = mask_of(lens, T)[:, :, None]
+    np.testing.assert_allclose(g, (np.exp(lp) - post) * valid, atol=1e-10)
+
+
+def test_ctc_loss_viterbi():
+    rng = np.random.default_rng(12)
+    T, B, D = 5, 3, 4
+    targets, tlens, lens = np.array([[1, 2], [3, 3], [1, 0]]), np.array([2, 2, 1]), np.array([5, 2, 4])
+    logits = rng.normal(size=(T, B, D)) * 2
+    x = pt.tensor3("x")
+    loss = fsa.ctc_loss_viterbi(x, lens, targets, tlens, blank_index=0)
+    loss_z = fsa.ctc_loss_viterbi(x, lens, targets, tlens, blank_index=0, zero_infinity=True)
+    lo, lz, g = pytensor.function([x], [loss, loss_z, pytensor.grad(loss_z.sum(), x)])(logits)
+    lp = ref.log_softmax(logits)
+    for b in range(B):
+        best, best_path = np.inf, None
+        for seq in ref.all_sequences(lens[b], D):
+            if ref.ctc_collapse(seq, 0) == list(targets[b, : tlens[b]]):
+                v = -sum(lp[t, b, s] for t, s in enumerate(seq))
+                if v < best:
+                    best, best_path = v, seq
+        if best_path is None:
+            assert np.isinf(lo[b]) and lz[b] == 0 and np.all(g[:, b] == 0)
+            continue
+        np.testing.assert_allclose(lo[b], best, rtol=1e-10)
+        want = np.zeros((T, D))
+        for t, s in enumerate(best_path):
+            want[t] = np.exp(lp[t, b])
+            want[t, s] -= 1
+        np.testing.assert_allclose(g[:, b], want, atol=1e-10)
+
+
+def test_ctc_loss_bad_input():
+    x = pt.tensor3("x")
+    t, tl, l_ = pt.imatrix("t"), pt.ivector("tl"), pt.ivector("l")
+    f = pytensor.function([x, t, tl, l_], fsa.ctc_loss(x, l_, t, tl))
+    logits = np.zeros((4, 2, 3))
+    ok = (np.array([[0, 1], [1, 1]], np.int32), np.array([2, 1], np.int32), np.array([4, 3], np.int32))
+    assert np.isfinite(f(logits, *ok)).all()
+    with pytest.raises(ValueError, match="edge_emission < n_classes"):
+        f(logits, np.array([[0, 3], [1, 1]], np.int32), ok[1], ok[2])  # label 3 >= D
+    with pytest.raises(ValueError, match="seq_length <= n_time"):
+        f(logits, ok[0], ok[1], np.array([5, 3], np.int32))
+    with pytest.raises(ValueError, match="target_length"):
+        f(logits, ok[0], np.array([3, 1], np.int32), ok[2])
+    with pytest.raises(ValueError):
+        f(np.zeros((4, 3, 3)), *ok)  # B mismatch
+    with pytest.raises(TypeError):
+        fsa.ctc_loss(x, l_, pt.matrix(), tl)
+    with pytest.raises(ValueError):
+        fsa.ctc_loss(pt.matrix(), l_, t, tl)
+
+
+# ------------------------------------------------------------------ HMM
+def hmm_data(rng, T, B, K, scale=1.0):
+    le = rng.normal(size=(T, B, K)) * scale
+    lA = np.log(rng.dirichlet(np.ones(K), size=K))
+    lpi = np.log(rng.dirichlet(np.ones(K)))
+    lf = rng.normal(size=K) * 0.3
+    return le, lA, lpi, lf
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_hmm_against_reference(mode, dtype):
+    rng = np.random.default_rng(13)
+    T, B, K = 7, 4, 3
+    le, lA, lpi, lf = hmm_data(rng, T, B, K, 3.0)
+    lens = np.array([7, 4, 1, 0])
+    xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype)]
+    m = pt.matrix(dtype=dtype)
+    ll = fsa.hmm_log_likelihood(*xs, mask=m)
+    up = rng.random(B)
+    f = pytensor.function(xs + [m], [ll] + pytensor.grad((ll * up).sum(), xs), mode=mode)
+    got = f(*(v.astype(dtype) for v in (le, lA, lpi, lf, mask_of(lens, T))))
+    gamma, xi = ref.hmm_posteriors(le, lA, lpi, lf, lens)
+    want_pi = np.einsum("b,bk->k", up[lens > 0], gamma[0, lens > 0])
+    want_f = sum(up[b] * gamma[lens[b] - 1, b] for b in range(B) if lens[b] > 0)
+    p0 = np.exp(lpi + lf - ref.hmm_forward(le, lA, lpi, lf, lens)[3])  # the empty sequence
+    want = [ref.hmm_forward(le, lA, lpi, lf, lens), gamma * up[None, :, None], np.einsum("b,bij->ij", up, xi),
+            want_pi + up[3] * p0, want_f + up[3] * p0]
+    rtol, atol = tol(dtype)
+    for name, g, w in zip(["ll", "d_e", "d_A", "d_pi", "d_f"], got, want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, w, rtol=rtol * 10, atol=atol * 10, err_msg=name)
+
+
+def test_hmm_verify_grad_and_extremes():
+    rng = np.random.default_rng(14)
+    le, lA, lpi, lf = hmm_data(rng, 5, 2, 3)
+    mask = mask_of([5, 3], 5)
+
+    def cost(le, lA, lpi, lf):
+        return (fsa.hmm_log_likelihood(le, lA, lpi, lf, mask=mask) * np.array([1.0, 0.7])).sum()
+
+    verify_grad(cost, [le, lA, lpi, lf], rng=rng)
+    # long sequences with huge positive and negative log-densities: finite, exact
+    T = 3000
+    le, lA, lpi, _ = hmm_data(rng, T, 1, 3, 1.0)
+    le = le * 800 + 300
+    x = pt.tensor3()
+    ll = fsa.hmm_log_likelihood(x, lA, lpi)
+    f = pytensor.function([x], [ll, pytensor.grad(ll.sum(), x)])
+    v, g = f(le)
+    np.testing.assert_allclose(v, ref.hmm_forward(le, lA, lpi), rtol=1e-12)
+    assert np.isfinite(g).all()
+    np.testing.assert_allclose(g.sum(-1), 1.0, atol=1e-9)
+
+
+def test_hmm_bad_input():
+    x, m = pt.tensor3(), pt.matrix()
+    f = pytensor.function([x, m], fsa.hmm_log_likelihood(x, np.zeros((2, 2)), np.zeros(2), mask=m))
+    with pytest.raises(ValueError, match="prefix"):
+        f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [1.0]]))
+    with pytest.raises(ValueError, match="HmmForwardBackwardOp"):
+        f(np.zeros((3, 1, 3)), np.ones((3, 1)))  # K mismatch
+    with pytest.raises(ValueError, match="nan_or_plus_inf"):
+        f(np.full((3, 1, 2), np.nan), np.ones((3, 1)))
+    assert f(np.zeros((0, 2, 2)), np.zeros((0, 2))).shape == (2,)
+
+
+# ------------------------------------------------------------------ shapes, nvcc
+def test_infer_shape():
+    rng = np.random.default_rng(15)
+    edges, weights, se = ctc_graph([[1, 2]], [2], blank=0)
+    a, m = pt.tensor3(), pt.matrix()
+    outs = fsa.fast_baum_welch(a, edges, weights, se, m)
+    check_infer_shape([a, m], list(outs), [rng.random((4, 1, 3)), np.ones((4, 1))], NativeOp)
+    s = pt.ivector()
+    outs = fsa.fast_viterbi(a, s, edges, weights, se)
+    check_infer_shape([a, s], list(outs), [rng.random((4, 1, 3)), np.array([4], np.int32)], NativeOp)
+    tg, tl = pt.imatrix(), pt.ivector()
+    outs = fsa.get_ctc_fsa_fast_bw(tg, tl, 0)
+    check_infer_shape([tg, tl], [outs[0], outs[2]], [np.ones((2, 3), np.int32), np.array([3, 1], np.int32)],
+                      NativeOp)
+    ll = fsa.hmm_log_likelihood(a, np.zeros((3, 3)), np.zeros(3))
+    check_infer_shape([a], [ll], [rng.random((4, 2, 3))], NativeOp)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_fsa_kernels_compile_with_nvcc(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    for cls in (fsa.FastBaumWelchOp, fsa.MultiEndFastBaumWelchOp, fsa.SegmentFastBaumWelchOp, fsa.FastViterbiOp,
+                fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.HmmForwardBackwardOp):
+        op = cls.make_op()
+        for o in [op] + ([op.grad_op()] if op.c_bw_code else []):
+            path = ptnative.build.build(o.variant("float32", device="cuda"))
+            assert path.exists() and path.stat().st_size > 0
