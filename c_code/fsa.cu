@@ -19,37 +19,7 @@
 #define FSA_LOOP(i, n) \
   for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
 
-// exp(x) for the CPU as plain arithmetic (Cody-Waite reduction, degree-13 Taylor, ~1 ulp),
-// so that loops over it vectorise; values below exp(-708) flush to 0.  CUDA: exp.
-DEV_FUNC inline double fsa_exp(double x) {
-#if CUDA
-  return exp(x);
-#else
-  // branch-free (x <= 0 in our use; NaN is excluded by the callers)
-  double xc = x > -708.0 ? x : -708.0;
-  xc = xc < 709.0 ? xc : 709.0;
-  double k = std::floor(xc * 1.4426950408889634 + 0.5);
-  double r = (xc - k * 0.6931471803691238) - k * 1.9082149292705877e-10;
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  uint64_t bits = (uint64_t)((int64_t)k + 1023) << 52;
-  double scale;
-  memcpy(&scale, &bits, sizeof(double));
-  return x > -708.0 ? p * scale : 0.0;
-#endif
-}
+// fsa_exp (x <= 0): c_code/fsa_exp.cu, pasted before this file.
 
 // ---------------------------------------------------------------- atomics
 #if CUDA
@@ -673,26 +643,17 @@ static void fsa_check_edges_shape(Ndarray* edges, Ndarray* weights, int64_t n_ro
   assert_cmp(Ndarray_DIMS(weights)[0], ==, Ndarray_DIMS(edges)[1]);
 }
 
-// inputs: am_scores (T,B,D), edges (4,E), weights (E), start_end_states (2,B), index (T,B), state_buffer (2,S)
-// outputs: output (T,B,D), sums (T,B)
-static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 6);
-  assert_cmp(n_outputs, ==, 2);
-  Ndarray *am = inputs[0], *edges = inputs[1], *weights = inputs[2], *se = inputs[3], *index = inputs[4],
-          *state_buffer = inputs[5];
+// The fields every Baum-Welch entry point shares: scores (T,B,D), edges (4,E) and weights (E);
+// the start / end / length fields are left empty for the caller.
+static FbwProblem fbw_problem(int mode, Ndarray* am, Ndarray* edges, Ndarray* weights) {
   FbwProblem p;
-  p.mode = FBW_NEGLOG;
+  p.mode = mode;
   p.T = Ndarray_DIMS(am)[0];
   p.B = Ndarray_DIMS(am)[1];
   p.D = Ndarray_DIMS(am)[2];
   fsa_check_edges_shape(edges, weights, 4);
   p.E = Ndarray_DIMS(edges)[1];
-  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
-  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
-  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
-  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
-  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
-  p.S = Ndarray_DIMS(state_buffer)[1];
+  p.S = 0;
   const int32_t* e = Ndarray_DEV_DATA_int32(edges);
   p.am = Ndarray_DEV_DATA(am);
   p.from = e;
@@ -700,16 +661,43 @@ static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray***
   p.emis = e + 2 * p.E;
   p.seq = e + 3 * p.E;
   p.w = Ndarray_DEV_DATA(weights);
-  p.start = Ndarray_DEV_DATA_int32(se);
-  p.n_end = p.B;
+  p.start = 0;
+  p.n_end = 0;
   p.end_pairs = 0;
-  p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
+  p.end_simple = 0;
   p.end_w = 0;
-  p.index = Ndarray_DEV_DATA(index);
+  p.index = 0;
   p.lens = 0;
+  p.out = 0;
+  p.sums = 0;
+  p.loss = 0;
+  return p;
+}
+
+// The (T, B) index mask and the (2, S) state buffer of the FastBaumWelch ops; outputs (T,B,D), (T,B).
+static void fbw_set_index_and_buffer(FbwProblem& p, Ndarray* index, Ndarray* state_buffer, Ndarray*** outputs) {
+  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
+  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
+  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
+  p.S = Ndarray_DIMS(state_buffer)[1];
+  p.index = Ndarray_DEV_DATA(index);
   p.out = Ndarray_DEV_DATA(*outputs[0]);
   p.sums = Ndarray_DEV_DATA(*outputs[1]);
-  p.loss = 0;
+}
+
+// inputs: am_scores (T,B,D), edges (4,E), weights (E), start_end_states (2,B), index (T,B), state_buffer (2,S)
+// outputs: output (T,B,D), sums (T,B)
+static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray* se = inputs[3];
+  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2]);
+  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
+  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
+  fbw_set_index_and_buffer(p, inputs[4], inputs[5], outputs);
+  p.start = Ndarray_DEV_DATA_int32(se);
+  p.n_end = p.B;
+  p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
   fbw_run(p);
 }
 
@@ -718,39 +706,16 @@ static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray***
 static void multi_end_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 8);
   assert_cmp(n_outputs, ==, 2);
-  Ndarray *am = inputs[0], *edges = inputs[1], *weights = inputs[2], *starts = inputs[3], *ends = inputs[4],
-          *end_w = inputs[5], *index = inputs[6], *state_buffer = inputs[7];
-  FbwProblem p;
-  p.mode = FBW_NEGLOG;
-  p.T = Ndarray_DIMS(am)[0];
-  p.B = Ndarray_DIMS(am)[1];
-  p.D = Ndarray_DIMS(am)[2];
-  fsa_check_edges_shape(edges, weights, 4);
-  p.E = Ndarray_DIMS(edges)[1];
+  Ndarray *starts = inputs[3], *ends = inputs[4], *end_w = inputs[5];
+  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2]);
   assert_cmp(Ndarray_DIMS(starts)[0], ==, p.B);
   assert_cmp(Ndarray_DIMS(ends)[1], ==, 2);
   assert_cmp(Ndarray_DIMS(end_w)[0], ==, Ndarray_DIMS(ends)[0]);
-  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
-  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
-  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
-  p.S = Ndarray_DIMS(state_buffer)[1];
-  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
-  p.am = Ndarray_DEV_DATA(am);
-  p.from = e;
-  p.to = e + p.E;
-  p.emis = e + 2 * p.E;
-  p.seq = e + 3 * p.E;
-  p.w = Ndarray_DEV_DATA(weights);
+  fbw_set_index_and_buffer(p, inputs[6], inputs[7], outputs);
   p.start = Ndarray_DEV_DATA_int32(starts);
   p.n_end = Ndarray_DIMS(ends)[0];
   p.end_pairs = Ndarray_DEV_DATA_int32(ends);
-  p.end_simple = 0;
   p.end_w = Ndarray_DEV_DATA(end_w);
-  p.index = Ndarray_DEV_DATA(index);
-  p.lens = 0;
-  p.out = Ndarray_DEV_DATA(*outputs[0]);
-  p.sums = Ndarray_DEV_DATA(*outputs[1]);
-  p.loss = 0;
   fbw_run(p);
 }
 
@@ -759,35 +724,17 @@ static void multi_end_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
 static void fsa_ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 2);
-  Ndarray *logits = inputs[0], *edges = inputs[1], *weights = inputs[2], *se = inputs[3], *lens = inputs[4];
+  Ndarray *se = inputs[3], *lens = inputs[4];
   int32_t normalized = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
-  FbwProblem p;
-  p.mode = normalized ? FBW_LOGPROBS : FBW_LOGITS;
-  p.T = Ndarray_DIMS(logits)[0];
-  p.B = Ndarray_DIMS(logits)[1];
-  p.D = Ndarray_DIMS(logits)[2];
-  fsa_check_edges_shape(edges, weights, 4);
-  p.E = Ndarray_DIMS(edges)[1];
+  FbwProblem p = fbw_problem(normalized ? FBW_LOGPROBS : FBW_LOGITS, inputs[0], inputs[1], inputs[2]);
   assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
   assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
   assert_cmp(Ndarray_DIMS(lens)[0], ==, p.B);
-  // Global state count: the largest state index in use + 1.
-  const int32_t* e = Ndarray_DEV_DATA_int32(edges);
-  p.am = Ndarray_DEV_DATA(logits);
-  p.from = e;
-  p.to = e + p.E;
-  p.emis = e + 2 * p.E;
-  p.seq = e + 3 * p.E;
-  p.w = Ndarray_DEV_DATA(weights);
   p.start = Ndarray_DEV_DATA_int32(se);
   p.n_end = p.B;
-  p.end_pairs = 0;
   p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
-  p.end_w = 0;
-  p.index = 0;
   p.lens = Ndarray_DEV_DATA_int32(lens);
   p.out = Ndarray_DEV_DATA(*outputs[1]);
-  p.sums = 0;
   p.loss = Ndarray_DEV_DATA(*outputs[0]);
   // The CTC automaton of GetCtcFsaFastBwOp has (E / B - 5) / 5 * 2 + 3 states per sequence.
   assert_cmp(p.B > 0 ? p.E % p.B : 0, ==, 0);

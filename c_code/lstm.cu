@@ -130,3 +130,395 @@ static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc), data_ptr(tmpDc, 0), n_batch * n_cells * sizeof(Float));
   HANDLE_LAST_ERROR();
 }
+
+// ================================================================ shared helpers (NativeLstm2, LstmLowMem,
+// TwoDLSTM, lstm_cell)
+//
+// Activations.  CUDA and float64 use the libm functions; the float32 CPU build uses branch-free versions
+// (exp by range reduction + polynomial, about 1 ulp) that gcc vectorises, since a call to expf/tanhf per
+// element would cost as much as the GEMMs.
+#if CUDA
+DEV_FUNC inline float lstm_exp(float x) { return expf(x); }
+DEV_FUNC inline float lstm_tanh(float x) { return tanhf(x); }
+#else
+__attribute__((always_inline)) static inline float lstm_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // round to nearest by the 1.5 * 2^23 trick (std::floor does not vectorise without -ffast-math)
+  float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - k * 0.693359375f;
+  r = r + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)k + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof(float));
+  return p * scale;
+}
+__attribute__((always_inline)) static inline float lstm_tanh(float x) {
+  float ax = std::fabs(x);
+  float e = lstm_exp(-2.0f * ax);
+  float big = (1.0f - e) / (1.0f + e);
+  float x2 = x * x;  // odd Taylor series for |x| < 0.125: relative error < 1e-8
+  float small = ax * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * (-0.0539682540f + x2 * 0.0218694885f))));
+  float t = ax < 0.125f ? small : big;
+  return x < 0.0f ? -t : t;
+}
+#endif
+DEV_FUNC inline double lstm_exp(double x) { return exp(x); }
+DEV_FUNC inline double lstm_tanh(double x) { return tanh(x); }
+DEV_FUNC inline Float lstm_sigmoid(Float x) { return Float(1) / (Float(1) + lstm_exp(-x)); }
+
+// Loop over (batch row b, cell j) of a (n_batch, n_cells) grid: a grid-stride loop on CUDA, two plain
+// nested loops (the inner one vectorisable, no div/mod) on the CPU.  The body must not use break/continue.
+#if CUDA
+#define LSTM_FOR_BJ(b, j, nb, nc)                                                                    \
+  for (int64_t _k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x, b = 0, j = 0;                   \
+       _k < (int64_t)(nb) * (nc) ? (b = _k / (nc), j = _k % (nc), true) : false;                     \
+       _k += (int64_t)gridDim.x * blockDim.x)
+#else
+#define LSTM_FOR_BJ(b, j, nb, nc) for (int64_t b = 0; b < (nb); ++b) for (int64_t j = 0; j < (nc); ++j)
+#endif
+
+// C (m x n) (+)= A (m x k) . B (k x n) with row-major pointers; op(A) / op(B) by the flags.  Empty
+// products leave C as it is (beta = 1) or zero it (beta = 0) without calling BLAS.
+static void lstm_gemm(const Float* A, bool tA, const Float* B, bool tB, Float* C, int64_t m, int64_t n, int64_t k,
+                      double beta) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0) Ndarray_memset(C, 0, m * n * sizeof(Float));
+    return;
+  }
+  affine_raw(A, tA ? k : m, tA ? m : k, B, tB ? n : k, tB ? k : n, C, m, n, tA, tB, beta);
+}
+
+// The frames an LSTM op visits, in order.  NativeLstm2: step > 0 from `start` up to T-1; step < 0 from
+// T-1-start down to 0.  LstmLowMem (lowmem_rule): step < 0 runs from T-1-start down to `start`.
+struct LstmFrames {
+  int64_t first, step, count;
+  int64_t at(int64_t k) const { return first + k * step; }
+};
+
+static LstmFrames lstm_frames(int64_t T, int64_t start, int64_t step, bool lowmem_rule) {
+  LstmFrames f = {0, step, 0};
+  if (T == 0) return f;
+  assert_cmp(step, !=, 0);
+  assert_cmp(start, >=, 0);
+  assert_cmp(start, <, T);
+  int64_t last;
+  if (step > 0) {
+    f.first = start;
+    last = T - 1;
+  } else {
+    f.first = T - 1 - start;
+    last = lowmem_rule ? start : 0;
+  }
+  int64_t span = step > 0 ? last - f.first : f.first - last;
+  int64_t abs_step = step > 0 ? step : -step;
+  f.count = span < 0 ? 0 : span / abs_step + 1;
+  return f;
+}
+
+// ================================================================ NativeLstm2
+// H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
+// on exit; y_carry is y_prev on entry and the carried output (y, or y_prev on masked frames) on exit.
+DEF_KERNEL void lstm2_fw_frame(Float* h, const Float* mask, Float* y_carry, const Float* c_prev, Float* y, Float* c,
+                               int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    Float* g = h + b * 4 * n_cells + j;
+    int64_t idx = b * n_cells + j;
+    Float m = mask[b];
+    Float a = lstm_tanh(g[0]);
+    Float ig = lstm_sigmoid(g[n_cells]);
+    Float fg = lstm_sigmoid(g[2 * n_cells]);
+    Float og = lstm_sigmoid(g[3 * n_cells]);
+    g[0] = a;
+    g[n_cells] = ig;
+    g[2 * n_cells] = fg;
+    g[3 * n_cells] = og;
+    Float cp = c_prev[idx];
+    Float cv = (cp * fg + a * ig) * m + cp * (Float(1) - m);
+    Float yv = lstm_tanh(cv) * og * m;
+    c[idx] = cv;
+    y[idx] = yv;
+    y_carry[idx] = yv + y_carry[idx] * (Float(1) - m);
+  }
+}
+
+// yp_next = y + yp * (1 - m): the recurrent input of the next visited frame.
+DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, const Float* mask, int64_t n_batch,
+                            int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    int64_t idx = b * n_cells + j;
+    yp_next[idx] = y[idx] + yp[idx] * (Float(1) - mask[b]);
+  }
+}
+
+// Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
+// exit the part that reaches y_prev through the carry.  dc: dL/dC[t] on entry, dL/dc_prev on exit.
+DEF_KERNEL void lstm2_bw_frame(const Float* h, const Float* mask, const Float* c, const Float* c_prev, const Float* dY,
+                               const Float* dC, Float* dy_carry, Float* dc, Float* dx, int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    const Float* g = h + b * 4 * n_cells + j;
+    Float* d = dx + b * 4 * n_cells + j;
+    int64_t idx = b * n_cells + j;
+    Float m = mask[b];
+    Float a = g[0], ig = g[n_cells], fg = g[2 * n_cells], og = g[3 * n_cells];
+    Float tc = lstm_tanh(c[idx]);
+    Float dy = dY[idx] + dy_carry[idx];
+    Float dym = dy * m;
+    Float dct = dc[idx] + dC[idx] + dym * og * (Float(1) - tc * tc);
+    Float dctm = dct * m;
+    d[0] = dctm * ig * (Float(1) - a * a);
+    d[n_cells] = dctm * a * ig * (Float(1) - ig);
+    d[2 * n_cells] = dctm * c_prev[idx] * fg * (Float(1) - fg);
+    d[3 * n_cells] = dym * tc * og * (Float(1) - og);
+    dc[idx] = dct * (fg * m + Float(1) - m);
+    dy_carry[idx] *= Float(1) - m;
+  }
+}
+
+static void check_lstm2_shapes(Ndarray* X, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
+  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  assert_cmp(Ndarray_DIMS(X)[0], ==, T);
+  assert_cmp(Ndarray_DIMS(X)[1], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(X)[2], ==, 4 * n_cells);
+  assert_cmp(Ndarray_DIMS(W)[0], ==, n_cells);
+  assert_cmp(Ndarray_DIMS(W)[1], ==, 4 * n_cells);
+  assert_cmp(Ndarray_DIMS(y0)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(c0)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(c0)[1], ==, n_cells);
+}
+
+// inputs: X (T,B,4n), W (n,4n), y0, c0 (B,n), i (T,B), start, step; outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
+static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 7);
+  assert_cmp(n_outputs, ==, 4);
+  Ndarray *X = inputs[0], *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
+  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[5]), step = Ndarray_DEV_DATA_int32_scalar(inputs[6]);
+  Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
+  check_lstm2_shapes(X, W, y0, c0, i);
+  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  int64_t frame = n_batch * n_cells;
+  LstmFrames fr = lstm_frames(T, start, step, false);
+  Ndarray_memcpy(Ndarray_DEV_DATA(H), Ndarray_DEV_DATA(X), T * frame * 4 * sizeof(Float));
+  if (fr.count == 0) {
+    Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
+    return;
+  }
+  Float* y_carry = (Float*)device_malloc(frame * sizeof(Float));
+  Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+  for (int64_t k = 0; k < fr.count; ++k) {
+    int64_t t = fr.at(k);
+    lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
+    start_dev_kernel(lstm2_fw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, y_carry,
+                                      k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
+                                      data_ptr(C, t), n_batch, n_cells));
+  }
+  HANDLE_LAST_ERROR();
+  Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
+  device_free(y_carry);
+}
+
+// inputs: X, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX, DW, Dy0, Dc0.
+static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 13);
+  assert_cmp(n_outputs, ==, 4);
+  Ndarray *X = inputs[0], *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
+  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[5]), step = Ndarray_DEV_DATA_int32_scalar(inputs[6]);
+  Ndarray *Y = inputs[7], *C = inputs[8], *H = inputs[9], *DY = inputs[10], *DC = inputs[11], *Dd = inputs[12];
+  Ndarray *DX = *outputs[0], *DW = *outputs[1], *Dy0 = *outputs[2], *Dc0 = *outputs[3];
+  check_lstm2_shapes(X, W, y0, c0, i);
+  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  int64_t frame = n_batch * n_cells;
+  for (int k = 0; k < 3; ++k) {
+    int64_t want = k < 2 ? Ndarray_DIMS(i)[k] : n_cells;
+    assert_cmp(Ndarray_DIMS(Y)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(C)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(H)[k], ==, Ndarray_DIMS(X)[k]);
+  }
+  assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
+  LstmFrames fr = lstm_frames(T, start, step, false);
+  Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
+  // DX, DW and Dy0 (the running dL/dy_prev) start zeroed by the glue.
+  if (fr.count == 0) return;
+  // Yp[t]: the recurrent input of visited frame t (y0, then the carried output), 0 elsewhere, so that
+  // DW = Yp^T . DX is one GEMM over all frames (DX is 0 on frames that are not visited).
+  Float* Yp = (Float*)device_malloc(T * frame * sizeof(Float));
+  Ndarray_memset(Yp, 0, T * frame * sizeof(Float));
+  Ndarray_memcpy(Yp + fr.at(0) * frame, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+  for (int64_t k = 1; k < fr.count; ++k) {
+    int64_t t = fr.at(k), tp = fr.at(k - 1);
+    start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), Yp + tp * frame, Yp + t * frame,
+                                   Ndarray_DEV_DATA(i) + tp * n_batch, n_batch, n_cells));
+  }
+  for (int64_t k = fr.count - 1; k >= 0; --k) {
+    int64_t t = fr.at(k);
+    start_dev_kernel(lstm2_bw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, data_ptr(C, t),
+                                      k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
+                                      data_ptr(DC, t), Ndarray_DEV_DATA(Dy0), Ndarray_DEV_DATA(Dc0), data_ptr(DX, t), n_batch,
+                                      n_cells));
+    // dL/dy_prev += DX[t] . W^T
+    lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells,
+              4 * n_cells, 1.0);
+  }
+  lstm_gemm(Yp, true, Ndarray_DEV_DATA(DX), false, Ndarray_DEV_DATA(DW), n_cells, 4 * n_cells, T * n_batch, 0.0);
+  HANDLE_LAST_ERROR();
+  device_free(Yp);
+}
+
+// ================================================================ LstmLowMem
+// intern (B, 4n): X[t] . W_x + y_prev . W_h, without the bias.
+DEF_KERNEL void lowmem_fw_frame(const Float* intern, const Float* bias, const Float* mask, const Float* c_prev, Float* y,
+                                Float* c, int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    const Float* g = intern + b * 4 * n_cells + j;
+    int64_t idx = b * n_cells + j;
+    Float m = mask[b];
+    Float a = lstm_tanh(g[0] + bias[j]);
+    Float ig = lstm_sigmoid(g[n_cells] + bias[n_cells + j]);
+    Float fg = lstm_sigmoid(g[2 * n_cells] + bias[2 * n_cells + j]);
+    Float og = lstm_sigmoid(g[3 * n_cells] + bias[3 * n_cells + j]);
+    Float cp = c_prev[idx];
+    Float cv = (cp * fg + a * ig) * m + cp * (Float(1) - m);
+    c[idx] = cv;
+    y[idx] = lstm_tanh(cv) * og * m;
+  }
+}
+
+// Backward through one frame.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry,
+// dL/dc_prev on exit.  dintern: dL/d(pre-activations); db accumulates its column sums.
+DEF_KERNEL void lowmem_bw_frame(const Float* intern, const Float* bias, const Float* mask, const Float* c,
+                                const Float* c_prev, const Float* dY, const Float* dC, const Float* dh, Float* dc,
+                                Float* dintern,
+                                Float* db, int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    const Float* g = intern + b * 4 * n_cells + j;
+    Float* d = dintern + b * 4 * n_cells + j;
+    int64_t idx = b * n_cells + j;
+    Float m = mask[b];
+    Float a = lstm_tanh(g[0] + bias[j]);
+    Float ig = lstm_sigmoid(g[n_cells] + bias[n_cells + j]);
+    Float fg = lstm_sigmoid(g[2 * n_cells] + bias[2 * n_cells + j]);
+    Float og = lstm_sigmoid(g[3 * n_cells] + bias[3 * n_cells + j]);
+    Float tc = lstm_tanh(c[idx]);
+    Float dym = (dY[idx] + dh[idx]) * m;
+    Float dct = dc[idx] + dC[idx] + dym * og * (Float(1) - tc * tc);
+    Float dctm = dct * m;
+    Float d0 = dctm * ig * (Float(1) - a * a);
+    Float d1 = dctm * a * ig * (Float(1) - ig);
+    Float d2 = dctm * c_prev[idx] * fg * (Float(1) - fg);
+    Float d3 = dym * tc * og * (Float(1) - og);
+    d[0] = d0;
+    d[n_cells] = d1;
+    d[2 * n_cells] = d2;
+    d[3 * n_cells] = d3;
+    elem_atomic_add(&db[j], d0);
+    elem_atomic_add(&db[n_cells + j], d1);
+    elem_atomic_add(&db[2 * n_cells + j], d2);
+    elem_atomic_add(&db[3 * n_cells + j], d3);
+    dc[idx] = dct * (fg * m + Float(1) - m);
+  }
+}
+
+static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0, Ndarray* c0, Ndarray* i) {
+  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  int64_t n_in = Ndarray_DIMS(X)[2];
+  assert_cmp(Ndarray_DIMS(X)[0], ==, T);
+  assert_cmp(Ndarray_DIMS(X)[1], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(W)[0], ==, n_in + n_cells);
+  assert_cmp(Ndarray_DIMS(W)[1], ==, 4 * n_cells);
+  assert_cmp(Ndarray_DIMS(b)[0], ==, 4 * n_cells);
+  assert_cmp(Ndarray_DIMS(y0)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(c0)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(c0)[1], ==, n_cells);
+}
+
+// intern = X[t] . W_x + y_prev . W_h  (W_x = W[:n_in], W_h = W[n_in:], both contiguous row blocks)
+static void lowmem_intern(Ndarray* X, Ndarray* W, int64_t t, const Float* y_prev, Float* intern, int64_t n_batch,
+                          int64_t n_in, int64_t n_cells) {
+  const Float* Wd = Ndarray_DEV_DATA(W);
+  lstm_gemm(data_ptr(X, t), false, Wd, false, intern, n_batch, 4 * n_cells, n_in, 0.0);
+  lstm_gemm(y_prev, false, Wd + n_in * 4 * n_cells, false, intern, n_batch, 4 * n_cells, n_cells, 1.0);
+}
+
+// inputs: X (T,B,n_in), W (n_in+n,4n), b (4n), y0, c0 (B,n), i (T,B), start, step; outputs: Y, C (T,B,n), d (B,n).
+static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 8);
+  assert_cmp(n_outputs, ==, 3);
+  Ndarray *X = inputs[0], *W = inputs[1], *b = inputs[2], *y0 = inputs[3], *c0 = inputs[4], *i = inputs[5];
+  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[6]), step = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
+  Ndarray *Y = *outputs[0], *C = *outputs[1], *d = *outputs[2];
+  check_lowmem_shapes(X, W, b, y0, c0, i);
+  int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1], n_in = Ndarray_DIMS(X)[2];
+  int64_t frame = n_batch * n_cells;
+  LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
+  if (fr.count == 0) {
+    Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
+    return;
+  }
+  Float* intern = (Float*)device_malloc(4 * frame * sizeof(Float));
+  for (int64_t k = 0; k < fr.count; ++k) {
+    int64_t t = fr.at(k);
+    lowmem_intern(X, W, t, k > 0 ? data_ptr(Y, t - step) : Ndarray_DEV_DATA(y0), intern, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_fw_frame, (intern, Ndarray_DEV_DATA(b), Ndarray_DEV_DATA(i) + t * n_batch,
+                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
+                                       data_ptr(C, t), n_batch, n_cells));
+  }
+  HANDLE_LAST_ERROR();
+  Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
+  device_free(intern);
+}
+
+// inputs: X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd; outputs: DX, DW, Db, Dy0, Dc0.
+static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 13);
+  assert_cmp(n_outputs, ==, 5);
+  Ndarray *X = inputs[0], *W = inputs[1], *b = inputs[2], *y0 = inputs[3], *c0 = inputs[4], *i = inputs[5];
+  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[6]), step = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
+  Ndarray *Y = inputs[8], *C = inputs[9], *DY = inputs[10], *DC = inputs[11], *Dd = inputs[12];
+  Ndarray *DX = *outputs[0], *DW = *outputs[1], *Db = *outputs[2], *Dy0 = *outputs[3], *Dc0 = *outputs[4];
+  check_lowmem_shapes(X, W, b, y0, c0, i);
+  int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1], n_in = Ndarray_DIMS(X)[2];
+  int64_t frame = n_batch * n_cells;
+  for (int k = 0; k < 3; ++k) {
+    int64_t want = k < 2 ? Ndarray_DIMS(i)[k] : n_cells;
+    assert_cmp(Ndarray_DIMS(Y)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(C)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
+  }
+  assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
+  LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
+  Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
+  if (fr.count == 0) return;  // DX, DW, Db, Dy0 stay 0
+  Float* intern = (Float*)device_malloc(4 * frame * sizeof(Float));
+  Float* dintern = (Float*)device_malloc(4 * frame * sizeof(Float));
+  Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
+  Float* DWd = Ndarray_DEV_DATA(DW);
+  for (int64_t k = fr.count - 1; k >= 0; --k) {
+    int64_t t = fr.at(k);
+    const Float* y_prev = k > 0 ? data_ptr(Y, t - step) : Ndarray_DEV_DATA(y0);
+    lowmem_intern(X, W, t, y_prev, intern, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_bw_frame, (intern, Ndarray_DEV_DATA(b), Ndarray_DEV_DATA(i) + t * n_batch,
+                                       data_ptr(C, t), k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0),
+                                       data_ptr(DY, t), data_ptr(DC, t), dh, Ndarray_DEV_DATA(Dc0), dintern, Ndarray_DEV_DATA(Db),
+                                       n_batch, n_cells));
+    const Float* Wd = Ndarray_DEV_DATA(W);
+    lstm_gemm(dintern, false, Wd, true, data_ptr(DX, t), n_batch, n_in, 4 * n_cells, 0.0);
+    lstm_gemm(data_ptr(X, t), true, dintern, false, DWd, n_in, 4 * n_cells, n_batch, 1.0);
+    lstm_gemm(y_prev, true, dintern, false, DWd + n_in * 4 * n_cells, n_cells, 4 * n_cells, n_batch, 1.0);
+    lstm_gemm(dintern, false, Wd + n_in * 4 * n_cells, true, dh, n_batch, n_cells, 4 * n_cells, 0.0);
+  }
+  HANDLE_LAST_ERROR();
+  device_free(intern);
+  device_free(dintern);
+}

@@ -25,7 +25,8 @@ log = logging.getLogger("ptnative.build")
 
 # Hidden visibility and -Bsymbolic: every library keeps its own copy of the dialect's inline
 # functions and statics, even when several are loaded RTLD_GLOBAL (as Numba does).
-CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fvisibility=hidden",
+CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fno-trapping-math",
+             "-fvisibility=hidden",
              "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
               "-Xlinker", "-Bsymbolic", "--expt-relaxed-constexpr", "-x", "cu", "-DCUDA=1", "-diag-suppress", "177,550"]

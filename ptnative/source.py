@@ -10,8 +10,8 @@ The same text is compiled by ptnative's own build (g++ or nvcc, see
 
 ``data`` holds the inputs' then the outputs' buffer addresses; ``shapes`` and
 ``strides`` (bytes) hold ``PTN_MAX_NDIM`` entries per array in the same order.
-Outputs are allocated by the caller; a ``want_inplace`` input and its output
-are the same buffer.  The return value is 0, or a ``PTN_STATUS_*`` with a
+Outputs are allocated by the caller and zeroed by the entry point; a
+``want_inplace`` input and its output are the same buffer.  The return value is 0, or a ``PTN_STATUS_*`` with a
 message in ``err``.  The CUDA build takes host arrays too (C-contiguous ones):
 it copies them to device buffers that it keeps for the next call, runs, and
 copies the outputs back; ``host_memory`` inputs stay on the host.
@@ -31,7 +31,7 @@ import numpy as np
 MAX_NDIM = 8
 STATUS_VALUE = 2
 #: Bumped whenever the generated glue changes incompatibly.
-GLUE_VERSION = 3
+GLUE_VERSION = 4
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 

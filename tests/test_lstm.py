@@ -134,3 +134,457 @@ def test_lstm_kernels_compile_with_nvcc(monkeypatch, dtype):
     for o in (op, op.grad_op()):
         path = ptnative.build.build(o.variant(dtype, device="cuda"))
         assert path.exists() and path.stat().st_size > 0
+
+
+# ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
+# lstm_cell, lstm()
+from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmLowMem, NativeLstm2,  # noqa: E402
+                               TwoDLSTM, lstm, lstm_cell, twod_lstm)
+
+from .reference.lstm import (lstm_cell_forward, lstm_lowmem_forward, native_lstm2_forward,  # noqa: E402
+                             numeric_grad, twod_lstm_forward)
+
+DIRECTIONS = [(0, 1), (0, -1), (1, 1), (1, -1), (0, 2), (0, -2)]
+
+
+def holey_mask(T, B, rng):
+    """Ragged lengths, plus a hole inside one sequence (a masked frame between valid ones)."""
+    i = ragged_mask(T, B, rng)
+    if T >= 3 and B >= 2:
+        i[:, 1] = 1.0
+        i[T // 2, 1] = 0.0
+    return i
+
+
+def lstm2_data(T, B, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return dict(X=rng.normal(size=(T, B, 4 * n)), W=rng.normal(size=(n, 4 * n)) * 0.5,
+                y0=rng.normal(size=(B, n)), c0=rng.normal(size=(B, n)), i=holey_mask(T, B, rng))
+
+
+def lowmem_data(T, B, n_in, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return dict(X=rng.normal(size=(T, B, n_in)), W=rng.normal(size=(n_in + n, 4 * n)) * 0.5,
+                b=rng.normal(size=(4 * n,)), y0=rng.normal(size=(B, n)), c0=rng.normal(size=(B, n)),
+                i=holey_mask(T, B, rng))
+
+
+def cotangents(shapes, seed=9):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=s) for s in shapes]
+
+
+def sym_like(name, value, dtype):
+    return pt.tensor(name, dtype=dtype, shape=(None,) * np.ndim(value))
+
+
+def run_op_with_grads(op, values, n_diff, out_weights, dtype, mode=None, scalar_args=()):
+    """Outputs of ``op`` and the gradients of sum(out_k * weight_k) w.r.t. the first ``n_diff`` inputs."""
+    syms = [sym_like(f"in{k}", v, dtype) for k, v in enumerate(values)]
+    outs = op(*syms, *[pt.constant(np.int32(s)) for s in scalar_args])
+    cost = sum((o * w.astype(dtype)).sum() for o, w in zip(outs, out_weights) if w is not None)
+    grads = pytensor.grad(cost, syms[:n_diff])
+    f = pytensor.function(syms, [*outs, *grads], mode=mode)
+    res = f(*[np.asarray(v, dtype=dtype) for v in values])
+    return res[:len(outs)], res[len(outs):]
+
+
+def assert_close(got, ref, dtype, what, scale=10):
+    rtol, atol = tol(dtype)
+    if np.dtype(dtype) == np.float64:
+        rtol, atol = max(rtol, 1e-6), max(atol, 1e-7)  # finite-difference references
+    assert got.dtype == np.dtype(dtype), what
+    np.testing.assert_allclose(got, ref, rtol=rtol * scale, atol=atol * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("start,step", DIRECTIONS)
+def test_native_lstm2_against_reference(dtype, start, step):
+    T, B, n = 6, 3, 2
+    dat = lstm2_data(T, B, n, seed=start + 3 * abs(step) + (step < 0))
+    vals = [dat[k] for k in ("X", "W", "y0", "c0", "i")]
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    outs, grads = run_op_with_grads(NativeLstm2.make_op(), vals, 4, [DY, DC, None, Dd], dtype,
+                                    scalar_args=(start, step))
+    ref = native_lstm2_forward(*vals, start, step)
+    for name, g, r in zip("YCHd", outs, ref):
+        assert_close(g, r, dtype, name)
+
+    def cost(X, W, y0, c0):
+        Y, C, H, d = native_lstm2_forward(X, W, y0, c0, dat["i"], start, step)
+        return (Y * DY).sum() + (C * DC).sum() + (d * Dd).sum()
+
+    for name, g, r in zip(["DX", "DW", "Dy0", "Dc0"], grads, numeric_grad(cost, vals[:4], range(4))):
+        assert_close(g, r, dtype, name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("start,step", DIRECTIONS)
+def test_lstm_lowmem_against_reference(dtype, start, step):
+    T, B, n_in, n = 6, 3, 3, 2
+    dat = lowmem_data(T, B, n_in, n, seed=start + 3 * abs(step) + (step < 0))
+    vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    outs, grads = run_op_with_grads(LstmLowMem.make_op(), vals, 5, [DY, DC, Dd], dtype, scalar_args=(start, step))
+    ref = lstm_lowmem_forward(*vals, start, step)
+    for name, g, r in zip("YCd", outs, ref):
+        assert_close(g, r, dtype, name)
+
+    def cost(X, W, b, y0, c0):
+        Y, C, d = lstm_lowmem_forward(X, W, b, y0, c0, dat["i"], start, step)
+        return (Y * DY).sum() + (C * DC).sum() + (d * Dd).sum()
+
+    # masked frames (the hole in sequence 1) included: the gradient must match finite differences
+    for name, g, r in zip(["DX", "DW", "Db", "Dy0", "Dc0"], grads, numeric_grad(cost, vals[:5], range(5))):
+        assert_close(g, r, dtype, name)
+
+
+def test_lowmem_step_back_rule_and_no_frames():
+    """step < 0 runs from T-1-start down to start; with start > (T-1)/2 nothing runs and d = c0."""
+    T, B, n_in, n = 5, 2, 2, 2
+    dat = lowmem_data(T, B, n_in, n)
+    vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
+    op = LstmLowMem.make_op()
+    syms = [sym_like(f"in{k}", v, "float64") for k, v in enumerate(vals)]
+    st = pt.iscalar("start")
+    f = pytensor.function([*syms, st], op(*syms, st, pt.constant(np.int32(-1))))
+    Y, C, d = f(*vals, 1)
+    assert np.all(Y[0] == 0) and np.all(Y[4] == 0) and np.any(Y[1:4] != 0)
+    Y, C, d = f(*vals, 3)
+    np.testing.assert_array_equal(d, dat["c0"])
+    assert not Y.any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_twod_lstm_against_reference(dtype):
+    h, w, B, n_in, n = 3, 4, 3, 2, 2
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(h, w, B, n_in))
+    V_h, V_v = rng.normal(size=(n, 5 * n)) * 0.5, rng.normal(size=(n, 5 * n)) * 0.5
+    W, b = rng.normal(size=(n_in, 5 * n)), rng.normal(size=(5 * n,))
+    sizes = np.array([[3, 4], [2, 3], [1, 2]], dtype=np.float64)
+    init = rng.normal(size=(1, w, B, 5 * n))
+    DY = cotangents([(h, w, B, n)])[0]
+    syms = [sym_like(k, v, dtype) for k, v in zip(["X", "V_h", "V_v", "W", "b"], [X, V_h, V_v, W, b])]
+    s_sizes, s_init = pt.matrix("sizes", dtype=dtype), pt.tensor4("init", dtype=dtype)
+    Y, H = twod_lstm(*syms, s_sizes, initial_state=s_init)
+    grads = pytensor.grad((Y * DY.astype(dtype)).sum(), syms)
+    f = pytensor.function([*syms, s_sizes, s_init], [Y, H, *grads])
+    got = f(*[a.astype(dtype) for a in (X, V_h, V_v, W, b, sizes, init)])
+    ref = twod_lstm_forward(X, V_h, V_v, W, b, sizes, init)
+    assert_close(got[0], ref[0], dtype, "CompleteY")
+    assert_close(got[1], ref[1], dtype, "H")
+    assert not got[0][2, :, 1].any() and not got[0][:, 3, 1].any()  # invalid cells output 0
+
+    def cost(X, V_h, V_v, W, b):
+        return (twod_lstm_forward(X, V_h, V_v, W, b, sizes, init)[0] * DY).sum()
+
+    ref_grads = numeric_grad(cost, [X, V_h, V_v, W, b], range(5))
+    for name, g, r in zip(["DX", "DV_h", "DV_v", "DW", "Db"], got[2:], ref_grads):
+        assert_close(g, r, dtype, name)
+
+
+def test_twod_lstm_initial_output_iteration():
+    """iteration >= 1: the row above row 0 is initialOutput (h = 1); gradients include its V_v term."""
+    h, w, B, n_in, n = 1, 3, 2, 2, 2
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(h, w, B, n_in))
+    V_h, V_v = rng.normal(size=(n, 5 * n)) * 0.5, rng.normal(size=(n, 5 * n)) * 0.5
+    W, b = rng.normal(size=(n_in, 5 * n)), rng.normal(size=(5 * n,))
+    sizes = np.array([[1, 3], [1, 2]], dtype=np.float64)
+    init, init_out = rng.normal(size=(1, w, B, 5 * n)), rng.normal(size=(1, w, B, n))
+    syms = [sym_like(k, v, "float64") for k, v in zip(["X", "V_h", "V_v", "W", "b"], [X, V_h, V_v, W, b])]
+    Y, H = twod_lstm(*syms, pt.constant(sizes), pt.constant(init), pt.constant(init_out), iteration=1)
+    gv = pytensor.grad(Y.sum(), syms[2])
+    got_y, got_gv = pytensor.function(syms, [Y, gv])(X, V_h, V_v, W, b)
+    np.testing.assert_allclose(got_y, twod_lstm_forward(X, V_h, V_v, W, b, sizes, init, init_out, 1.0)[0],
+                               rtol=1e-10, atol=1e-12)
+    ref_gv = numeric_grad(lambda V: twod_lstm_forward(X, V_h, V, W, b, sizes, init, init_out, 1.0)[0].sum(),
+                          [V_v], [0])[0]
+    np.testing.assert_allclose(got_gv, ref_gv, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="TwoDLSTM.*check failed"):
+        X2 = np.concatenate([X, X])
+        Y2, _ = twod_lstm(pt.constant(X2), *syms[1:], pt.constant(sizes), pt.constant(init), pt.constant(init_out),
+                          iteration=1)
+        pytensor.function(syms[1:], Y2)(V_h, V_v, W, b)
+
+
+def test_verify_grad_float64_all_ops():
+    rng = np.random.default_rng(21)
+    T, B, n, n_in = 4, 3, 2, 3
+    d2 = lstm2_data(T, B, n, seed=1)
+    for start, step in [(0, 1), (0, -1)]:
+        def cost2(X, W, y0, c0, start=start, step=step):
+            Y, C, H, d = NativeLstm2.make_op()(X, W, y0, c0, pt.constant(d2["i"]), pt.constant(np.int32(start)),
+                                               pt.constant(np.int32(step)))
+            return (Y ** 2).sum() + (C * 0.3).sum() + (d * np.arange(n)).sum()
+
+        verify_grad(cost2, [d2[k] for k in ("X", "W", "y0", "c0")], rng=rng)
+    dl = lowmem_data(T, B, n_in, n, seed=2)
+
+    def costl(X, W, b, y0, c0):
+        Y, C, d = LstmLowMem.make_op()(X, W, b, y0, c0, pt.constant(dl["i"]), pt.constant(np.int32(0)),
+                                       pt.constant(np.int32(-1)))
+        return (Y ** 2).sum() + (C * 0.3).sum() + (d * np.arange(n)).sum()
+
+    verify_grad(costl, [dl[k] for k in ("X", "W", "b", "y0", "c0")], rng=rng)
+    sizes = np.array([[2, 3], [1, 2]], dtype=np.float64)
+
+    def costt(X, V_h, V_v, W, b):
+        return (twod_lstm(X, V_h, V_v, W, b, pt.constant(sizes))[0] ** 2).sum()
+
+    verify_grad(costt, [rng.normal(size=(2, 3, 2, 2)), rng.normal(size=(2, 10)) * 0.5, rng.normal(size=(2, 10)) * 0.5,
+                        rng.normal(size=(2, 10)), rng.normal(size=(10,))], rng=rng)
+
+
+# ---------------------------------------------------------------------- lstm_cell (chainer's shapes)
+CELL_SHAPES = [((10, 3), (10, 12)), ((20, 32, 4), (16, 128, 4)), ((32, 100, 3, 5), (32, 400, 3, 5)),
+               ((16, 20), (2, 80)), ((16, 20), (0, 80)), ((0, 0), (0, 0)), ((8, 0), (2, 0))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("c_shape,x_shape", CELL_SHAPES)
+def test_lstm_cell_forward_and_backward(dtype, c_shape, x_shape):
+    rng = np.random.default_rng(len(c_shape) + c_shape[0])
+    cv, xv = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, x_shape)
+    gcv, ghv = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, (x_shape[0],) + c_shape[1:])
+    c_prev, x = pt.tensor("c", dtype=dtype, shape=(None,) * len(c_shape)), pt.tensor("x", dtype=dtype,
+                                                                                      shape=(None,) * len(x_shape))
+    c, h = lstm_cell(c_prev, x)
+    cost = (c * gcv.astype(dtype)).sum() + (h * ghv.astype(dtype)).sum()
+    f = pytensor.function([c_prev, x], [c, h, *pytensor.grad(cost, [c_prev, x])])
+    c_before, x_before = cv.astype(dtype), xv.astype(dtype)
+    got = f(c_before, x_before)
+    rc, rh = lstm_cell_forward(cv, xv)
+    assert got[0].shape == c_shape and got[1].shape == rh.shape
+    assert_close(got[0], rc, dtype, "c", scale=1)
+    assert_close(got[1], rh, dtype, "h", scale=1)
+    if cv.size + xv.size <= 400:  # finite differences on the small cases
+        num = numeric_grad(lambda a, b: (lstm_cell_forward(a, b)[0] * gcv).sum() + (lstm_cell_forward(a, b)[1]
+                                                                                      * ghv).sum(), [cv, xv], [0, 1])
+        assert_close(got[2], num[0], dtype, "gc_prev")
+        assert_close(got[3], num[1], dtype, "gx")
+
+
+def test_lstm_cell_double_backward():
+    """pytensor.grad of an expression of the first gradients, against finite differences of the
+    analytic first gradients; every input of the gradient op (c, gc, gh included) covered."""
+    rng = np.random.default_rng(3)
+    for c_shape, x_shape in [((4, 3), (3, 12)), ((3, 2, 2), (3, 8, 2))]:
+        cv, xv = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, x_shape)
+        wc, wh = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, (x_shape[0],) + c_shape[1:])
+        u1, u2 = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, x_shape)
+        c_prev, x = pt.tensor("c", shape=(None,) * len(c_shape)), pt.tensor("x", shape=(None,) * len(x_shape))
+        c, h = lstm_cell(c_prev, x)
+        g_c, g_x = pytensor.grad((c * wc).sum() + (h * wh).sum(), [c_prev, x])
+        second = (g_c * u1).sum() + (g_x * u2).sum() + (g_x ** 2).sum()
+        gg = pytensor.grad(second, [c_prev, x])
+        f = pytensor.function([c_prev, x], gg)
+        assert not any(isinstance(nd.op, pytensor.tensor.elemwise.Elemwise) and nd.op.scalar_op.__class__.__name__
+                       in ("Tanh", "Sigmoid") for nd in f.maker.fgraph.toposort())
+        assert any(isinstance(nd.op, NativeOp) and nd.op.name == "LstmCellGradGrad" for nd in f.maker.fgraph.toposort())
+        got = f(cv, xv)
+
+        def first(a, b):
+            gsym = pytensor.function([c_prev, x], [g_c, g_x])
+            return gsym(a, b)
+
+        fg = pytensor.function([c_prev, x], second)
+        num = numeric_grad(lambda a, b: float(fg(a, b)), [cv, xv], [0, 1], eps=1e-5)
+        np.testing.assert_allclose(got[0], num[0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got[1], num[1], rtol=1e-5, atol=1e-7)
+        del first
+
+
+def test_lstm_cell_grad_op_second_order_all_inputs():
+    """LstmCellGrad alone (c independent of c_prev and x, as in chainer's TestLSTMGrad), verify_grad of
+    its outputs w.r.t. all five inputs, with a shrinking batch."""
+    rng = np.random.default_rng(12)
+    for bx in (3, 2):  # (batch 0: see test_lstm_cell_forward_and_backward)
+        vals = [rng.uniform(-1, 1, (3, 2, 4)), rng.uniform(-1, 1, (bx, 8, 4)), rng.uniform(-1, 1, (3, 2, 4)),
+                rng.uniform(-1, 1, (3, 2, 4)), rng.uniform(-1, 1, (bx, 2, 4))]
+        w1, w2 = rng.uniform(-1, 1, (3, 2, 4)), rng.uniform(-1, 1, (bx, 8, 4))
+
+        def cost(*args):
+            g1, g2 = LstmCellGrad.make_op()(*args)
+            return (g1 * w1).sum() + (g2 * w2).sum()
+
+        verify_grad(cost, vals, rng=rng)
+
+
+def test_lstm_cell_bad_input():
+    with pytest.raises(ValueError, match="4 \\* c_prev"):
+        lstm_cell(pt.matrix(shape=(2, 3)), pt.matrix(shape=(2, 10)))
+    with pytest.raises(ValueError, match="ndim"):
+        lstm_cell(pt.matrix(), pt.tensor3())
+    with pytest.raises(TypeError):
+        lstm_cell(pt.imatrix(), pt.imatrix())
+    c_prev, x = pt.matrix("c"), pt.matrix("x")
+    f = pytensor.function([c_prev, x], lstm_cell(c_prev, x))
+    with pytest.raises(ValueError, match="LstmCell.*check failed"):
+        f(np.zeros((2, 3)), np.zeros((3, 12)))  # len(x) > len(c_prev)
+
+
+# ---------------------------------------------------------------------- lstm() layer helper
+def ref_layer(xv, W_in, W_rec, b, y0, c0, mask, direction, impl):
+    T = xv.shape[0]
+    if impl == "native2":
+        Y, C, H, d = native_lstm2_forward(xv @ W_in + b, W_rec, y0, c0, mask, 0, direction)
+    else:
+        Y, C, d = lstm_lowmem_forward(xv, np.concatenate([W_in, W_rec]), b, y0, c0, mask, 0, direction)
+    final_y = y0.copy()
+    order = range(T) if direction == 1 else range(T - 1, -1, -1)
+    for t in order:
+        final_y = np.where(mask[t][:, None] > 0, Y[t], final_y)
+    return Y, d, final_y
+
+
+@pytest.mark.parametrize("impl", ["native2", "lowmem"])
+@pytest.mark.parametrize("direction", [1, -1])
+def test_lstm_layer_helper(impl, direction):
+    T, B, n_in, n = 5, 4, 3, 2
+    rng = np.random.default_rng(direction + 7)
+    xv, W_in, W_rec = rng.normal(size=(T, B, n_in)), rng.normal(size=(n_in, 4 * n)), rng.normal(size=(n, 4 * n))
+    b, y0, c0 = rng.normal(size=(4 * n,)), rng.normal(size=(B, n)), rng.normal(size=(B, n))
+    mask = ragged_mask(T, B, rng)
+    mask[:, 3] = 0.0  # a sequence without frames: final_y = y0, final_c = c0
+    syms = [sym_like(k, v, "float64") for k, v in zip(["x", "W_in", "W_rec", "b", "y0", "c0", "m"],
+                                                    [xv, W_in, W_rec, b, y0, c0, mask])]
+    outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], direction=direction, impl=impl)
+    grads = pytensor.grad(sum((o * (k + 1)).sum() for k, o in enumerate(outs)), syms[:6])
+    got = pytensor.function(syms, [*outs, *grads])(xv, W_in, W_rec, b, y0, c0, mask)
+    vals = [xv, W_in, W_rec, b, y0, c0]
+    for name, g, r in zip(["Y", "final_c", "final_y"], got, ref_layer(*vals, mask, direction, impl)):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12, err_msg=name)
+    np.testing.assert_array_equal(got[1][3], c0[3])
+    np.testing.assert_array_equal(got[2][3], y0[3])
+
+    def cost(*a):
+        return sum((o * (k + 1)).sum() for k, o in enumerate(ref_layer(*a, mask, direction, impl)))
+
+    for g, r in zip(got[3:], numeric_grad(cost, vals, range(6))):
+        np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+
+
+def test_lstm_layer_helper_defaults_and_errors():
+    x = pt.tensor3("x", dtype="float32")
+    W_in, W_rec, b = pt.matrix(dtype="float32"), pt.matrix(dtype="float32"), pt.vector(dtype="float32")
+    Y, c, y = lstm(x, W_in, W_rec, b)
+    f = pytensor.function([x, W_in, W_rec, b], [Y, c, y])
+    rng = np.random.default_rng(0)
+    vals = [rng.normal(size=s).astype("float32") for s in [(3, 2, 4), (4, 8), (2, 8), (8,)]]
+    Yv, cv, yv = f(*vals)
+    ref = ref_layer(*vals, np.zeros((2, 2)), np.zeros((2, 2)), np.ones((3, 2)), 1, "native2")
+    assert Yv.dtype == np.float32
+    np.testing.assert_allclose(Yv, ref[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(yv, Yv[-1], rtol=1e-6)
+    with pytest.raises(ValueError, match="impl"):
+        lstm(x, W_in, W_rec, b, impl="cudnn")
+    with pytest.raises(ValueError, match="direction"):
+        lstm(x, W_in, W_rec, b, direction=2)
+    with pytest.raises(ValueError, match="ndim"):
+        lstm(x, W_in, W_rec, W_in)
+
+
+# ---------------------------------------------------------------------- modes, shapes, edge cases
+def _all_ops_graph():
+    """One graph using every new op (forward and gradient), float64."""
+    T, B, n, n_in = 4, 3, 2, 3
+    d2, dl = lstm2_data(T, B, n, seed=5), lowmem_data(T, B, n_in, n, seed=6)
+    rng = np.random.default_rng(2)
+    X, W, y0, c0 = pt.tensor3("X"), pt.matrix("W"), pt.matrix("y0"), pt.matrix("c0")
+    i = pt.matrix("i")
+    Xl, Wl, bl = pt.tensor3("Xl"), pt.matrix("Wl"), pt.vector("bl")
+    Y2, C2, H2, d2o = NativeLstm2.make_op()(X, W, y0, c0, i, pt.constant(np.int32(0)), pt.constant(np.int32(-1)))
+    Yl, Cl, dl_o = LstmLowMem.make_op()(Xl, Wl, bl, y0, c0, i, pt.constant(np.int32(0)), pt.constant(np.int32(1)))
+    X4, Vh, Vv, W4, b4 = pt.tensor4("X4"), pt.matrix("Vh"), pt.matrix("Vv"), pt.matrix("W4"), pt.vector("b4")
+    Yt, Ht = twod_lstm(X4, Vh, Vv, W4, b4, pt.constant(np.array([[2.0, 3.0], [1.0, 2.0]])))
+    cp, xc = pt.matrix("cp"), pt.matrix("xc")
+    cc, hc = lstm_cell(cp, xc)
+    g_cell = pytensor.grad((cc ** 2).sum() + hc.sum(), [cp, xc])
+    gg_cell = pytensor.grad((g_cell[1] ** 2).sum(), cp)
+    cost = (Y2 ** 2).sum() + d2o.sum() + (Yl ** 2).sum() + dl_o.sum() + (Yt ** 2).sum()
+    grads = pytensor.grad(cost, [X, W, y0, c0, Xl, Wl, bl, X4, Vh, Vv, W4, b4])
+    inputs = [X, W, y0, c0, i, Xl, Wl, bl, X4, Vh, Vv, W4, b4, cp, xc]
+    values = [d2["X"], d2["W"], d2["y0"], d2["c0"], d2["i"], dl["X"], dl["W"], dl["b"],
+              rng.normal(size=(2, 3, 2, 2)), rng.normal(size=(2, 10)), rng.normal(size=(2, 10)),
+              rng.normal(size=(2, 10)), rng.normal(size=(10,)), rng.normal(size=(4, 2)), rng.normal(size=(3, 8))]
+    return inputs, [Y2, C2, H2, d2o, Yl, Cl, dl_o, Yt, Ht, cc, hc, *g_cell, gg_cell, *grads], values
+
+
+def test_new_ops_modes_agree():
+    inputs, outputs, values = _all_ops_graph()
+    results = [pytensor.function(inputs, outputs, mode=m)(*values) for m in [None, "C", "CVM", "FAST_COMPILE"]]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_new_ops_infer_shape():
+    inputs, outputs, values = _all_ops_graph()
+    check_infer_shape(inputs, outputs[:11], values, NativeOp)
+
+
+def test_new_ops_empty_time_and_batch(mode):
+    n, n_in = 2, 3
+    X, W, y0, c0, i = pt.tensor3("X"), pt.matrix("W"), pt.matrix("y0"), pt.matrix("c0"), pt.matrix("i")
+    Xl, Wl, bl = pt.tensor3("Xl"), pt.matrix("Wl"), pt.vector("bl")
+    zero, minus = pt.constant(np.int32(0)), pt.constant(np.int32(-1))
+    Y2, C2, H2, d2 = NativeLstm2.make_op()(X, W, y0, c0, i, zero, minus)
+    Yl, Cl, dl = LstmLowMem.make_op()(Xl, Wl, bl, y0, c0, i, zero, minus)
+    g = pytensor.grad(Y2.sum() + 2 * d2.sum() + Yl.sum() + 3 * dl.sum(), [X, W, y0, c0, Xl, Wl, bl])
+    f = pytensor.function([X, W, y0, c0, i, Xl, Wl, bl], [Y2, d2, dl, *g], mode=mode)
+    for T, B in [(0, 2), (3, 0)]:
+        c0v = np.arange(B * n, dtype=np.float64).reshape(B, n)
+        res = f(np.zeros((T, B, 4 * n)), np.ones((n, 4 * n)), np.ones((B, n)), c0v, np.ones((T, B)),
+                np.zeros((T, B, n_in)), np.ones((n_in + n, 4 * n)), np.ones(4 * n))
+        Yv, d2v, dlv, gX, gW, gy0, gc0, gXl, gWl, gbl = res
+        assert Yv.shape == (T, B, n) and gX.shape == (T, B, 4 * n) and gXl.shape == (T, B, n_in)
+        np.testing.assert_array_equal(d2v, c0v)
+        np.testing.assert_array_equal(dlv, c0v)
+        np.testing.assert_array_equal(gc0, 5 * np.ones((B, n)))
+        assert not gW.any() and not gy0.any() and not gWl.any() and not gbl.any()
+    # TwoDLSTM with an empty grid
+    X4 = pt.tensor4("X4")
+    Yt, Ht = twod_lstm(X4, np.ones((n, 5 * n)), np.ones((n, 5 * n)), np.ones((n_in, 5 * n)), np.ones(5 * n),
+                       pt.matrix("sizes"))
+    gt = pytensor.grad(Yt.sum(), X4)
+    ft = pytensor.function([X4, Yt.owner.inputs[10]], [Yt, gt], mode=mode)
+    for shape in [(0, 3, 2, n_in), (2, 3, 0, n_in)]:
+        yv, gv = ft(np.zeros(shape), np.zeros((shape[2], 2)))
+        assert yv.shape == shape[:3] + (n,) and gv.shape == shape
+
+
+def test_new_ops_bad_input(mode):
+    X, W, y0, c0, i = pt.tensor3("X"), pt.matrix("W"), pt.matrix("y0"), pt.matrix("c0"), pt.matrix("i")
+    start, step = pt.iscalar("start"), pt.iscalar("step")
+    outs = NativeLstm2.make_op()(X, W, y0, c0, i, start, step)
+    f = pytensor.function([X, W, y0, c0, i, start, step], outs, mode=mode)
+    d = lstm2_data(3, 2, 2)
+    args = [d[k] for k in ("X", "W", "y0", "c0", "i")]
+    for bad_start, bad_step in [(3, 1), (-1, 1), (0, 0)]:
+        with pytest.raises(ValueError, match="NativeLstm2.*check failed"):
+            f(*args, bad_start, bad_step)
+    with pytest.raises(ValueError, match="NativeLstm2.*check failed"):
+        f(args[0], args[1][:1], *args[2:], 0, 1)
+    Xl, Wl, bl = pt.tensor3("Xl"), pt.matrix("Wl"), pt.vector("bl")
+    fl = pytensor.function([Xl, Wl, bl, y0, c0, i, start, step],
+                           LstmLowMem.make_op()(Xl, Wl, bl, y0, c0, i, start, step), mode=mode)
+    dl = lowmem_data(3, 2, 3, 2)
+    argl = [dl[k] for k in ("X", "W", "b", "y0", "c0", "i")]
+    with pytest.raises(ValueError, match="LstmLowMem.*check failed"):
+        fl(*argl, 5, 1)
+    with pytest.raises(ValueError, match="LstmLowMem.*check failed"):
+        fl(argl[0], argl[1][1:], *argl[2:], 0, 1)
+    with pytest.raises(TypeError):
+        NativeLstm2.make_op()(X, W, y0, c0, i, start, pt.fscalar())  # float step
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_new_lstm_kernels_compile_with_nvcc(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    for cls in (NativeLstm2, LstmLowMem, TwoDLSTM, LstmCell, LstmCellGrad, LstmCellGradGrad):
+        op = cls.make_op()
+        for o in ((op, op.grad_op()) if op.c_bw_code else (op,)):
+            path = ptnative.build.build(o.variant("float32", device="cuda"))
+            assert path.exists() and path.stat().st_size > 0

@@ -3,9 +3,9 @@ Python (calling the entry point through ctypes) and under Numba (calling it
 as an ``ExternalFunction``): one text, so both paths behave the same.
 
 It makes ``need_contiguous`` inputs contiguous, checks int shape entries,
-allocates the outputs (zeroed; a ``want_inplace`` output starts as a copy of
-its input, or is the input itself when the op destroys it), calls the entry
-point and raises ``ValueError`` / ``RuntimeError`` with the kernel's message.
+allocates the outputs (uninitialised: the entry point zeroes them; a
+``want_inplace`` output starts as a copy of its input, or is the input itself
+when the op destroys it), calls the entry point and raises ``ValueError`` / ``RuntimeError`` with the kernel's message.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool 
             dims = [str(s) if isinstance(s, int) else f"i{s[0]}.shape[{s[1]}]" for s in info["shape"]]
             shape = "(" + "".join(d + ", " for d in dims) + ")"
             dtype = op.array_dtype(info, float_dtype)
-            lines.append(f"    o{k} = np.zeros({shape}, dtype=np.{dtype})")
+            lines.append(f"    o{k} = np.empty({shape}, dtype=np.{dtype})")  # zeroed by the entry point
     arrays = args + [f"o{k}" for k in range(n_out)]
     n = len(arrays)
     lines += [

@@ -31,8 +31,16 @@ from pytensor.tensor.special import log_softmax
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
 
-_FSA = {"fsa": read_kernel_file("fsa.cu")}
-_HMM = {"hmm": read_kernel_file("hmm.cu")}
+# support code is joined in sorted key order: the shared exp ("a_exp") comes first
+_EXP = read_kernel_file("fsa_exp.cu")
+_FSA = {"a_exp": _EXP, "fsa": read_kernel_file("fsa.cu")}
+_HMM = {"a_exp": _EXP, "hmm": read_kernel_file("hmm.cu")}
+
+
+def _hidden(name, shape):
+    """A float64 output that calling the op does not return (it feeds the gradient op)."""
+    return {"name": name, "ndim": len(shape), "shape": shape, "dtype": "float64", "need_contiguous": True,
+            "dummy": True}
 
 
 def _arr(name, ndim, dtype=None, shape=None, disc=True):
@@ -89,7 +97,7 @@ class FastBaumWelchOp(NativeOpGenBase):
     )
     c_extra_support_code = _FSA
     c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (2,)
 
 
 class MultiEndFastBaumWelchOp(NativeOpGenBase):
@@ -116,7 +124,7 @@ class MultiEndFastBaumWelchOp(NativeOpGenBase):
     out_info = FastBaumWelchOp.out_info
     c_extra_support_code = _FSA
     c_fw_code = "multi_end_fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (2,)
 
 
 class SegmentFastBaumWelchOp(NativeOpGenBase):
@@ -177,7 +185,7 @@ class SegmentFastBaumWelchOp(NativeOpGenBase):
     )
     c_extra_support_code = _FSA
     c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
-    code_version = (1,)
+    code_version = (2,)
 
     @classmethod
     def make_op(cls, segmentwise_normalization: bool = False, **kwargs) -> NativeOp:
@@ -214,7 +222,7 @@ class FastViterbiOp(NativeOpGenBase):
     )
     c_extra_support_code = _FSA
     c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (2,)
 
 
 class GetCtcFsaFastBwOp(NativeOpGenBase):
@@ -246,7 +254,7 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     )
     c_extra_support_code = _FSA
     c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (2,)
 
 
 class _LossWithGradOp(NativeOp):
@@ -292,7 +300,7 @@ class CtcFsaLossOp(NativeOpGenBase):
     )
     c_extra_support_code = _FSA
     c_fw_code = "fsa_ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (2,)
     op_class = _LossWithGradOp
 
 
@@ -301,7 +309,11 @@ class HmmForwardBackwardOp(NativeOpGenBase):
 
     Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
     ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask (no gradient).
-    Output: ``log_likelihood`` (B,).
+    Output: ``log_likelihood`` (B,).  Hidden outputs (float64, not returned by calling the
+    op; they feed the gradient op so that it does not repeat the forward pass): the scaled
+    forward vectors ``alpha`` (T, B, K), the per-step normalisers ``scales`` (T, B), and
+    ``status`` (B,): 0 scaled pass, 1 recomputed
+    in log space (``alpha`` then holds log-alphas), 2 no path.
     """
 
     in_info = (
@@ -311,13 +323,18 @@ class HmmForwardBackwardOp(NativeOpGenBase):
         _arr("log_final", 1, disc=False),
         _arr("mask", 2),
     )
-    out_info = ({"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},)
-    # gradient op inputs: the five inputs and the output's gradient
-    grad_input_map = (0, 1, 2, 3, 4, 6)
+    out_info = (
+        {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
+        _hidden("scales", ((0, 0), (0, 1))),
+        _hidden("status", ((0, 1),)),
+    )
+    # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
+    grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9)
     c_extra_support_code = _HMM
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
+    code_version = (3,)
 
 
 # ---------------------------------------------------------------------------------------- functional API

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from ..op import NativeOpGenBase
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type
+
+from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
+
+__all__ = [
+    "LstmGenericBase", "NativeLstm", "NativeLstm2", "LstmLowMem", "TwoDLSTM", "LstmCell", "LstmCellGrad",
+    "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
+]
 
 
 class LstmGenericBase(NativeOpGenBase):
@@ -56,3 +65,397 @@ class LstmGenericBase(NativeOpGenBase):
 
 #: RETURNN's name for :class:`LstmGenericBase`.
 NativeLstm = LstmGenericBase
+
+
+# ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
+# lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm.cu, c_code/lstm_cell.cu, c_code/twod_lstm.cu.
+
+_INT_SCALAR = {"ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"}
+
+
+class NativeLstm2(NativeOpGenBase):
+    """LSTM over precomputed input projections, with y0, direction and stride (RETURNN's NativeLstm2).
+
+    Inputs:
+      * ``X`` (T, B, 4n): input projections, gate blocks ``[cell-in | input | forget | output]``;
+      * ``W`` (n, 4n): recurrent matrix;
+      * ``y0``, ``c0`` (B, n): initial output and cell state;
+      * ``i`` (T, B): mask, 1 on valid frames, 0 on padding (no gradient);
+      * ``start``, ``step``: int32 scalars (no gradient).  ``step > 0`` visits ``start, start+step, ...
+        <= T-1``; ``step < 0`` visits ``T-1-start, T-1-start+step, ... >= 0``.  ``0 <= start < T`` and
+        ``step != 0`` are required when T > 0 (``ValueError`` otherwise).
+
+    Outputs:
+      * ``Y`` (T, B, n): ``o * tanh(c) * i``; 0 on masked and on unvisited frames;
+      * ``C`` (T, B, n): cell states; a masked frame carries the previous state;
+      * ``H`` (T, B, 4n): the activated gates ``[tanh(cell-in), sigma(in), sigma(forget), sigma(out)]`` on
+        visited frames, a copy of X elsewhere;
+      * ``d`` (B, n): the cell state after the last visited frame; ``c0`` when T = 0.
+
+    The recurrent input of a visited frame is the carried output: ``y_prev <- y + y_prev * (1 - i)``, so
+    the hidden state skips masked frames (unlike LstmGenericBase / LstmLowMem, which feed 0).
+
+    Gradients reach X, W, y0 and c0 from Y, C and d (exact for any mask; the gradient w.r.t. H is
+    ignored, as in RETURNN).  Float32 and float64.
+    """
+
+    in_info = (
+        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
+        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "y0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "c0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "i", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        dict(_INT_SCALAR, name="start"),
+        dict(_INT_SCALAR, name="step"),
+    )
+    out_info = (
+        {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
+        {"name": "C", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
+        {"name": "H", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 1)), "need_contiguous": True},
+        {"name": "d", "ndim": 2, "shape": ((0, 1), (1, 0)), "need_contiguous": True},
+    )
+
+    @classmethod
+    def grad_input_map(cls, X, W, y0, c0, i, start, step, Y, C, H, d, DY, DC, DH, Dd):
+        return X, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
+
+    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
+    c_fw_code = "native_lstm2_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "native_lstm2_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class LstmLowMem(NativeOpGenBase):
+    """LSTM with the input projection fused in, storing only Y and C (RETURNN's LstmLowMem); the
+    backward pass recomputes the gates.
+
+    Inputs:
+      * ``X`` (T, B, n_in); ``W`` (n_in + n, 4n): the input rows, then the recurrent rows; ``b`` (4n);
+      * ``y0``, ``c0`` (B, n); ``i`` (T, B) mask (no gradient); ``start``, ``step``: int32 scalars.
+
+    At a visited frame t: ``a = [X[t], Y[t_prev]] . W + b`` (``y0`` at the first visited frame), gates
+    as in NativeLstm2, ``c = (c_prev*f + tanh(a_c)*in) * i + c_prev * (1 - i)``, ``y = tanh(c) * o * i``.
+    A masked frame's Y is 0 and is the next frame's recurrent input (it is not carried).
+
+    Visited frames: ``step > 0``: ``start, start+step, ... <= T-1``; ``step < 0``: ``T-1-start,
+    T-1-start+step, ... >= start`` (RETURNN's rule; no frame when ``start > (T-1)/2``).  ``0 <= start < T``
+    and ``step != 0`` are required when T > 0.
+
+    Outputs: ``Y``, ``C`` (T, B, n) (0 on unvisited frames), ``d`` (B, n): the last visited frame's cell
+    state, ``c0`` if there is none (T = 0 included).  Gradients reach X, W, b, y0, c0 from Y, C and d,
+    exact on masked frames too.  Float32 and float64.
+    """
+
+    in_info = (
+        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
+        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "b", "ndim": 1, "shape": (None,), "need_contiguous": True},
+        {"name": "y0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "c0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "i", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        dict(_INT_SCALAR, name="start"),
+        dict(_INT_SCALAR, name="step"),
+    )
+    out_info = (
+        {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (4, 1)), "need_contiguous": True},
+        {"name": "C", "ndim": 3, "shape": ((0, 0), (0, 1), (4, 1)), "need_contiguous": True},
+        {"name": "d", "ndim": 2, "shape": ((0, 1), (4, 1)), "need_contiguous": True},
+    )
+
+    @classmethod
+    def grad_input_map(cls, X, W, b, y0, c0, i, start, step, Y, C, d, DY, DC, Dd):
+        return X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd
+
+    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
+    c_fw_code = "lstm_lowmem_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "lstm_lowmem_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class TwoDLSTM(NativeOpGenBase):
+    """2-D LSTM over (target time y) x (source time x) (RETURNN's TwoDLSTM), on the CPU and on CUDA.
+
+    Inputs (RETURNN's list; the scratch inputs are accepted with any shape and unused):
+      * ``X`` (h, w, B, n_in); ``V_h``, ``V_v`` (n, 5n): recurrent matrices from the left and from above;
+        ``W`` (n_in, 5n); ``b`` (5n);
+      * ``ptr_storage_fwd``, ``ptr_storage_bwd``, ``valid`` (1-D), ``workmem`` (5-D), ``workmem2`` (3-D),
+        ``DYDummy`` (4-D): scratch, unused;
+      * ``sizes`` (B, 2): (height, width) of each sequence pair; cell (y, x) is valid iff
+        ``y < sizes[b, 0] and x < sizes[b, 1]``;
+      * ``initialState`` (>=1, w, B, 5n): ``initialState[0, x, :, 4n:]`` is the state above row 0;
+      * ``initialOutput`` (>=1, w, B, n): the output above row 0 when ``iteration[0] >= 1`` (then h must
+        be 1); ``iteration`` (1-D, may be empty = 0).
+
+    Gate blocks along 5n: ``[input, forget, lambda, output, cell-in]``.  Cell (y, x):
+    ``a = b + X W + Y[y, x-1] V_h + Y[y-1, x] V_v``,
+    ``s = v * (i*tanh(a_c) + f*lambda*s_up + f*(1-lambda)*s_left)``, ``Y = v * o * tanh(s)``.
+
+    Outputs: ``CompleteY`` (h, w, B, n); ``H`` (h, w, B, 5n) = ``[i, f, lambda, o, s]`` per cell.
+    Gradients reach X, V_h, V_v, W and b (RETURNN leaves b untrained) from CompleteY; the gradient
+    w.r.t. H is ignored.  Float32 and float64.
+    """
+
+    in_info = (
+        {"name": "X", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True,
+         "bw_out_var": {"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}},
+        {"name": "V_h", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "V_v", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "b", "ndim": 1, "shape": (None,), "need_contiguous": True},
+        {"name": "ptr_storage_fwd", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "ptr_storage_bwd", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "valid", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "workmem", "ndim": 5, "shape": (None,) * 5, "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "workmem2", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "sizes", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "DYDummy", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True, "gradient": "disconnected"},
+        {"name": "initialState", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True,
+         "gradient": "disconnected"},
+        {"name": "initialOutput", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True,
+         "gradient": "disconnected"},
+        {"name": "iteration", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
+    )
+    out_info = (
+        {"name": "CompleteY", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (1, 0)), "need_contiguous": True},
+        {"name": "H", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (3, 1)), "need_contiguous": True},
+    )
+    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu"), "twod_lstm": read_kernel_file("twod_lstm.cu")}
+    c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "twod_lstm_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+# ---------------------------------------------------------------------- chainer's LSTM activation
+_CELL_SUPPORT = {"lstm": read_kernel_file("lstm.cu"), "lstm_cell": read_kernel_file("lstm_cell.cu")}
+
+
+class LstmCellGradGrad(NativeOpGenBase):
+    """Second derivative of :class:`LstmCell`: the cotangents ``(ggc_prev, ggx)`` of LstmCellGrad's
+    outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
+
+    in_info = tuple({"name": nm, "ndim": 3, "shape": (None,) * 3, "need_contiguous": True}
+                    for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
+    out_info = (
+        {"name": "g_c_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
+        {"name": "g_x", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
+        {"name": "g_c", "ndim": 3, "shape": ((2, 0), (2, 1), (2, 2))},
+        {"name": "g_gc", "ndim": 3, "shape": ((3, 0), (3, 1), (3, 2))},
+        {"name": "g_gh", "ndim": 3, "shape": ((4, 0), (4, 1), (4, 2))},
+    )
+    c_extra_support_code = _CELL_SUPPORT
+    c_fw_code = "lstm_cell_bw2(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class _LstmCellGradOp(NativeOp):
+    """LstmCellGrad's Op: its pullback is the native LstmCellGradGrad kernel."""
+
+    def pullback(self, inputs, outputs, cotangents):
+        ggc_prev, ggx = (pt.zeros_like(o) if isinstance(g.type, DisconnectedType) else g
+                         for g, o in zip(cotangents, outputs))
+        return LstmCellGradGrad.make_op()(*inputs, ggc_prev, ggx)
+
+    L_op = pullback
+
+
+class LstmCellGrad(NativeOpGenBase):
+    """Gradient of :class:`LstmCell`: ``(c_prev, x, c, gc, gh) -> (gc_prev, gx)``.  ``c`` is an input of
+    its own (the forward's c, not recomputed).  Differentiable once more (:class:`LstmCellGradGrad`)."""
+
+    in_info = tuple({"name": nm, "ndim": 3, "shape": (None,) * 3, "need_contiguous": True}
+                    for nm in ("c_prev", "x", "c", "gc", "gh"))
+    out_info = (
+        {"name": "gc_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
+        {"name": "gx", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
+    )
+    c_extra_support_code = _CELL_SUPPORT
+    c_fw_code = "lstm_cell_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LstmCellGradOp
+
+
+class _LstmCellOp(NativeOp):
+    """LstmCell's Op: its pullback is the (twice differentiable) LstmCellGrad op."""
+
+    def pullback(self, inputs, outputs, cotangents):
+        gc, gh = (pt.zeros_like(o) if isinstance(g.type, DisconnectedType) else g
+                  for g, o in zip(cotangents, outputs))
+        c_prev, x = inputs
+        return LstmCellGrad.make_op()(c_prev, x, outputs[0], gc, gh)
+
+    L_op = pullback
+
+
+class LstmCell(NativeOpGenBase):
+    """chainer's LSTM activation on 3-D arrays: ``c_prev`` (Bc, H, R), ``x`` (Bx, 4H, R), Bx <= Bc, the
+    gates of unit j interleaved as ``x[:, 4*j + g]`` for g in (a, i, f, o).  Outputs ``c`` (Bc, H, R):
+    ``tanh(a)*sigma(i) + sigma(f)*c_prev`` on the first Bx rows, ``c_prev`` on the others; ``h`` (Bx, H, R):
+    ``sigma(o) * tanh(c)``.  Use :func:`lstm_cell` for any number of trailing dimensions."""
+
+    in_info = (
+        {"name": "c_prev", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True},
+        {"name": "x", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True},
+    )
+    out_info = (
+        {"name": "c", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
+        {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))},
+    )
+    c_extra_support_code = _CELL_SUPPORT
+    c_fw_code = "lstm_cell_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LstmCellOp
+
+
+def lstm_cell(c_prev, x):
+    """chainer's LSTM activation: ``lstm_cell(c_prev, x) -> (c, h)``.
+
+    Parameters
+    ----------
+    c_prev : tensor (Bc, H, *rest), float32 or float64
+        The previous cell state.
+    x : tensor (Bx, 4H, *rest), same dtype and ndim, ``Bx <= Bc``
+        Pre-activations with the gates of unit j **interleaved**: ``x[:, 4*j + g]`` for
+        g = 0 (cell input a, tanh), 1 (input gate i), 2 (forget gate f), 3 (output gate o).
+
+    Returns
+    -------
+    c : tensor (Bc, H, *rest)
+        ``tanh(a) * sigmoid(i) + sigmoid(f) * c_prev[:Bx]`` on the first Bx rows; rows ``Bx:`` are
+        ``c_prev[Bx:]`` unchanged (a shrinking batch, as in chainer).
+    h : tensor (Bx, H, *rest)
+        ``sigmoid(o) * tanh(c[:Bx])``.
+
+    Both are differentiable twice (native kernels for the first and second derivative).  Zero-size
+    dimensions are allowed.  Raises ``ValueError`` for ndim < 2, mismatched ndim, a second dimension of
+    x that is not 4 * H, different trailing dimensions or (at run time) ``Bx > Bc``; ``TypeError`` for
+    non-floating inputs.
+    """
+    c_prev = pt.as_tensor_variable(c_prev)
+    x = pt.as_tensor_variable(x)
+    for name, v in (("c_prev", c_prev), ("x", x)):
+        if not v.dtype.startswith("float"):
+            raise TypeError(f"lstm_cell: {name} must be float32 or float64, got {v.dtype}")
+    if c_prev.ndim < 2 or x.ndim != c_prev.ndim:
+        raise ValueError(f"lstm_cell: c_prev and x need the same ndim >= 2, got {c_prev.ndim} and {x.ndim}")
+    sc, sx = c_prev.type.shape, x.type.shape
+    if sc[1] is not None and sx[1] is not None and sx[1] != 4 * sc[1]:
+        raise ValueError(f"lstm_cell: x.shape[1] must be 4 * c_prev.shape[1], got {sx[1]} and {sc[1]}")
+    if sc[0] is not None and sx[0] is not None and sx[0] > sc[0]:
+        raise ValueError(f"lstm_cell: len(x) = {sx[0]} must not exceed len(c_prev) = {sc[0]}")
+    for k in range(2, c_prev.ndim):
+        if sc[k] is not None and sx[k] is not None and sc[k] != sx[k]:
+            raise ValueError(f"lstm_cell: trailing dimension {k} differs: {sc[k]} vs {sx[k]}")
+    from pytensor.scalar import upcast
+    dtype = upcast(c_prev.dtype, x.dtype)
+    c_prev, x = pt.cast(c_prev, dtype), pt.cast(x, dtype)
+    rest = [c_prev.shape[k] for k in range(2, c_prev.ndim)]
+    r = pt.prod(pt.stack(rest)) if rest else 1
+    c3 = c_prev.reshape((c_prev.shape[0], c_prev.shape[1], r))
+    x3 = x.reshape((x.shape[0], x.shape[1], r))
+    c, h = LstmCell.make_op()(c3, x3)
+    c = c.reshape(c_prev.shape)
+    h = h.reshape((x.shape[0], c_prev.shape[1], *rest))
+    return c, h
+
+
+# ---------------------------------------------------------------------- layer helper
+def _int32(v):
+    return pt.constant(np.int32(v)) if isinstance(v, int | np.integer) else pt.cast(v, "int32")
+
+
+def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):
+    """A whole LSTM layer: ``(Y, final_c, final_y) = lstm(x, W_in, W_rec, b, ...)``.
+
+    Parameters
+    ----------
+    x : tensor (T, B, n_in), float32 or float64
+    W_in : (n_in, 4n) input weights; ``W_rec`` : (n, 4n) recurrent weights; ``b`` : (4n,) bias.
+        Gate blocks along 4n: ``[cell-in | input | forget | output]``.
+    y0, c0 : (B, n), optional
+        Initial output and cell state (zeros by default).
+    mask : (T, B), optional
+        1 on valid frames, 0 on padding (all ones by default).
+    direction : 1 or -1
+        1 runs t = 0..T-1, -1 runs t = T-1..0.
+    impl : "native2" or "lowmem"
+        ``"native2"``: ``X = x . W_in + b`` as one GEMM, then :class:`NativeLstm2` (fastest; stores the
+        gates).  ``"lowmem"``: :class:`LstmLowMem` with ``W = [W_in; W_rec]`` (stores only Y and C and
+        recomputes the gates in the backward pass).  They agree whenever no masked frame precedes a
+        valid one in the direction of travel or ``y0`` is 0: NativeLstm2 carries the last output across
+        masked frames, LstmLowMem feeds 0 after one.
+
+    Returns
+    -------
+    Y : (T, B, n)
+        Outputs, 0 on masked frames.
+    final_c : (B, n)
+        The cell state after the last frame (masked frames carry it; ``c0`` when T = 0).
+    final_y : (B, n)
+        The output at each sequence's last unmasked frame in the direction of travel; ``y0`` for a
+        sequence without one.
+
+    Raises ``ValueError`` for a bad ``direction`` / ``impl`` or mismatched ndims, ``TypeError`` for
+    non-floating ``x``.  Differentiable w.r.t. x, W_in, W_rec, b, y0 and c0.
+    """
+    if impl not in ("native2", "lowmem"):
+        raise ValueError(f"lstm: impl must be 'native2' or 'lowmem', got {impl!r}")
+    if direction not in (1, -1):
+        raise ValueError(f"lstm: direction must be 1 or -1, got {direction!r}")
+    x = pt.as_tensor_variable(x)
+    if not x.dtype.startswith("float"):
+        raise TypeError(f"lstm: x must be float32 or float64, got {x.dtype}")
+    W_in, W_rec, b = (pt.as_tensor_variable(v) for v in (W_in, W_rec, b))
+    for name, v, nd in (("x", x, 3), ("W_in", W_in, 2), ("W_rec", W_rec, 2), ("b", b, 1)):
+        if v.ndim != nd:
+            raise ValueError(f"lstm: {name} must have ndim {nd}, got {v.ndim}")
+    from pytensor.scalar import upcast
+    dtype = upcast(x.dtype, W_in.dtype, W_rec.dtype, b.dtype)
+    x, W_in, W_rec, b = (pt.cast(v, dtype) for v in (x, W_in, W_rec, b))
+    T, B = x.shape[0], x.shape[1]
+    n = W_rec.shape[0]
+    y0 = pt.zeros((B, n), dtype=dtype) if y0 is None else pt.cast(pt.as_tensor_variable(y0), dtype)
+    c0 = pt.zeros((B, n), dtype=dtype) if c0 is None else pt.cast(pt.as_tensor_variable(c0), dtype)
+    mask = pt.ones((T, B), dtype=dtype) if mask is None else pt.cast(pt.as_tensor_variable(mask), dtype)
+    for name, v, nd in (("y0", y0, 2), ("c0", c0, 2), ("mask", mask, 2)):
+        if v.ndim != nd:
+            raise ValueError(f"lstm: {name} must have ndim {nd}, got {v.ndim}")
+    start, step = _int32(0), _int32(direction)
+    if impl == "native2":
+        X = (pt.dot(x.reshape((T * B, x.shape[2])), W_in) + b).reshape((T, B, 4 * n))
+        Y, _, _, final_c = NativeLstm2.make_op()(X, W_rec, y0, c0, mask, start, step)
+    else:
+        W = pt.concatenate([W_in, W_rec], axis=0)
+        Y, _, final_c = LstmLowMem.make_op()(x, W, b, y0, c0, mask, start, step)
+    # weight of frame t: 1 at each sequence's last valid frame in the direction of travel
+    valid = pt.gt(mask, 0).astype(dtype)
+    later = valid[::-1].cumsum(axis=0)[::-1] - valid if direction == 1 else valid.cumsum(axis=0) - valid
+    last = valid * pt.eq(later, 0).astype(dtype)
+    final_y = (Y * last[:, :, None]).sum(axis=0) + y0 * (1 - last.sum(axis=0))[:, None]
+    return Y, final_c, final_y
+
+
+def twod_lstm(X, V_h, V_v, W, b, sizes, initial_state=None, initial_output=None, iteration=0):
+    """:class:`TwoDLSTM` without the scratch inputs: returns ``(CompleteY, H)``.
+
+    ``X`` (h, w, B, n_in); ``V_h``, ``V_v`` (n, 5n); ``W`` (n_in, 5n); ``b`` (5n); ``sizes`` (B, 2) with the
+    (height, width) of each pair; ``initial_state`` (1, w, B, 5n) (zeros by default; only its last n
+    columns are used); ``initial_output`` (1, w, B, n), used above row 0 when ``iteration >= 1`` (then
+    h must be 1).  See :class:`TwoDLSTM` for the recurrence.
+    """
+    X = pt.as_tensor_variable(X)
+    if not X.dtype.startswith("float"):
+        raise TypeError(f"twod_lstm: X must be float32 or float64, got {X.dtype}")
+    if X.ndim != 4:
+        raise ValueError(f"twod_lstm: X must have ndim 4, got {X.ndim}")
+    V_h = pt.as_tensor_variable(V_h)
+    w, B, n = X.shape[1], X.shape[2], V_h.shape[0]
+    dt = X.dtype
+    if initial_state is None:
+        initial_state = pt.zeros((1, w, B, 5 * n), dtype=dt)
+    if initial_output is None:
+        initial_output = pt.zeros((1, w, B, n), dtype=dt)
+    e1 = pt.zeros((0,), dtype=dt)
+    it = pt.cast(pt.as_tensor_variable(iteration), dt).reshape((1,))
+    return TwoDLSTM.make_op()(X, V_h, V_v, W, b, e1, e1, e1, pt.zeros((0,) * 5, dtype=dt),
+                              pt.zeros((0,) * 3, dtype=dt), sizes, pt.zeros((0,) * 4, dtype=dt), initial_state,
+                              initial_output, it)

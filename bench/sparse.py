@@ -1,0 +1,166 @@
+"""Sparse-op benchmark: ptnative's batched index and COO ops vs the same work in numpy and in pytensor.
+
+Workloads (float32):
+  * subtensor_batched_index, forward + gradient, x (T=500, B=32, D=1000);
+  * sparse_to_dense, N=2000 entries per batch entry (with duplicates) into (T=500, B=32, D=1000);
+  * max_and_argmax_sparse, same entries;
+  * crossentropy_softmax_and_gradient_z_sparse (ce, grad_z) and pytensor.grad through ce,
+    z (T=200, B=16, D=2000), 2 target entries per frame.
+The numpy peers are the usual dense formulations (np.take_along_axis, np.add.at, np.maximum.at,
+log-softmax); the pytensor peers build the same dense graph (advanced indexing / inc_subtensor,
+pt.special.log_softmax), compiled in the default mode.  Prints median times and peer / ptnative ratios.
+
+Usage:  python bench/sparse.py [--reps R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.tensor.special import log_softmax
+
+import ptnative  # noqa: F401
+from ptnative.ops.sparse import (crossentropy_softmax_and_gradient_z_sparse, max_and_argmax_sparse, sparse_to_dense,
+                                 subtensor_batched_index)
+
+ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ARGS.add_argument("--reps", type=int, default=20)
+ARGS.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
+                  "(default: PyTensor's default, Numba; try C)")
+opts = ARGS.parse_args()
+MODE = opts.mode
+DTYPE = "float32"
+rng = np.random.default_rng(0)
+results = []
+
+
+def timeit(fn, reps=opts.reps):
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def close(a, b, tol=1e-4):
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------- subtensor_batched_index
+T, B, D = 500, 32, 1000
+xv = rng.normal(size=(T, B, D)).astype(DTYPE)
+idxv = rng.integers(0, D, size=(T, B))
+dyv = rng.normal(size=(T, B)).astype(DTYPE)
+x, dy = pt.tensor3("x", dtype=DTYPE), pt.matrix("dy", dtype=DTYPE)
+i_int = pt.lmatrix("i")
+y = subtensor_batched_index(x, i_int)
+f_ours = pytensor.function([x, i_int, dy], [y, pytensor.grad((y * dy).sum(), x)], mode=MODE)
+y_pt = x[pt.arange(T)[:, None], pt.arange(B)[None, :], i_int]
+f_pt = pytensor.function([x, i_int, dy], [y_pt, pytensor.grad((y_pt * dy).sum(), x)], mode=MODE)
+
+def np_sbi(x, idx, dy):
+    y = np.take_along_axis(x, idx[..., None], axis=2)[..., 0]
+    g = np.zeros_like(x)
+    np.put_along_axis(g, idx[..., None], dy[..., None], axis=2)
+    return y, g
+
+
+for a, b in zip(f_ours(xv, idxv, dyv), np_sbi(xv, idxv, dyv)):
+    close(a, b)
+results.append(("subtensor_batched_index fw+grad", timeit(lambda: f_ours(xv, idxv, dyv)),
+                [("numpy", timeit(lambda: np_sbi(xv, idxv, dyv))), ("pytensor", timeit(lambda: f_pt(xv, idxv, dyv)))]))
+
+# ---------------------------------------------------------------- sparse_to_dense, max_and_argmax_sparse
+N = 2000
+s0v = rng.integers(0, T, size=(N, B))
+s1v = rng.integers(0, D, size=(N, B))
+s0v[1::2] = s0v[::2]  # duplicates
+s1v[1::2] = s1v[::2]
+wv = rng.random((N, B)).astype(DTYPE)
+mv = (rng.random((N, B)) > 0.1).astype(DTYPE)
+s0, s1 = pt.lmatrix("s0"), pt.lmatrix("s1")
+w, m = pt.matrix("w", dtype=DTYPE), pt.matrix("m", dtype=DTYPE)
+bidx = np.broadcast_to(np.arange(B), (N, B))
+f_ours = pytensor.function([s0, s1, w, m], sparse_to_dense(s0, s1, w, m, T, D), mode=MODE)
+f_pt = pytensor.function([s0, s1, w, m], pt.zeros((T, B, D), DTYPE)[s0, pt.as_tensor(bidx), s1].inc(w * m), mode=MODE)
+
+def np_s2d(s0, s1, w, m):
+    W = np.zeros((T, B, D), DTYPE)
+    np.add.at(W, (s0, bidx, s1), w * m)
+    return W
+
+
+close(f_ours(s0v, s1v, wv, mv), np_s2d(s0v, s1v, wv, mv))
+close(f_pt(s0v, s1v, wv, mv), np_s2d(s0v, s1v, wv, mv))
+results.append(("sparse_to_dense", timeit(lambda: f_ours(s0v, s1v, wv, mv)),
+                [("numpy", timeit(lambda: np_s2d(s0v, s1v, wv, mv))),
+                 ("pytensor", timeit(lambda: f_pt(s0v, s1v, wv, mv)))]))
+
+zeros_tb = np.zeros((T, B), DTYPE)
+om, oa = pt.matrix("om", dtype=DTYPE), pt.matrix("oa", dtype=DTYPE)
+f_ours = pytensor.function([s0, s1, w, m, om, oa], list(max_and_argmax_sparse(s0, s1, w, m, om, oa)), mode=MODE)
+
+def np_maxarg(s0, s1, w, m):
+    W = np.zeros((T, B, D), DTYPE)
+    np.maximum.at(W, (s0, bidx, s1), np.where(m > 0.1, w, 0))
+    return W.max(axis=2), W.argmax(axis=2)
+
+
+got, want = f_ours(s0v, s1v, wv, mv, zeros_tb, zeros_tb), np_maxarg(s0v, s1v, wv, mv)
+close(got[0], want[0])
+assert (got[1] == want[1])[want[0] > 0].all()
+results.append(("max_and_argmax_sparse", timeit(lambda: f_ours(s0v, s1v, wv, mv, zeros_tb, zeros_tb)),
+                [("numpy (dense)", timeit(lambda: np_maxarg(s0v, s1v, wv, mv)))]))
+
+# ---------------------------------------------------------------- crossentropy_softmax_and_gradient_z_sparse
+T, B, D = 200, 16, 2000
+zv = rng.normal(size=(T, B, D)).astype(DTYPE)
+zmv = np.ones((T, B), DTYPE)
+tv = np.repeat(np.arange(T), 2)[:, None] * np.ones((1, B), np.int64)  # 2 entries per frame
+iv = rng.integers(0, D, size=(2 * T, B))
+ywv = np.full((2 * T, B), 0.5, DTYPE)
+ymv = np.ones((2 * T, B), DTYPE)
+z, zm = pt.tensor3("z", dtype=DTYPE), pt.matrix("zm", dtype=DTYPE)
+yt, yi = pt.lmatrix("yt"), pt.lmatrix("yi")
+yw, ym = pt.matrix("yw", dtype=DTYPE), pt.matrix("ym", dtype=DTYPE)
+ce, grad_z = crossentropy_softmax_and_gradient_z_sparse(z, zm, yt, yi, yw, ym)
+f_ours = pytensor.function([z, zm, yt, yi, yw, ym], [ce, grad_z], mode=MODE)
+f_ours_g = pytensor.function([z, zm, yt, yi, yw, ym], [ce, pytensor.grad(ce.sum(), z)], mode=MODE)
+bidx2 = np.broadcast_to(np.arange(B), (2 * T, B))
+y_dense = pt.zeros((T, B, D), DTYPE)[yt, pt.as_tensor(bidx2), yi].inc(yw * ym)
+logp = log_softmax(z, axis=-1)
+ce_pt = -(y_dense * logp).sum(axis=-1) * zm
+f_pt = pytensor.function([z, zm, yt, yi, yw, ym], [ce_pt, (pt.exp(logp) - y_dense) * zm[..., None]], mode=MODE)
+f_pt_g = pytensor.function([z, zm, yt, yi, yw, ym], [ce_pt, pytensor.grad(ce_pt.sum(), z)], mode=MODE)
+
+def np_ce(z, zm, yt, yi, yw, ym):
+    y = np.zeros(z.shape, DTYPE)
+    np.add.at(y, (yt, bidx2, yi), yw * ym)
+    zs = z - z.max(axis=-1, keepdims=True)
+    lp = zs - np.log(np.exp(zs).sum(axis=-1, keepdims=True))
+    return -(y * lp).sum(axis=-1) * zm, (np.exp(lp) - y) * zm[..., None]
+
+
+args = (zv, zmv, tv, iv, ywv, ymv)
+for a, b in zip(f_ours(*args), np_ce(*args)):
+    close(a, b)
+for a, b in zip(f_ours_g(*args), f_pt_g(*args)):
+    close(a, b)
+results.append(("crossentropy sparse (ce, grad_z)", timeit(lambda: f_ours(*args)),
+                [("numpy", timeit(lambda: np_ce(*args))), ("pytensor", timeit(lambda: f_pt(*args)))]))
+results.append(("crossentropy sparse ce + grad", timeit(lambda: f_ours_g(*args)),
+                [("pytensor", timeit(lambda: f_pt_g(*args)))]))
+
+print(f"{DTYPE}, mode {MODE or 'default'}, median of {opts.reps} runs; "
+      "ratio = peer time / ptnative time (> 1: ptnative is faster)")
+for name, ours, peers in results:
+    line = f"{name:34s} ptnative {ours * 1e3:8.2f} ms"
+    for peer, t in peers:
+        line += f" | {peer} {t * 1e3:8.2f} ms ({t / ours:6.2f}x)"
+    print(line)

@@ -1,0 +1,172 @@
+// chainer's LSTM activation (ptnative.lstm_cell), its gradient and the gradient of its gradient.
+// Pasted after lstm.cu (lstm_tanh, lstm_sigmoid).  Arrays are 3-D: c (Bc, H, R), x (Bx, 4H, R) with the
+// gates of unit j interleaved: x[b, 4*j + g, r], g in (a = cell input, i, f, o).  Rows b >= Bx of c pass
+// through.
+
+// Loop over (b, j, r) of a (nb, nh, nr) grid: flat grid-stride on CUDA, nested loops on the CPU.
+#if CUDA
+#define LSTM_CELL_FOR(b, j, r, nb, nh, nr)                                                               \
+  for (int64_t _k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x, b = 0, j = 0, r = 0;                \
+       _k < (int64_t)(nb) * (nh) * (nr) ? (b = _k / ((nh) * (nr)), j = (_k / (nr)) % (nh), r = _k % (nr), true) \
+                                        : false;                                                         \
+       _k += (int64_t)gridDim.x * blockDim.x)
+#else
+#define LSTM_CELL_FOR(b, j, r, nb, nh, nr) \
+  for (int64_t b = 0; b < (nb); ++b) for (int64_t j = 0; j < (nh); ++j) for (int64_t r = 0; r < (nr); ++r)
+#endif
+
+struct LstmCellGates {
+  Float a, i, f, o;  // tanh(cell input), sigmoid(in), sigmoid(forget), sigmoid(out)
+};
+
+DEV_FUNC inline LstmCellGates lstm_cell_gates(const Float* x, int64_t b, int64_t j, int64_t r, int64_t nh, int64_t nr) {
+  const Float* p = x + (b * 4 * nh + 4 * j) * nr + r;
+  LstmCellGates g;
+  g.a = lstm_tanh(p[0]);
+  g.i = lstm_sigmoid(p[nr]);
+  g.f = lstm_sigmoid(p[2 * nr]);
+  g.o = lstm_sigmoid(p[3 * nr]);
+  return g;
+}
+
+DEF_KERNEL void lstm_cell_fw_kernel(const Float* c_prev, const Float* x, Float* c, Float* h, int64_t nbx, int64_t nh,
+                                    int64_t nr) {
+  LSTM_CELL_FOR(b, j, r, nbx, nh, nr) {
+    int64_t idx = (b * nh + j) * nr + r;
+    LstmCellGates g = lstm_cell_gates(x, b, j, r, nh, nr);
+    Float cv = g.a * g.i + g.f * c_prev[idx];
+    c[idx] = cv;
+    h[idx] = g.o * lstm_tanh(cv);
+  }
+}
+
+DEF_KERNEL void lstm_cell_bw_kernel(const Float* c_prev, const Float* x, const Float* c, const Float* gc,
+                                    const Float* gh, Float* gc_prev, Float* gx, int64_t nbx, int64_t nh, int64_t nr) {
+  LSTM_CELL_FOR(b, j, r, nbx, nh, nr) {
+    int64_t idx = (b * nh + j) * nr + r;
+    LstmCellGates g = lstm_cell_gates(x, b, j, r, nh, nr);
+    Float co = lstm_tanh(c[idx]);
+    Float ghv = gh[idx];
+    Float gcb = ghv * g.o * (Float(1) - co * co) + gc[idx];
+    Float* q = gx + (b * 4 * nh + 4 * j) * nr + r;
+    q[0] = gcb * g.i * (Float(1) - g.a * g.a);
+    q[nr] = gcb * g.a * g.i * (Float(1) - g.i);
+    q[2 * nr] = gcb * c_prev[idx] * g.f * (Float(1) - g.f);
+    q[3 * nr] = ghv * co * g.o * (Float(1) - g.o);
+    gc_prev[idx] = gcb * g.f;
+  }
+}
+
+// Second order: the cotangents ggc_prev, ggx of (gc_prev, gx) pulled back to (c_prev, x, c, gc, gh).
+DEF_KERNEL void lstm_cell_bw2_kernel(const Float* c_prev, const Float* x, const Float* c, const Float* gc,
+                                     const Float* gh, const Float* ggc_prev, const Float* ggx, Float* g_c_prev,
+                                     Float* g_x, Float* g_c, Float* g_gc, Float* g_gh, int64_t nbx, int64_t nh,
+                                     int64_t nr) {
+  LSTM_CELL_FOR(b, j, r, nbx, nh, nr) {
+    int64_t idx = (b * nh + j) * nr + r;
+    int64_t xo = (b * 4 * nh + 4 * j) * nr + r;
+    LstmCellGates g = lstm_cell_gates(x, b, j, r, nh, nr);
+    Float cp = c_prev[idx];
+    Float co = lstm_tanh(c[idx]);
+    Float ghv = gh[idx];
+    Float gga = ggx[xo], ggi = ggx[xo + nr], ggf = ggx[xo + 2 * nr], ggo = ggx[xo + 3 * nr];
+    Float ggcp = ggc_prev[idx];
+    // first derivatives of the activations, and their derivatives w.r.t. the pre-activations
+    Float ta = Float(1) - g.a * g.a, tc = Float(1) - co * co;
+    Float si = g.i * (Float(1) - g.i), sf = g.f * (Float(1) - g.f), so = g.o * (Float(1) - g.o);
+    Float dta = Float(-2) * g.a * ta, dtc = Float(-2) * co * tc;
+    Float dsi = si * (Float(1) - Float(2) * g.i), dsf = sf * (Float(1) - Float(2) * g.f);
+    Float dso = so * (Float(1) - Float(2) * g.o);
+    Float gcb = ghv * g.o * tc + gc[idx];
+    // K: the cotangent of gc_bar
+    Float K = ggcp * g.f + gga * g.i * ta + ggi * g.a * si + ggf * cp * sf;
+    g_c_prev[idx] = ggf * gcb * sf;
+    g_x[xo] = (gga * g.i * dta + ggi * ta * si) * gcb;
+    g_x[xo + nr] = (gga * ta * si + ggi * g.a * dsi) * gcb;
+    g_x[xo + 2 * nr] = ggcp * gcb * sf + ggf * gcb * cp * dsf;
+    g_x[xo + 3 * nr] = K * ghv * tc * so + ggo * ghv * co * dso;
+    g_c[idx] = K * ghv * g.o * dtc + ggo * ghv * tc * so;
+    g_gc[idx] = K;
+    g_gh[idx] = K * g.o * tc + ggo * co * so;
+  }
+}
+
+static void check_lstm_cell_shapes(Ndarray* c_prev, Ndarray* x) {
+  assert_cmp(Ndarray_DIMS(x)[0], <=, Ndarray_DIMS(c_prev)[0]);
+  assert_cmp(Ndarray_DIMS(x)[1], ==, 4 * Ndarray_DIMS(c_prev)[1]);
+  assert_cmp(Ndarray_DIMS(x)[2], ==, Ndarray_DIMS(c_prev)[2]);
+}
+
+static void check_same_shape(Ndarray* a, Ndarray* b) {
+  for (int k = 0; k < 3; ++k) assert_cmp(Ndarray_DIMS(a)[k], ==, Ndarray_DIMS(b)[k]);
+}
+
+// inputs: c_prev (Bc,H,R), x (Bx,4H,R); outputs: c (Bc,H,R), h (Bx,H,R).
+static void lstm_cell_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 2);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = *outputs[0], *h = *outputs[1];
+  check_lstm_cell_shapes(c_prev, x);
+  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
+  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
+  if (nbx * row > 0) start_dev_kernel(lstm_cell_fw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x),
+                                                             Ndarray_DEV_DATA(c), Ndarray_DEV_DATA(h), nbx, nh, nr));
+  if (nbc > nbx)
+    Ndarray_memcpy(Ndarray_DEV_DATA(c) + nbx * row, Ndarray_DEV_DATA(c_prev) + nbx * row,
+                   (nbc - nbx) * row * sizeof(Float));
+  HANDLE_LAST_ERROR();
+}
+
+// inputs: c_prev, x, c (Bc,H,R), gc (Bc,H,R), gh (Bx,H,R); outputs: gc_prev (Bc,H,R), gx (Bx,4H,R).
+static void lstm_cell_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
+  Ndarray *gc_prev = *outputs[0], *gx = *outputs[1];
+  check_lstm_cell_shapes(c_prev, x);
+  check_same_shape(c, c_prev);
+  check_same_shape(gc, c_prev);
+  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
+  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
+  assert_cmp(Ndarray_DIMS(gh)[0], ==, nbx);
+  assert_cmp(Ndarray_DIMS(gh)[1], ==, nh);
+  assert_cmp(Ndarray_DIMS(gh)[2], ==, nr);
+  if (nbx * row > 0)
+    start_dev_kernel(lstm_cell_bw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c),
+                                           Ndarray_DEV_DATA(gc), Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(gc_prev),
+                                           Ndarray_DEV_DATA(gx), nbx, nh, nr));
+  if (nbc > nbx)
+    Ndarray_memcpy(Ndarray_DEV_DATA(gc_prev) + nbx * row, Ndarray_DEV_DATA(gc) + nbx * row,
+                   (nbc - nbx) * row * sizeof(Float));
+  HANDLE_LAST_ERROR();
+}
+
+// inputs: c_prev, x, c, gc, gh, ggc_prev (Bc,H,R), ggx (Bx,4H,R);
+// outputs: g_c_prev, g_x, g_c, g_gc, g_gh (shaped like c_prev, x, c, gc, gh).
+static void lstm_cell_bw2(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 7);
+  assert_cmp(n_outputs, ==, 5);
+  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
+  Ndarray *ggc_prev = inputs[5], *ggx = inputs[6];
+  check_lstm_cell_shapes(c_prev, x);
+  check_same_shape(c, c_prev);
+  check_same_shape(gc, c_prev);
+  check_same_shape(ggc_prev, c_prev);
+  check_same_shape(ggx, x);
+  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
+  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
+  assert_cmp(Ndarray_DIMS(gh)[0], ==, nbx);
+  assert_cmp(Ndarray_DIMS(gh)[1], ==, nh);
+  assert_cmp(Ndarray_DIMS(gh)[2], ==, nr);
+  if (nbx * row > 0)
+    start_dev_kernel(lstm_cell_bw2_kernel,
+                     (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c), Ndarray_DEV_DATA(gc),
+                      Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(ggc_prev), Ndarray_DEV_DATA(ggx),
+                      Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]), Ndarray_DEV_DATA(*outputs[2]),
+                      Ndarray_DEV_DATA(*outputs[3]), Ndarray_DEV_DATA(*outputs[4]), nbx, nh, nr));
+  // rows >= Bx: gc_prev = gc there, so g_gc = ggc_prev; g_c_prev and g_c stay 0.
+  if (nbc > nbx)
+    Ndarray_memcpy(Ndarray_DEV_DATA(*outputs[3]) + nbx * row, Ndarray_DEV_DATA(ggc_prev) + nbx * row,
+                   (nbc - nbx) * row * sizeof(Float));
+  HANDLE_LAST_ERROR();
+}
