@@ -478,6 +478,35 @@ def test_hmm_verify_grad_and_extremes():
     np.testing.assert_allclose(g.sum(-1), 1.0, atol=1e-9)
 
 
+def test_hmm_log_space_fallback(mode):
+    """Gaps beyond double's range within one step (the scaled pass underflows to 0): exact
+    values and gradients from the log-space recomputation; no path at all: -inf, zero gradient."""
+    K, T = 2, 3
+    lA = np.array([[0.0, -800.0], [-800.0, 0.0]])
+    lpi = np.array([0.0, -5.0])
+    lf = np.array([0.0, -2.0])
+    le = np.zeros((T, 3, K))
+    le[:, 0] = [[0.0, -1000.0], [-1000.0, 0.0], [-3.0, -1.0]]  # best path jumps 0 -> 1 across 800 nats
+    le[:, 1] = np.random.default_rng(16).normal(size=(T, K))      # an ordinary sequence
+    le[1, 2] = -np.inf                                           # no path
+    lens = np.array([3, 3, 2])
+    xs = [pt.tensor3(), pt.matrix(), pt.vector(), pt.vector()]
+    ll = fsa.hmm_log_likelihood(*xs, mask=mask_of(lens, T))
+    up = np.array([1.0, 0.5, 2.0])
+    f = pytensor.function(xs, [ll] + pytensor.grad((ll * up).sum(), xs), mode=mode)
+    v, d_e, d_A, d_pi, d_f = f(le, lA, lpi, lf)
+    want = ref.hmm_forward(le, lA, lpi, lf, lens)
+    assert np.isfinite(want[0]) and want[0] < -790 and want[2] == -np.inf
+    np.testing.assert_allclose(v[:2], want[:2], rtol=1e-12)
+    assert v[2] == -np.inf
+    gamma, xi = ref.hmm_posteriors(le[:, :2], lA, lpi, lf, lens[:2])
+    np.testing.assert_allclose(d_e[:, :2], gamma * up[None, :2, None], atol=1e-10)
+    np.testing.assert_allclose(d_A, np.einsum("b,bij->ij", up[:2], xi), atol=1e-10)
+    np.testing.assert_allclose(d_pi, (gamma[0] * up[:2, None]).sum(0), atol=1e-10)
+    np.testing.assert_allclose(d_f, gamma[2, 0] * up[0] + gamma[2, 1] * up[1], atol=1e-10)
+    assert np.all(d_e[:, 2] == 0)  # the impossible sequence contributes nothing
+
+
 def test_hmm_bad_input():
     x, m = pt.tensor3(), pt.matrix()
     f = pytensor.function([x, m], fsa.hmm_log_likelihood(x, np.zeros((2, 2)), np.zeros(2), mask=m))
