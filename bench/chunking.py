@@ -12,7 +12,6 @@ Usage:  python bench/chunking.py [--reps R]
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import pytensor
@@ -20,6 +19,7 @@ import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.chunking import chunk, n_chunks, unchunk
+from timing import measure  # noqa: E402  (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -34,13 +34,7 @@ NC = n_chunks(T, SIZE, STEP)
 
 
 def timeit(fn, reps=opts.reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return measure(fn, reps).median
 
 
 rng = np.random.default_rng(0)

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 import pytensor
@@ -20,18 +19,13 @@ from pytensor.tensor.special import log_softmax
 
 import ptnative
 from ptnative.ops import fsa
+from timing import measure  # noqa: E402  (bench/timing.py)
 
 
 def best_time(fn, reps=10, warmup=2):
     """(median, min) seconds of ``fn()`` over ``reps`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), float(np.min(times))
+    t = measure(fn, reps, warmup)
+    return t.median, t.best
 
 
 def fmt(name, med, mn, ref=None):

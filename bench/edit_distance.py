@@ -13,7 +13,6 @@ would.  Times are the best of --reps runs; ratios are peer time / ptnative time
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import pytensor
@@ -21,6 +20,7 @@ import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.edit_distance import edit_distance, optimal_completion_edit_distance
+from timing import measure  # noqa: E402  (bench/timing.py)
 
 
 def make_batch(n_pairs, length, vocab, rng):
@@ -48,12 +48,8 @@ def numpy_dp(x, y):
 
 
 def best_of(fn, reps):
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return min(times), out
+    t = measure(fn, reps, warmup=0)
+    return t.best, t.result
 
 
 def main():

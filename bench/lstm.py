@@ -17,7 +17,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -34,19 +33,15 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, lstm  # noqa: E402
+from timing import measure  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
 DTYPE = "float32"
 
 
 def timeit(fn, reps):
-    fn()  # warm-up (and compile)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), float(np.min(times))
+    t = measure(fn, reps)
+    return t.median, t.best
 
 
 def data(seed=0, T=T):

@@ -31,6 +31,7 @@ import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 
 from ptnative.ops.rnnt import multiblank_rnnt_loss, rnnt_loss  # noqa: E402
+from timing import measure  # noqa: E402  (bench/timing.py)
 
 B, T, U, V = 8, 150, 40, 128
 
@@ -38,14 +39,8 @@ B, T, U, V = 8, 150, 40, 128
 def timeit(fn, reps):
     """(median wall, min wall, median process CPU time) in seconds; the CPU
     time is steadier on a shared machine (all peers here run one thread)."""
-    fn()  # warm-up
-    times, cpu = [], []
-    for _ in range(reps):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return float(np.median(times)), float(np.min(times)), float(np.median(cpu))
+    t = measure(fn, reps)
+    return t.median, t.best, t.cpu
 
 
 def make_data(K, blank_classes, seed=0):

@@ -16,7 +16,6 @@ Usage:  python bench/sparse.py [--reps R]
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import pytensor
@@ -26,6 +25,7 @@ from pytensor.tensor.special import log_softmax
 import ptnative  # noqa: F401
 from ptnative.ops.sparse import (crossentropy_softmax_and_gradient_z_sparse, max_and_argmax_sparse, sparse_to_dense,
                                  subtensor_batched_index)
+from timing import measure  # (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -39,13 +39,7 @@ results = []
 
 
 def timeit(fn, reps=opts.reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return measure(fn, reps).median
 
 
 def close(a, b, tol=1e-4):

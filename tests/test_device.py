@@ -8,7 +8,6 @@ import pytensor.tensor as pt
 import pytest
 
 import ptnative
-from ptnative import NativeOp
 from ptnative.backends.driver import python_driver
 from ptnative.device import cuda_device_count
 

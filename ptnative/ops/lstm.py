@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import DisconnectedType
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
