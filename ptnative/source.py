@@ -184,6 +184,7 @@ static ffi::Error impl(@STREAM_PARAM@ffi::RemainingArgs args, ffi::RemainingRets
     if (auto e = fill(b.value(), i, itemsizes[i], data, shapes, strides); e.failure()) return e;
     bytes[i] = b.value().size_bytes();
   }
+@HOST_COPIES@
   for (int k = 0; k < n_out; ++k) {
     auto r = rets.get<ffi::AnyBuffer>(k);
     if (!r.has_value()) return r.error();
@@ -233,6 +234,18 @@ def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant
         "@MEMCPY@": "cudaMemcpyAsync" if cuda else "memcpy",
         "@COPY_KIND@": ", cudaMemcpyDeviceToDevice" if cuda else "",
         "@ASYNC@": ", stream" if cuda else "",
+        # host_memory inputs (scalars, small parameter vectors) are read on the host: copy them there.
+        "@HOST_COPIES@": ("""  static const int host_memory[] = @HOST_MEMORY@;
+  std::vector<std::vector<char>> host_copies(n_in);
+  for (int i = 0; i < n_in; ++i) {
+    if (!host_memory[i] || !bytes[i]) continue;
+    host_copies[i].resize(bytes[i]);
+    if (cudaMemcpyAsync(host_copies[i].data(), data[i], bytes[i], cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+      return ffi::Error(ffi::ErrorCode::kInternal, "copying a host_memory input to the host failed");
+    data[i] = host_copies[i].data();
+  }""" if cuda else ""),
+        "@HOST_MEMORY@": "{" + ", ".join(str(int(bool(info.get("host_memory")))) for info in op.in_info) + ", 0}",
         "@RUN@": (f"ptn_{base.symbol}_run_on_device(stream, data, shapes, strides, err, sizeof(err))" if cuda
                   else f"{base.symbol}(data, shapes, strides, err, sizeof(err))"),
     }

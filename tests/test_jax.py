@@ -56,3 +56,28 @@ def test_cuda_ffi_handler_compiles(monkeypatch):
     op = LstmGenericBase.make_op()
     variant = generate_ffi(op, "float32", "cuda", jax.ffi.include_dir())
     assert ptnative.build.build(variant).exists()
+
+
+def test_catalogue_functions_in_jax_mode():
+    """ctc_loss (custom pullback), edit_distance (int ops) and chunk/unchunk (gradient op) under XLA.
+
+    chunk's buffers are sized from the input's shape, so under JAX that shape must be static."""
+    rng = np.random.default_rng(0)
+    logits = pt.tensor3("logits")
+    x = pt.tensor3("x", shape=(7, 2, 3))
+    loss = ptnative.ctc_loss(logits, np.array([6, 4], "int32"), np.array([[1, 2, 2], [3, 1, 0]], "int32"),
+                             np.array([3, 2], "int32"), blank_index=0)
+    g = pytensor.grad(loss.sum(), logits)
+    mask = np.ones((7, 2))
+    chunks, cmask = ptnative.chunk(x, mask, 3, 2)
+    back, _, _ = ptnative.unchunk(chunks, cmask, 3, 2, 7, 2)
+    gx = pytensor.grad((back * 2).sum(), x)
+    a = np.array([[1, 2, 3, 4], [1, 1, 0, 0]], "int32")
+    b = np.array([[1, 3, 4, 0], [2, 0, 0, 0]], "int32")
+    ed = ptnative.edit_distance(a, np.array([4, 2], "int32"), b, np.array([3, 1], "int32"))
+    values = [rng.normal(size=(6, 2, 5)), rng.normal(size=(7, 2, 3))]
+    outs = [loss, g, back, gx, ed]
+    ref = pytensor.function([logits, x], outs)(*values)
+    got = pytensor.function([logits, x], outs, mode="JAX")(*values)
+    for r, o in zip(ref, got):
+        np.testing.assert_allclose(np.asarray(o), r, rtol=1e-10, atol=1e-10)
