@@ -195,7 +195,7 @@ static ffi::Error impl(@STREAM_PARAM@ffi::RemainingArgs args, ffi::RemainingRets
     void* out = data[n_in + k];
     int i = source_of[k];
     if (!bytes[n_in + k]) continue;
-    if (i < 0) @MEMSET@(out, 0, bytes[n_in + k]@ASYNC@);
+    if (i < 0) @ZERO@
     else if (out != data[i]) @MEMCPY@(out, data[i], bytes[n_in + k]@COPY_KIND@@ASYNC@);
   }
   char err[2048] = {0};
@@ -230,7 +230,8 @@ def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant
         "@SOURCE_OF@": "{" + ", ".join(map(str, source_of + [0])) + "}",
         "@STREAM_PARAM@": "cudaStream_t stream, " if cuda else "",
         "@STREAM_BIND@": ".Ctx<xla::ffi::PlatformStream<cudaStream_t>>()" if cuda else "",
-        "@MEMSET@": "cudaMemsetAsync" if cuda else "memset",
+        # On the host the entry point zeroes fresh outputs itself; on the device this handler does.
+        "@ZERO@": "cudaMemsetAsync(out, 0, bytes[n_in + k], stream);" if cuda else "continue;",
         "@MEMCPY@": "cudaMemcpyAsync" if cuda else "memcpy",
         "@COPY_KIND@": ", cudaMemcpyDeviceToDevice" if cuda else "",
         "@ASYNC@": ", stream" if cuda else "",
