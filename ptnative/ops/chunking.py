@@ -16,6 +16,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import read_kernel_file
+from ._args import int_size
 
 __all__ = ["Chunking", "UnChunking", "chunk", "unchunk", "naive_chunk_start_frames", "n_chunks"]
 
@@ -113,20 +114,6 @@ class UnChunking(NativeOpGenBase):
 
 
 # ---------------------------------------------------------------- functional API
-def _check_param(name, value):
-    """A positive Python int, or a symbolic integer scalar (returned as a tensor)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, numbers.Integral):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-        return int(value)
-    v = pt.as_tensor_variable(value)
-    if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
-        raise TypeError(f"{name} must be a positive int or an integer scalar tensor, got {v.type}")
-    return v
-
-
 def n_chunks(n_time, chunk_size, chunk_step):
     """``max(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1`` (ints or symbolic)."""
     if all(isinstance(v, numbers.Integral) for v in (n_time, chunk_size, chunk_step)):
@@ -203,8 +190,8 @@ def chunk(x, index, chunk_size, chunk_step):
     """
     x = _float_input("x", x, 3)
     index = _mask_input("index", index, x.dtype)
-    chunk_size = _check_param("chunk_size", chunk_size)
-    chunk_step = _check_param("chunk_step", chunk_step)
+    chunk_size = int_size("chunk_size", chunk_size, 1)
+    chunk_step = int_size("chunk_step", chunk_step, 1)
     n_time, n_batch, n_dim = x.shape
     nc = n_chunks(n_time, chunk_size, chunk_step)
     out_buf = pt.zeros((chunk_size, n_batch * nc, n_dim), dtype=x.dtype)
@@ -239,8 +226,8 @@ def unchunk(x, index, chunk_size, chunk_step, n_time, n_batch):
     """
     x = _float_input("x", x, 3)
     index = _mask_input("index", index, x.dtype)
-    chunk_size = _check_param("chunk_size", chunk_size)
-    chunk_step = _check_param("chunk_step", chunk_step)
+    chunk_size = int_size("chunk_size", chunk_size, 1)
+    chunk_step = int_size("chunk_step", chunk_step, 1)
     for name, v in (("n_time", n_time), ("n_batch", n_batch)):
         if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")

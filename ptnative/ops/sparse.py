@@ -14,14 +14,13 @@ Conventions shared by the sparse ops:
 
 from __future__ import annotations
 
-import numbers
-
 import pytensor.tensor as pt
 from pytensor.configdefaults import config
 from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
+from ._args import int_size
 
 __all__ = [
     "SubtensorBatchedIndex", "SparseToDense", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
@@ -240,17 +239,6 @@ def _op(cls, strict):
     return cls.make_strict_op() if strict else cls.make_op()
 
 
-def _size(name, v):
-    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
-        if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
-        return int(v)
-    v = pt.as_tensor_variable(v)
-    if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
-        raise TypeError(f"{name} must be a non-negative int or an integer scalar tensor, got {v.type}")
-    return v
-
-
 def subtensor_batched_index(x, idx, strict=False):
     """``y[t, b] = x[t, b, idx[t, b]]`` (batched gather along the last axis).
 
@@ -304,7 +292,7 @@ def sparse_to_dense(s0, s1, weight, mask, n_time, n_dim, strict=False):
     weight = pt.as_tensor_variable(weight)
     dtype = _float_dtype(weight)
     s0, s1, weight, mask = _entries(dtype, s0=s0, s1=s1, weight=weight, mask=mask)
-    n_time, n_dim = _size("n_time", n_time), _size("n_dim", n_dim)
+    n_time, n_dim = int_size("n_time", n_time, 0), int_size("n_dim", n_dim, 0)
     W0 = pt.zeros((n_time, s0.shape[1], n_dim), dtype=dtype)
     return _op(SparseToDense, strict)(W0, s0, s1, weight, mask)
 

@@ -1,0 +1,21 @@
+"""Argument checks shared by the catalogue's functions."""
+
+from __future__ import annotations
+
+import numbers
+
+import pytensor.tensor as pt
+
+
+def int_size(name: str, value, minimum: int):
+    """A Python int ``>= minimum`` (returned as int), or a symbolic integer scalar (returned as a tensor).
+
+    Raises ``ValueError`` for a too small int and ``TypeError`` for anything else."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        return int(value)
+    v = pt.as_tensor_variable(value)
+    if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
+        raise TypeError(f"{name} must be an int >= {minimum} or an integer scalar tensor, got {v.type}")
+    return v
