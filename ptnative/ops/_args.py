@@ -19,3 +19,13 @@ def int_size(name: str, value, minimum: int):
     if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
         raise TypeError(f"{name} must be an int >= {minimum} or an integer scalar tensor, got {v.type}")
     return v
+
+
+def float_tensor(name: str, x, ndim: int):
+    """``x`` as a float32/float64 tensor of ``ndim`` dimensions (``ValueError`` / ``TypeError`` otherwise)."""
+    x = pt.as_tensor_variable(x)
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim} ({x.type})")
+    if not x.dtype.startswith("float"):
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    return x

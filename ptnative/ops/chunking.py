@@ -16,7 +16,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import read_kernel_file
-from ._args import int_size
+from ._args import float_tensor, int_size
 
 __all__ = ["Chunking", "UnChunking", "chunk", "unchunk", "naive_chunk_start_frames", "n_chunks"]
 
@@ -144,15 +144,6 @@ def _params(chunk_size, chunk_step, dtype):
     return pt.cast(pt.stack([pt.as_tensor_variable(chunk_size), pt.as_tensor_variable(chunk_step)]), dtype)
 
 
-def _float_input(name, x, ndim):
-    x = pt.as_tensor_variable(x)
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim} ({x.type})")
-    if not x.dtype.startswith("float"):
-        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
-    return x
-
-
 def _mask_input(name, m, dtype):
     m = pt.as_tensor_variable(m)
     if m.ndim != 2:
@@ -188,7 +179,7 @@ def chunk(x, index, chunk_size, chunk_step):
 
         out, oindex = ptnative.chunk(x, mask, chunk_size=50, chunk_step=25)
     """
-    x = _float_input("x", x, 3)
+    x = float_tensor("x", x, 3)
     index = _mask_input("index", index, x.dtype)
     chunk_size = int_size("chunk_size", chunk_size, 1)
     chunk_step = int_size("chunk_step", chunk_step, 1)
@@ -224,7 +215,7 @@ def unchunk(x, index, chunk_size, chunk_step, n_time, n_batch):
 
         y, yindex, factors = ptnative.unchunk(chunks, cindex, 50, 25, n_time=x.shape[0], n_batch=x.shape[1])
     """
-    x = _float_input("x", x, 3)
+    x = float_tensor("x", x, 3)
     index = _mask_input("index", index, x.dtype)
     chunk_size = int_size("chunk_size", chunk_size, 1)
     chunk_step = int_size("chunk_step", chunk_step, 1)

@@ -20,7 +20,7 @@ from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_impl
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
-from ._args import int_size
+from ._args import float_tensor, int_size
 
 __all__ = [
     "SubtensorBatchedIndex", "SparseToDense", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
@@ -207,15 +207,6 @@ class CrossEntropySoftmaxAndGradientZSparse(_StrictMixin, NativeOpGenBase):
 
 
 # ---------------------------------------------------------------- functional API
-def _float_tensor(name, x, ndim):
-    x = pt.as_tensor_variable(x)
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim} ({x.type})")
-    if not x.dtype.startswith("float"):
-        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
-    return x
-
-
 def _real_tensor(name, x, ndim, dtype):
     """An index / mask / weight array of any real or bool dtype, cast to ``dtype``."""
     x = pt.as_tensor_variable(x)
@@ -262,7 +253,7 @@ def subtensor_batched_index(x, idx, strict=False):
     x = pt.as_tensor_variable(x)
     if x.ndim not in (2, 3):
         raise ValueError(f"x must have ndim 2 or 3, got {x.ndim} ({x.type})")
-    x = _float_tensor("x", x, x.ndim)
+    x = float_tensor("x", x, x.ndim)
     idx = _real_tensor("idx", idx, x.ndim - 1, x.dtype)
     op = _op(SubtensorBatchedIndex, strict)
     if x.ndim == 2:
@@ -349,7 +340,7 @@ def crossentropy_softmax_and_gradient_z_sparse(z, z_mask, y_target_t, y_target_i
 
         ce, grad_z = ptnative.crossentropy_softmax_and_gradient_z_sparse(z, mask, t_idx, labels, ones, lab_mask)
     """
-    z = _float_tensor("z", z, 3)
+    z = float_tensor("z", z, 3)
     z_mask = _real_tensor("z_mask", z_mask, 2, z.dtype)
     y_t, y_i, y_w, y_m = _entries(z.dtype, y_target_t=y_target_t, y_target_i=y_target_i, y_target_w=y_target_w,
                                   y_target_mask=y_target_mask)
