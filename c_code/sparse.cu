@@ -27,6 +27,22 @@ DEV_FUNC inline bool ptn_sp_counts(Float mask) { return mask >= Float(0.1); }
   ptn::raise(PTN_STATUS_VALUE, s.str());
 }
 
+#if !CUDA
+// CPU loops over (time index, dim index) entries: whether entry (i, b) lands inside (T, D).  Out-of-range
+// entries are skipped, or raise with `strict`.
+static bool ptn_sp_in_range(const char* op_what, const char* name0, const char* name1, int64_t i, int64_t b, Float v0,
+                            int64_t T, Float v1, int64_t D, bool strict, int64_t* t, int64_t* j) {
+  *t = ptn_sp_index(v0, T);
+  *j = ptn_sp_index(v1, D);
+  if (*t >= 0 && *j >= 0) return true;
+  if (strict) {
+    if (*t < 0) ptn_sp_range_error(op_what, name0, i, b, v0, T);
+    ptn_sp_range_error(op_what, name1, i, b, v1, D);
+  }
+  return false;
+}
+#endif
+
 static void ptn_sp_check(const char* what, int64_t got, int64_t want) {
   if (got != want) {
     std::ostringstream s;
@@ -171,14 +187,8 @@ static void sparse_to_dense_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
     for (int64_t b = 0; b < B; ++b) {
       const int64_t k = i * B + b;
       if (!ptn_sp_counts(mask[k])) continue;
-      const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-      if (t < 0 || j < 0) {
-        if (strict) {
-          if (t < 0) ptn_sp_range_error("SparseToDense", "s0", i, b, s0[k], T);
-          ptn_sp_range_error("SparseToDense", "s1", i, b, s1[k], D);
-        }
-        continue;
-      }
+      int64_t t, j;
+      if (!ptn_sp_in_range("SparseToDense", "s0", "s1", i, b, s0[k], T, s1[k], D, strict, &t, &j)) continue;
       Wp[(t * B + b) * D + j] += w[k];
     }
 #endif
@@ -434,14 +444,10 @@ static void crossentropy_softmax_sparse_fw(int n_inputs, Ndarray** inputs, int n
     for (int64_t b = 0; b < B; ++b) {
       const int64_t k = i * B + b;
       if (!ptn_sp_counts(mask[k])) continue;
-      const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-      if (t < 0 || j < 0) {
-        if (strict) {
-          if (t < 0) ptn_sp_range_error("CrossEntropySoftmaxAndGradientZSparse", "y_target_t", i, b, s0[k], T);
-          ptn_sp_range_error("CrossEntropySoftmaxAndGradientZSparse", "y_target_i", i, b, s1[k], D);
-        }
+      int64_t t, j;
+      if (!ptn_sp_in_range("CrossEntropySoftmaxAndGradientZSparse", "y_target_t", "y_target_i", i, b, s0[k], T, s1[k],
+                           D, strict, &t, &j))
         continue;
-      }
       const int64_t f = t * B + b;
       if (!(z_mask[f] > Float(0.5))) continue;  // frame does not count
       ce[f] -= w[k] * (z[f * D + j] - lse[f]);
