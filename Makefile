@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := setup.cfg pyproject.toml $(shell find ptnative c_code -name '*.py' -o -name '*.h' -o -name '*.cu')
 
-.PHONY: demo test bench info clean
+.PHONY: demo test bench info clean gpu-check
 
 $(VENV)/.installed: $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ bench: $(VENV)/.installed
 
 info: $(VENV)/.installed
 	cd $(VENV) && ./bin/python -m ptnative info
+
+# On a GPU machine (no venv, no network; wheels from scripts/gpu_wheels.sh in .whl/): setup, info, builds,
+# tests/gpu and bench/gpu.py, into a report (GPU_REPORT, default $OUT/gpu_report.txt or gpu_report.txt).  docs/gpu.md
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(GPU_REPORT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

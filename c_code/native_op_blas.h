@@ -47,10 +47,10 @@ struct Cublas {
   cublas_dgemm_t dgemm = 0;
 };
 static Cublas cublas_state;
-static std::string cublas_library_path;  // set from Python (ptn_set_cublas_path) when found there
 inline Cublas& cublas() {
   if (cublas_state.handle) return cublas_state;
-  const char* names[] = {cublas_library_path.c_str(), "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  // Python (ptnative.device.load_cublas) has loaded it already when it found it outside the search path.
+  const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   void* lib = 0;
   for (const char* name : names)
     if (name[0] && (lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL))) break;

@@ -1,9 +1,10 @@
-"""``python -m ptnative info | build [--device cuda] | demo``."""
+"""``python -m ptnative info | build [--device cuda] [-j N] | demo``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import shutil
 import subprocess
@@ -51,6 +52,8 @@ def info() -> None:
     gpu = _first_line([smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]) if smi else ""
     rows.append(("GPU", gpu if gpu and gpu != "not found" else "none found"))
     rows.append(("CUDA archs for builds", ", ".join("sm_" + a for a in build.cuda_archs())))
+    from .device import load_cublas
+    rows.append(("cuBLAS (CUDA kernels)", load_cublas() or "not found"))
     rows.append(("BLAS (CPU kernels)", blas.describe()))
     cache = build.cache_dir()
     libs = list(cache.glob("*.so"))
@@ -60,26 +63,55 @@ def info() -> None:
         print(f"{k:<{width}}  {v}")
 
 
-def build_all(device: str) -> int:
+class _Bar:
+    """A stand-in for tqdm (a dependency, so only used if it is missing)."""
+
+    def __init__(self, total, **kw):
+        self.total = total
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        pass
+
+
+def build_all(device: str, jobs: int | None = None) -> int:
+    """Build every catalogue variant for ``device`` with ``jobs`` compilers at a time (threads: the
+    compilers are subprocesses, and the cache's file locks keep concurrent builds of one library apart)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from . import build, catalogue
 
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
-        def tqdm(it, **kw):
-            return it
+        tqdm = _Bar
 
+    jobs = max(1, jobs or os.cpu_count() or 1)
     todo = list(catalogue.variants(device))
     failures = 0
     start = time.time()
-    for name, op, dtype in tqdm(todo, desc=f"building ({device})", unit="lib"):
-        try:
-            build.build(op.variant(dtype, device=device))
-        except build.CompileError as e:
-            failures += 1
-            print(f"\n{name} ({dtype}): {e}", file=sys.stderr)
+
+    def one(op, dtype):
+        return build.build(op.variant(dtype, device=device))
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
+        futures = {pool.submit(one, op, dtype): (name, dtype) for name, op, dtype in todo}
+        for future in as_completed(futures):
+            name, dtype = futures[future]
+            try:
+                future.result()
+            except build.CompileError as e:
+                failures += 1
+                print(f"\n{name} ({dtype}): {e}", file=sys.stderr)
+            bar.update(1)
     print(f"{len(todo) - failures} of {len(todo)} libraries ready in {build.cache_dir()} "
-          f"({time.time() - start:.1f} s)")
+          f"({time.time() - start:.1f} s, {jobs} job(s))")
     return 1 if failures else 0
 
 
@@ -127,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="versions, compilers, GPU, BLAS and the kernel cache")
     b = sub.add_parser("build", help="build every catalogue op ahead of time")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="compile N libraries at a time (default: the number of CPUs, %(default)s here)")
     sub.add_parser("demo", help="run a short PyTensor program using a native op")
     args = parser.parse_args(argv)
     if args.command == "info":
         info()
     elif args.command == "build":
-        return build_all(args.device)
+        return build_all(args.device, args.jobs)
     elif args.command == "demo":
         demo()
     return 0

@@ -32,3 +32,47 @@ def test_catalogue_lists_every_op():
     assert gen_bases <= listed
     names = {name for name, _, _ in catalogue.variants("cpu")}
     assert {"LstmGenericBase", "GradOfLstmGenericBase", "EditDistanceOp", "MultiBlankRnntLoss"} <= names
+
+
+def test_build_jobs_run_concurrently_and_count_failures(monkeypatch, capsys):
+    import threading
+
+    from ptnative import build, cli
+
+    class FakeOp:
+        def __init__(self, name):
+            self.name = name
+
+        def variant(self, dtype, device):
+            return (self.name, dtype, device)
+
+    items = [(f"op{k}", FakeOp(f"op{k}"), dtype) for k in range(3) for dtype in ("float32", "float64")]
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter(items))
+    barrier = threading.Barrier(3, timeout=20)  # breaks (and the build raises) unless 3 builds run at once
+    built = []
+
+    def fake_build(variant):
+        barrier.wait()
+        built.append(variant)
+        if variant[:2] == ("op1", "float64"):
+            raise build.CompileError("nvcc said no")
+        return variant
+
+    monkeypatch.setattr(build, "build", fake_build)
+    assert cli.main(["build", "--device", "cuda", "-j", "3"]) == 1
+    out, err = capsys.readouterr()
+    assert sorted(built) == sorted((name, dtype, "cuda") for name, _, dtype in items)
+    assert "5 of 6 libraries ready" in out and "3 job(s)" in out
+    assert "op1 (float64): nvcc said no" in err
+
+
+def test_build_jobs_default_to_cpu_count(monkeypatch):
+    import os
+
+    from ptnative import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "build_all", lambda device, jobs: calls.append((device, jobs)) or 0)
+    assert cli.main(["build"]) == 0
+    assert cli.main(["build", "--device", "cuda", "--jobs", "16"]) == 0
+    assert calls == [("cpu", os.cpu_count() or 1), ("cuda", 16)]

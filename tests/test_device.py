@@ -77,3 +77,18 @@ def test_cuda_library_reports_missing_gpu(monkeypatch):
     driver = python_driver(op, "float64", "cuda")
     with pytest.raises(RuntimeError, match="ScaleRows.*CUDA error"):
         driver(np.ones((2, 3)), np.ones(3), np.array(1, dtype=np.int32))
+
+
+def test_cublas_candidates_follow_the_toolkit_and_the_override(monkeypatch, tmp_path):
+    from ptnative.device import cublas_candidates, load_cublas
+
+    (tmp_path / "lib64").mkdir()
+    (tmp_path / "lib64" / "libcublas.so.13.1.0").write_bytes(b"")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setenv("PTNATIVE_CUBLAS", "/opt/my/libcublas.so.13")
+    found = cublas_candidates()
+    assert found[0] == "/opt/my/libcublas.so.13"
+    assert str(tmp_path / "lib64" / "libcublas.so.13.1.0") in found
+    assert found[-1] == "libcublas.so"  # the loader's own search comes last
+    path = load_cublas()  # an empty file is not a library: skipped, never an exception
+    assert path is None or "cublas" in path
