@@ -66,6 +66,95 @@ static void lstm_gemm(const Float* A, bool tA, const Float* B, bool tB, Float* C
   affine_raw(A, tA ? k : m, tA ? m : k, B, tB ? n : k, tB ? k : n, C, m, n, tA, tB, beta);
 }
 
+#if !CUDA
+// ---------------------------------------------------------------- CPU recurrent GEMM
+// The per-frame products y_prev . W (B x n x 4n) are too small for BLAS to thread well, and BLAS packs W again
+// on every call.  On the CPU we pack W once per op call into column panels and multiply with a register-tiled
+// kernel (gcc vector extensions, contracted to FMA), and split the batch rows over threads: rows are
+// independent through the whole recurrence, so the threads never wait for each other.
+typedef Float lstm_vec __attribute__((vector_size(32)));
+constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
+constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
+constexpr int LSTM_MR = 6;                                        // rows per register tile
+
+struct LstmPacked {
+  std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
+  int64_t k = 0, n = 0;
+};
+
+// op(B) is (k x n): B itself (row-major k x n) or, with `trans`, the transpose of row-major B (n x k).
+static LstmPacked lstm_pack(const Float* B, bool trans, int64_t k, int64_t n) {
+  LstmPacked P;
+  P.k = k;
+  P.n = n;
+  int64_t panels = (n + LSTM_NR - 1) / LSTM_NR;
+  P.data.assign(panels * k * LSTM_NR, Float(0));
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      Float* out = P.data.data() + (p * k + kk) * LSTM_NR;
+      for (int64_t c = 0; c < LSTM_NR && p * LSTM_NR + c < n; ++c) {
+        int64_t col = p * LSTM_NR + c;
+        out[c] = trans ? B[col * k + kk] : B[kk * n + col];
+      }
+    }
+  return P;
+}
+
+static inline lstm_vec lstm_load(const Float* p) {
+  lstm_vec v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// C[r][0..nc) += A[r][0..k) . panel, for the rows r < mr (A rows at stride lda, C rows at stride ldc).
+static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, int mr, const Float* __restrict__ panel,
+                             Float* C, int64_t ldc, int64_t nc) {
+  const Float* a[LSTM_MR];
+  for (int r = 0; r < LSTM_MR; ++r) a[r] = A + (r < mr ? r : 0) * lda;  // spare rows recompute row 0
+  lstm_vec acc[LSTM_MR][2] = {};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    lstm_vec b0 = lstm_load(panel + kk * LSTM_NR), b1 = lstm_load(panel + kk * LSTM_NR + LSTM_VL);
+    for (int r = 0; r < LSTM_MR; ++r) {
+      Float s = a[r][kk];
+      acc[r][0] += s * b0;
+      acc[r][1] += s * b1;
+    }
+  }
+  for (int r = 0; r < mr; ++r) {
+    Float out[LSTM_NR];
+    memcpy(out, acc[r], sizeof out);
+    for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] += out[c];
+  }
+}
+
+// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack.
+static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m) {
+  int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR;
+  for (int64_t p = 0; p < panels; ++p) {
+    const Float* panel = P.data.data() + p * P.k * LSTM_NR;
+    int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
+    for (int64_t r0 = 0; r0 < m; r0 += LSTM_MR)
+      lstm_tile(P.k, A + r0 * lda, lda, (int)std::min<int64_t>(LSTM_MR, m - r0), panel, C + r0 * ldc + p * LSTM_NR,
+                ldc, nc);
+  }
+}
+
+// Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), in whole register tiles, one thread per
+// block; one block when the work (n_frames products of n_batch x n_cells x 4 n_cells) is too small to pay
+// for starting threads.
+template <typename F>
+static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
+  int64_t tiles = (n_batch + LSTM_MR - 1) / LSTM_MR;
+  double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
+  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), tiles));
+  ptn::parallel_parts(parts, [&](int p) {
+    int64_t r0 = std::min(n_batch, tiles * p / parts * LSTM_MR);
+    int64_t r1 = std::min(n_batch, tiles * (p + 1) / parts * LSTM_MR);
+    if (r1 > r0) body(r0, r1);
+  });
+}
+#endif
+
 // The frames an LSTM op visits, in order.  NativeLstm2: step > 0 from `start` up to T-1; step < 0 from
 // T-1-start down to 0.  LstmLowMem (lowmem_rule): step < 0 runs from T-1-start down to `start`.
 struct LstmFrames {
@@ -177,6 +266,7 @@ static void lstm_generic_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c), n_batch * n_cells * sizeof(Float));
     return;
   }
+#if CUDA
   for (int64_t x = 0; x < T; ++x) {
     if (x > 0) affine_y_x(x - 1, Y, 0, V_h, x, H);  // H[x] += Y[x-1] . V_h
     start_dev_kernel(lstm_generic_fw_frame,
@@ -184,6 +274,19 @@ static void lstm_generic_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
                       data_ptr(Y, x),
                       x == T - 1 ? Ndarray_DEV_DATA(d) : (Float*)0, n_cells, n_batch, Ndarray_DEV_DATA(i) + x * n_batch));
   }
+#else
+  LstmPacked packed_V = lstm_pack(Ndarray_DEV_DATA(V_h), false, n_cells, 4 * n_cells);
+  lstm_cpu_rows(n_batch, n_cells, T - 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t x = 0; x < T; ++x) {
+      Float* h = data_ptr(H, x) + r0 * 4 * n_cells;
+      if (x > 0) lstm_packed_gemm(data_ptr(Y, x - 1) + r0 * n_cells, n_cells, packed_V, h, 4 * n_cells, r1 - r0);
+      lstm_generic_fw_frame(h, x > 0 ? data_ptr(H, x - 1) + r0 * 4 * n_cells : Ndarray_DEV_DATA(c) + r0 * n_cells,
+                            x > 0 ? 4 * n_cells : n_cells, data_ptr(Y, x) + r0 * n_cells,
+                            x == T - 1 ? Ndarray_DEV_DATA(d) + r0 * n_cells : (Float*)0, n_cells, r1 - r0,
+                            Ndarray_DEV_DATA(i) + x * n_batch + r0);
+    }
+  });
+#endif
   HANDLE_LAST_ERROR();
 }
 
@@ -213,6 +316,7 @@ static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     Ndarray_memcpy(Ndarray_DEV_DATA(Dc), Ndarray_DEV_DATA(Dd), n_batch * n_cells * sizeof(Float));
     return;
   }
+#if CUDA
   for (int64_t x = T - 1; x >= 0; --x) {
     if (x < T - 1) affine_y_x(x + 1, DZ, 0, V_h, x, tmpDc, false, true);  // dY[x] += DZ[x+1] . V_h^T
     start_dev_kernel(lstm_generic_bw_frame,
@@ -221,6 +325,20 @@ static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
                       n_batch,
                       Ndarray_DEV_DATA(i) + x * n_batch));
   }
+#else
+  LstmPacked packed_VT = lstm_pack(Ndarray_DEV_DATA(V_h), true, 4 * n_cells, n_cells);
+  lstm_cpu_rows(n_batch, n_cells, T - 1, [&](int64_t r0, int64_t r1) {
+    int64_t at = r0 * n_cells, at4 = r0 * 4 * n_cells;
+    for (int64_t x = T - 1; x >= 0; --x) {
+      if (x < T - 1)  // dY[x] += DZ[x+1] . V_h^T
+        lstm_packed_gemm(data_ptr(DZ, x + 1) + at4, 4 * n_cells, packed_VT, data_ptr(tmpDc, x) + at, n_cells, r1 - r0);
+      lstm_generic_bw_frame(data_ptr(DZ, x) + at4, data_ptr(tmpDc, x) + at,
+                            (x == T - 1 ? Ndarray_DEV_DATA(Dd) : data_ptr(tmpDc, x + 1)) + at,
+                            x > 0 ? data_ptr(DZ, x - 1) + at4 : Ndarray_DEV_DATA(c) + at, x > 0 ? 4 * n_cells : n_cells,
+                            n_cells, r1 - r0, Ndarray_DEV_DATA(i) + x * n_batch + r0);
+    }
+  });
+#endif
   affine_global(Y, DZ, DV_h, true, false, 1, 0.0);  // DV_h = Y[0..T-2]^T . DZ[1..T-1]
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc), data_ptr(tmpDc, 0), n_batch * n_cells * sizeof(Float));
   HANDLE_LAST_ERROR();
@@ -263,14 +381,16 @@ DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, con
 
 // Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
 // exit the part that reaches y_prev through the carry.  dc: dL/dC[t] on entry, dL/dc_prev on exit.
-DEF_KERNEL void lstm2_bw_frame(const Float* __restrict__ h, const Float* __restrict__ mask, const Float* __restrict__ c, const Float* __restrict__ c_prev, const Float* __restrict__ dY,
-                               const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc, Float* __restrict__ dx, int64_t n_batch, int64_t n_cells) {
+// gd (B, 4n): the frame's activated gates (H[t]) on entry, dL/dX[t] on exit.
+DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
+                               const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                               const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
+                               int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    const Float* g = h + b * 4 * n_cells + j;
-    Float* d = dx + b * 4 * n_cells + j;
+    Float* d = gd + b * 4 * n_cells + j;
     int64_t idx = b * n_cells + j;
     Float m = mask[b];
-    Float a = g[0], ig = g[n_cells], fg = g[2 * n_cells], og = g[3 * n_cells];
+    Float a = d[0], ig = d[n_cells], fg = d[2 * n_cells], og = d[3 * n_cells];
     Float tc = lstm_tanh(c[idx]);
     Float dy = dY[idx] + dy_carry[idx];
     Float dym = dy * m;
@@ -285,11 +405,11 @@ DEF_KERNEL void lstm2_bw_frame(const Float* __restrict__ h, const Float* __restr
   }
 }
 
-static void check_lstm2_shapes(Ndarray* X, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
+static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
-  assert_cmp(Ndarray_DIMS(X)[0], ==, T);
-  assert_cmp(Ndarray_DIMS(X)[1], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(X)[2], ==, 4 * n_cells);
+  assert_cmp(Ndarray_DIMS(H)[0], ==, T);
+  assert_cmp(Ndarray_DIMS(H)[1], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(H)[2], ==, 4 * n_cells);
   assert_cmp(Ndarray_DIMS(W)[0], ==, n_cells);
   assert_cmp(Ndarray_DIMS(W)[1], ==, 4 * n_cells);
   assert_cmp(Ndarray_DIMS(y0)[0], ==, n_batch);
@@ -297,24 +417,25 @@ static void check_lstm2_shapes(Ndarray* X, Ndarray* W, Ndarray* y0, Ndarray* c0,
   assert_cmp(Ndarray_DIMS(c0)[1], ==, n_cells);
 }
 
-// inputs: X (T,B,4n), W (n,4n), y0, c0 (B,n), i (T,B), start, step; outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
+// inputs: X (T,B,4n) [H is X's buffer], W (n,4n), y0, c0 (B,n), i (T,B), start, step;
+// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
 static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 4);
-  Ndarray *X = inputs[0], *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
+  Ndarray *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
   int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[5]), step = Ndarray_DEV_DATA_int32_scalar(inputs[6]);
   Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
-  check_lstm2_shapes(X, W, y0, c0, i);
+  check_lstm2_shapes(H, W, y0, c0, i);
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
   int64_t frame = n_batch * n_cells;
   LstmFrames fr = lstm_frames(T, start, step, false);
-  Ndarray_memcpy(Ndarray_DEV_DATA(H), Ndarray_DEV_DATA(X), T * frame * 4 * sizeof(Float));
   if (fr.count == 0) {
     Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
     return;
   }
   Float* y_carry = (Float*)device_malloc(frame * sizeof(Float));
   Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+#if CUDA
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
     lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
@@ -322,20 +443,33 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
                                       data_ptr(C, t), n_batch, n_cells));
   }
+#else
+  LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, 4 * n_cells);
+  lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
+    for (int64_t k = 0; k < fr.count; ++k) {
+      int64_t t = fr.at(k);
+      Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
+      lstm_packed_gemm(y_carry + r0 * n_cells, n_cells, packed_W, h, 4 * n_cells, r1 - r0);
+      lstm2_fw_frame(h, Ndarray_DEV_DATA(i) + t * n_batch + r0, y_carry + r0 * n_cells,
+                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + r0 * n_cells,
+                     data_ptr(Y, t) + r0 * n_cells, data_ptr(C, t) + r0 * n_cells, r1 - r0, n_cells);
+    }
+  });
+#endif
   HANDLE_LAST_ERROR();
   Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
   device_free(y_carry);
 }
 
-// inputs: X, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX, DW, Dy0, Dc0.
+// inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
 static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 13);
+  assert_cmp(n_inputs, ==, 12);
   assert_cmp(n_outputs, ==, 4);
-  Ndarray *X = inputs[0], *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
-  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[5]), step = Ndarray_DEV_DATA_int32_scalar(inputs[6]);
-  Ndarray *Y = inputs[7], *C = inputs[8], *H = inputs[9], *DY = inputs[10], *DC = inputs[11], *Dd = inputs[12];
+  Ndarray *W = inputs[0], *y0 = inputs[1], *c0 = inputs[2], *i = inputs[3];
+  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[4]), step = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
+  Ndarray *Y = inputs[6], *C = inputs[7], *H = inputs[8], *DY = inputs[9], *DC = inputs[10], *Dd = inputs[11];
   Ndarray *DX = *outputs[0], *DW = *outputs[1], *Dy0 = *outputs[2], *Dc0 = *outputs[3];
-  check_lstm2_shapes(X, W, y0, c0, i);
+  check_lstm2_shapes(H, W, y0, c0, i);
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
   int64_t frame = n_batch * n_cells;
   for (int k = 0; k < 3; ++k) {
@@ -344,13 +478,17 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     assert_cmp(Ndarray_DIMS(C)[k], ==, want);
     assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
     assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(H)[k], ==, Ndarray_DIMS(X)[k]);
   }
   assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
   assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
   LstmFrames fr = lstm_frames(T, start, step, false);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
-  // DX, DW and Dy0 (the running dL/dy_prev) start zeroed by the glue.
+  // DX starts as a copy of H (or is H): every visited frame is overwritten below, the others are zeroed.
+  // DW and Dy0 (the running dL/dy_prev) start zeroed by the glue.
+  std::vector<char> visited(T, 0);
+  for (int64_t k = 0; k < fr.count; ++k) visited[fr.at(k)] = 1;
+  for (int64_t t = 0; t < T; ++t)
+    if (!visited[t]) Ndarray_memset(data_ptr(DX, t), 0, 4 * frame * sizeof(Float));
   if (fr.count == 0) return;
   // Yp[t]: the recurrent input of visited frame t (y0, then the carried output), 0 elsewhere, so that
   // DW = Yp^T . DX is one GEMM over all frames (DX is 0 on frames that are not visited).
@@ -362,16 +500,31 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), Yp + tp * frame, Yp + t * frame,
                                    Ndarray_DEV_DATA(i) + tp * n_batch, n_batch, n_cells));
   }
+#if CUDA
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
-    start_dev_kernel(lstm2_bw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, data_ptr(C, t),
+    start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), Ndarray_DEV_DATA(i) + t * n_batch, data_ptr(C, t),
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
-                                      data_ptr(DC, t), Ndarray_DEV_DATA(Dy0), Ndarray_DEV_DATA(Dc0), data_ptr(DX, t), n_batch,
+                                      data_ptr(DC, t), Ndarray_DEV_DATA(Dy0), Ndarray_DEV_DATA(Dc0), n_batch,
                                       n_cells));
     // dL/dy_prev += DX[t] . W^T
     lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells,
               4 * n_cells, 1.0);
   }
+#else
+  LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, 4 * n_cells, n_cells);
+  lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
+    Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
+    for (int64_t k = fr.count - 1; k >= 0; --k) {
+      int64_t t = fr.at(k), at = r0 * n_cells;
+      Float* dx = data_ptr(DX, t) + r0 * 4 * n_cells;
+      lstm2_bw_frame(dx, Ndarray_DEV_DATA(i) + t * n_batch + r0, data_ptr(C, t) + at,
+                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
+                     data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
+      lstm_packed_gemm(dx, 4 * n_cells, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
+    }
+  });
+#endif
   lstm_gemm(Yp, true, Ndarray_DEV_DATA(DX), false, Ndarray_DEV_DATA(DW), n_cells, 4 * n_cells, T * n_batch, 0.0);
   HANDLE_LAST_ERROR();
   device_free(Yp);

@@ -21,6 +21,10 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+#if !CUDA
+#include <exception>
+#include <thread>
+#endif
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -96,6 +100,41 @@ inline char* data_ptr_bytes(const Ndarray* a, int64_t t) {
   if (a->ndim != 3) check_failed("data_ptr: Ndarray_NDIM(a) in {2, 3}", a->ndim, 3, __FILE__, __LINE__);
   return (char*)a->data + t * a->dims[1] * a->dims[2] * a->itemsize;
 }
+
+#if !CUDA
+// ---------------------------------------------------------------- CPU threads
+// Worker threads for host code that splits independent work: $PTNATIVE_NUM_THREADS, else $OMP_NUM_THREADS,
+// else the hardware's count.
+inline int cpu_threads() {
+  for (const char* var : {"PTNATIVE_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = getenv(var);
+    if (v && atoi(v) > 0) return atoi(v);
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? (int)hw : 1;
+}
+
+// Runs body(part) for every part in [0, parts): part 0 on the calling thread, the others on their own
+// threads.  Returns when all are done; an exception in any part is rethrown here (the first one).
+template <typename F>
+void parallel_parts(int parts, F&& body) {
+  if (parts <= 1) {
+    body(0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(parts);
+  std::vector<std::thread> threads;
+  threads.reserve(parts - 1);
+  for (int p = 1; p < parts; ++p)
+    threads.emplace_back([&, p]() {
+      try { body(p); } catch (...) { errors[p] = std::current_exception(); }
+    });
+  try { body(0); } catch (...) { errors[0] = std::current_exception(); }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+#endif
 
 }  // namespace ptn
 

@@ -56,6 +56,26 @@ def test_forward_and_gradients_against_reference(mode, dtype):
         np.testing.assert_allclose(g, r, rtol=rtol * 10, atol=atol * 10, err_msg=name)
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_multithreaded_cpu_path_against_reference(monkeypatch, threads, dtype):
+    """A size that takes the packed-GEMM, row-split CPU path (batch not a multiple of the register tile)."""
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    T, B, n = 16, 41, 64  # >= 4e6 multiply-adds in the recurrent products
+    values = lstm_data(T, B, n, dtype, seed=3)
+    values[1] = values[1] * np.asarray(0.5, dtype)
+    rng = np.random.default_rng(6)
+    DY, Dd = rng.normal(size=(T, B, n)).astype(dtype), rng.normal(size=(B, n)).astype(dtype)
+    Z, V_h, c, i = symbolic(dtype)
+    Y, H, d = LstmGenericBase.make_op()(Z, V_h, c, i)
+    grads = pytensor.grad((Y * DY).sum() + (d * Dd).sum(), [Z, V_h, c])
+    got = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads])(*values)
+    ref = lstm_generic_forward(*values) + lstm_generic_backward(*values, DY, Dd)
+    rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
+    for name, g, r in zip(["Y", "H", "d", "DZ", "DV_h", "Dc"], got, ref):
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol * max(1.0, np.abs(r).max()), err_msg=name)
+
+
 def test_verify_grad_float64():
     rng = np.random.default_rng(11)
     Z, V_h, c, i = lstm_data(5, 3, 3, "float64", seed=3)
@@ -141,7 +161,7 @@ def test_lstm_kernels_compile_with_nvcc(monkeypatch, dtype):
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmLowMem, NativeLstm2,  # noqa: E402
                                TwoDLSTM, lstm, lstm_cell, twod_lstm)
 
-from .reference.lstm import (lstm_cell_forward, lstm_lowmem_forward, native_lstm2_forward,  # noqa: E402
+from .reference.lstm import (lstm_cell_forward, lstm_lowmem_forward, native_lstm2_forward, visited_frames,  # noqa: E402
                              numeric_grad, twod_lstm_forward)
 
 DIRECTIONS = [(0, 1), (0, -1), (1, 1), (1, -1), (0, 2), (0, -2)]
@@ -216,6 +236,48 @@ def test_native_lstm2_against_reference(dtype, start, step):
 
     for name, g, r in zip(["DX", "DW", "Dy0", "Dc0"], grads, numeric_grad(cost, vals[:4], range(4))):
         assert_close(g, r, dtype, name)
+
+
+def native_lstm2_graph(X, W, y0, c0, i, start, step):
+    """NativeLstm2's recurrence unrolled in plain PyTensor (an autodiff reference): Y, C, d."""
+    T, n = int(X.type.shape[0]), int(W.type.shape[0])
+    Y, C = [pt.zeros_like(y0)] * T, [pt.zeros_like(c0)] * T
+    y_prev, c_prev = y0, c0
+    for t in visited_frames(T, start, step):
+        z = X[t] + pt.dot(y_prev, W)
+        a, ig, fg, og = pt.tanh(z[:, :n]), *(pt.sigmoid(z[:, k * n:(k + 1) * n]) for k in (1, 2, 3))
+        m = i[t][:, None]
+        c = (c_prev * fg + a * ig) * m + c_prev * (1 - m)
+        y = pt.tanh(c) * og * m
+        Y[t], C[t] = y, c
+        y_prev, c_prev = y + y_prev * (1 - m), c
+    return pt.stack(Y), pt.stack(C), c_prev
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
+def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step):
+    """A size that takes the packed-GEMM, row-split CPU path (batch not a multiple of the register tile,
+    odd thread counts, ragged mask) against the recurrence unrolled in PyTensor and differentiated by it."""
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    T, B, n = 16, 41, 64  # >= 4e6 multiply-adds over the visited frames: the threaded path
+    rng = np.random.default_rng(5)
+    vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.2, rng.normal(size=(B, n)),
+            rng.normal(size=(B, n)), holey_mask(T, B, rng)]
+    syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    Y, C, _, d = NativeLstm2.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
+    rY, rC, rd = native_lstm2_graph(*syms, start, step)
+    outs = []
+    for y, c, dd in ((Y, C, d), (rY, rC, rd)):
+        cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
+        outs.append([y, c, dd, *pytensor.grad(cost, syms[:4])])
+    f = pytensor.function(syms, outs[0] + outs[1], mode="FAST_COMPILE")  # the unrolled graph compiles fast there
+    res = f(*[np.asarray(v, dtype=dtype) for v in vals])
+    rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
+    for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

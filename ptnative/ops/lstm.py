@@ -89,7 +89,7 @@ class NativeLstm2(NativeOpGenBase):
       * ``Y`` (T, B, n): ``o * tanh(c) * i``; 0 on masked and on unvisited frames;
       * ``C`` (T, B, n): cell states; a masked frame carries the previous state;
       * ``H`` (T, B, 4n): the activated gates ``[tanh(cell-in), sigma(in), sigma(forget), sigma(out)]`` on
-        visited frames, a copy of X elsewhere;
+        visited frames, a copy of X elsewhere (X's buffer when PyTensor runs the op inplace);
       * ``d`` (B, n): the cell state after the last visited frame; ``c0`` when T = 0.
 
     The recurrent input of a visited frame is the carried output: ``y_prev <- y + y_prev * (1 - i)``, so
@@ -100,7 +100,8 @@ class NativeLstm2(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
+        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 2,
+         "bw_out_var": {"shape": ((8, 0), (8, 1), (8, 2))}},
         {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
         {"name": "y0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
         {"name": "c0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
@@ -111,13 +112,14 @@ class NativeLstm2(NativeOpGenBase):
     out_info = (
         {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
         {"name": "C", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
-        {"name": "H", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 1)), "need_contiguous": True},
+        {"name": "H", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 1)), "need_contiguous": True,
+         "bw_in_var": {"want_inplace": 0}},
         {"name": "d", "ndim": 2, "shape": ((0, 1), (1, 0)), "need_contiguous": True},
     )
 
     @classmethod
     def grad_input_map(cls, X, W, y0, c0, i, start, step, Y, C, H, d, DY, DC, DH, Dd):
-        return X, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
+        return W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
 
     c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
     c_fw_code = "native_lstm2_fw(n_inputs, inputs, n_outputs, outputs);"
