@@ -297,14 +297,9 @@ def bench_lstm(jax, torch, torch_note, graphs):
 
 # ------------------------------------------------------------------ CTC
 def ctc_data(T, B, D, N, seed=0):
-    rng = np.random.default_rng(seed)
-    logits = rng.standard_normal(size=(T, B, D), dtype=np.float32)
-    lens = rng.integers(int(0.8 * T), T + 1, size=B).astype(np.int32)
-    lens[0] = T
-    tlens = rng.integers(int(0.7 * N), N + 1, size=B).astype(np.int32)
-    tlens[0] = N
-    targets = rng.integers(0, D - 1, size=(B, N)).astype(np.int32)  # blank = D - 1
-    return logits, lens, targets, tlens
+    from ctc import ctc_data as data  # bench/ctc.py: the same inputs as the CPU benchmark
+
+    return data(T, B, D, N, seed)
 
 
 def ctc_graph(data):

@@ -76,6 +76,9 @@ typedef Float lstm_vec __attribute__((vector_size(32)));
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 constexpr int LSTM_MR = 6;                                        // rows per register tile
+#ifndef LSTM_ROWS_PER_BLOCK
+#define LSTM_ROWS_PER_BLOCK (2 * LSTM_MR)                              // rows per thread work item
+#endif
 
 struct LstmPacked {
   std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
@@ -139,18 +142,18 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
   }
 }
 
-// Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), in whole register tiles, one thread per
-// block; one block when the work (n_frames products of n_batch x n_cells x 4 n_cells) is too small to pay
-// for starting threads.
+// Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), on several threads when the work
+// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks are handed out
+// one by one, so a thread slowed by another process (or by BLAS's idle threads spinning) takes fewer.
 template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
-  int64_t tiles = (n_batch + LSTM_MR - 1) / LSTM_MR;
+  const int64_t rows = LSTM_ROWS_PER_BLOCK;
+  int64_t blocks = (n_batch + rows - 1) / rows;
   double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
-  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), tiles));
-  ptn::parallel_parts(parts, [&](int p) {
-    int64_t r0 = std::min(n_batch, tiles * p / parts * LSTM_MR);
-    int64_t r1 = std::min(n_batch, tiles * (p + 1) / parts * LSTM_MR);
-    if (r1 > r0) body(r0, r1);
+  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
+  std::atomic<int64_t> next(0);
+  ptn::parallel_parts(parts, [&](int) {
+    for (int64_t blk; (blk = next.fetch_add(1)) < blocks;) body(blk * rows, std::min(n_batch, (blk + 1) * rows));
   });
 }
 #endif
@@ -576,10 +579,12 @@ DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* _
     d[n_cells] = d1;
     d[2 * n_cells] = d2;
     d[3 * n_cells] = d3;
+#if CUDA
     elem_atomic_add(&db[j], d0);
     elem_atomic_add(&db[n_cells + j], d1);
     elem_atomic_add(&db[2 * n_cells + j], d2);
     elem_atomic_add(&db[3 * n_cells + j], d3);
+#endif
     dc[idx] = dct * (fg * m + Float(1) - m);
   }
 }
@@ -668,6 +673,11 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
                                        data_ptr(C, t), k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0),
                                        data_ptr(DY, t), data_ptr(DC, t), dh, Ndarray_DEV_DATA(Dc0), dintern, Ndarray_DEV_DATA(Db),
                                        n_batch, n_cells));
+#if !CUDA  // db += the column sums of dintern (in the frame kernel the four strided sums stop vectorisation)
+    Float* dbd = Ndarray_DEV_DATA(Db);
+    for (int64_t r = 0; r < n_batch; ++r)
+      for (int64_t k4 = 0; k4 < 4 * n_cells; ++k4) dbd[k4] += dintern[r * 4 * n_cells + k4];
+#endif
     const Float* Wd = Ndarray_DEV_DATA(W);
     lstm_gemm(dintern, false, Wd, true, data_ptr(DX, t), n_batch, n_in, 4 * n_cells, 0.0);
     lstm_gemm(data_ptr(X, t), true, dintern, false, DWd, n_in, 4 * n_cells, n_batch, 1.0);

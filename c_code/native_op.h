@@ -23,6 +23,7 @@
 #include <vector>
 #if !CUDA
 #include <exception>
+#include <atomic>
 #include <thread>
 #endif
 
