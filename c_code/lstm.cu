@@ -76,9 +76,7 @@ typedef Float lstm_vec __attribute__((vector_size(32)));
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 constexpr int LSTM_MR = 6;                                        // rows per register tile
-#ifndef LSTM_ROWS_PER_BLOCK
-#define LSTM_ROWS_PER_BLOCK (2 * LSTM_MR)                              // rows per thread work item
-#endif
+constexpr int64_t LSTM_ROWS_PER_BLOCK = 2 * LSTM_MR;              // rows per work item of a thread
 
 struct LstmPacked {
   std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
@@ -275,7 +273,8 @@ static void lstm_generic_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     start_dev_kernel(lstm_generic_fw_frame,
                      (data_ptr(H, x), x > 0 ? data_ptr(H, x - 1) : Ndarray_DEV_DATA(c), x > 0 ? 4 * n_cells : n_cells,
                       data_ptr(Y, x),
-                      x == T - 1 ? Ndarray_DEV_DATA(d) : (Float*)0, n_cells, n_batch, Ndarray_DEV_DATA(i) + x * n_batch));
+                      x == T - 1 ? Ndarray_DEV_DATA(d) : (Float*)0, n_cells, n_batch,
+                      Ndarray_DEV_DATA(i) + x * n_batch));
   }
 #else
   LstmPacked packed_V = lstm_pack(Ndarray_DEV_DATA(V_h), false, n_cells, 4 * n_cells);
@@ -350,7 +349,8 @@ static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 // ================================================================ NativeLstm2
 // H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
 // on exit; y_carry is y_prev on entry and the carried output (y, or y_prev on masked frames) on exit.
-DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry, const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
+DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry,
+                               const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     Float* g = h + b * 4 * n_cells + j;
@@ -535,7 +535,8 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 
 // ================================================================ LstmLowMem
 // intern (B, 4n): X[t] . W_x + y_prev . W_h, without the bias.
-DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias, const Float* __restrict__ mask, const Float* __restrict__ c_prev, Float* __restrict__ y,
+DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias,
+                                const Float* __restrict__ mask, const Float* __restrict__ c_prev, Float* __restrict__ y,
                                 Float* __restrict__ c, int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     const Float* g = intern + b * 4 * n_cells + j;
@@ -554,10 +555,11 @@ DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* _
 
 // Backward through one frame.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry,
 // dL/dc_prev on exit.  dintern: dL/d(pre-activations); db accumulates its column sums.
-DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias, const Float* __restrict__ mask, const Float* __restrict__ c,
-                                const Float* __restrict__ c_prev, const Float* __restrict__ dY, const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
-                                Float* __restrict__ dintern,
-                                Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
+DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias,
+                                const Float* __restrict__ mask, const Float* __restrict__ c,
+                                const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                                const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
+                                Float* __restrict__ dintern, Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     const Float* g = intern + b * 4 * n_cells + j;
     Float* d = dintern + b * 4 * n_cells + j;
@@ -671,8 +673,8 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     lowmem_intern(X, W, t, y_prev, intern, n_batch, n_in, n_cells);
     start_dev_kernel(lowmem_bw_frame, (intern, Ndarray_DEV_DATA(b), Ndarray_DEV_DATA(i) + t * n_batch,
                                        data_ptr(C, t), k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0),
-                                       data_ptr(DY, t), data_ptr(DC, t), dh, Ndarray_DEV_DATA(Dc0), dintern, Ndarray_DEV_DATA(Db),
-                                       n_batch, n_cells));
+                                       data_ptr(DY, t), data_ptr(DC, t), dh, Ndarray_DEV_DATA(Dc0), dintern,
+                                       Ndarray_DEV_DATA(Db), n_batch, n_cells));
 #if !CUDA  // db += the column sums of dintern (in the frame kernel the four strided sums stop vectorisation)
     Float* dbd = Ndarray_DEV_DATA(Db);
     for (int64_t r = 0; r < n_batch; ++r)

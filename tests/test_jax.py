@@ -81,3 +81,24 @@ def test_catalogue_functions_in_jax_mode():
     got = pytensor.function([logits, x], outs, mode="JAX")(*values)
     for r, o in zip(ref, got):
         np.testing.assert_allclose(np.asarray(o), r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
+def test_native_lstm2_aliased_buffers_match_default_mode(start, step):
+    """NativeLstm2 writes its gates into X's buffer and its DX into H's: under XLA the aliases are
+    input_output_aliases, and frames the direction skips must still come out as in the default mode."""
+    from ptnative.ops import NativeLstm2
+
+    T, B, n = 7, 3, 4
+    rng = np.random.default_rng(0)
+    X, W = pt.tensor3(shape=(T, B, 4 * n)), pt.matrix(shape=(n, 4 * n))
+    y0, c0, m = pt.matrix(shape=(B, n)), pt.matrix(shape=(B, n)), pt.matrix(shape=(T, B))
+    vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.3, rng.normal(size=(B, n)),
+            rng.normal(size=(B, n)), (rng.random((T, B)) > 0.3) * 1.0]
+    direction = pt.constant(np.int32(start)), pt.constant(np.int32(step))
+    Y, C, H, d = NativeLstm2.make_op()(X * 1.5, W, y0, c0, m, *direction)
+    outs = [Y, C, d, *pytensor.grad((Y ** 2).sum() + (C * 0.3).sum() + d.sum(), [X, W, y0, c0])]
+    ref = pytensor.function([X, W, y0, c0, m], outs)(*vals)
+    got = pytensor.function([X, W, y0, c0, m], outs, mode="JAX")(*vals)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12)

@@ -35,6 +35,9 @@ def ffi_target(op, float_dtype: str, device: str) -> str:
             set_blas = getattr(lib, variant.symbol + "_set_blas")
             set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             set_blas(*blas.gemm_addresses())
+        else:
+            from ..device import load_cublas
+            load_cublas()  # where the kernels' dlopen("libcublas.so.13") finds it
         handler = jax.ffi.pycapsule(getattr(lib, variant.symbol + "_ffi"))
         jax.ffi.register_ffi_target(name, handler, platform="cpu" if device == "cpu" else "CUDA")
         _libraries[name] = lib
