@@ -119,6 +119,24 @@ def guarded(name, make):
         return None
 
 
+
+def jax_fn(jax, graph, make_inputs):
+    """A JAX-mode function of ``graph = (inputs, outputs)`` on the device arrays ``make_inputs()``, waiting for
+    its results."""
+    import pytensor
+
+    f = pytensor.function(*graph, mode="JAX")
+    f.trust_input = True
+    args = make_inputs()
+    return lambda: jax.block_until_ready(f(*args))
+
+
+def print_agreement(out, ref, peer, suffix=""):
+    """One line with the relative difference of a loss from the peer's, when both are there."""
+    if out is not None and ref is not None:
+        print(f"  {'':<58} |loss - {peer}| / |loss| = {abs(float(out[0]) - ref) / abs(ref):.2e}{suffix}")
+
+
 def rel_diff(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
@@ -271,17 +289,12 @@ def bench_lstm(jax, torch, torch_note, graphs):
         g.skip("ptnative JAX mode", jax_note)
     else:
         def make_jax(inputs, outputs, names):
-            f = pytensor.function(inputs, outputs, mode="JAX")
-            f.trust_input = True
-            args = [jax.device_put(d[k]) for k in names]
-            return lambda: jax.block_until_ready(f(*args))
+            return jax_fn(jax, (inputs, outputs), lambda: [jax.device_put(d[k]) for k in names])
 
         run = guarded("lstm() JAX", lambda: make_jax(layer_in, layer_out, ["x", "W_in", "W_rec", "b"]))
         if run is not None:
             out = g.row("ptnative.lstm layer, JAX mode (XLA GEMM + NativeLstm2)", run)
-            if out is not None and ref_loss is not None:
-                print(f"  {'':<58} |loss - torch's| / |loss| = {abs(float(out[0]) - ref_loss) / abs(ref_loss):.2e} "
-                      "(same weights)")
+            print_agreement(out, ref_loss, "torch's", " (same weights)")
         run = guarded("NativeLstm2 JAX", lambda: make_jax(core_in, core_out, ["X", "W_rec"]))
         if run is not None:
             g.row("NativeLstm2 alone (X given), JAX mode", run)
@@ -344,19 +357,12 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
             ref = None if out is None else float(out)
 
     def check(out):
-        if out is not None and ref is not None:
-            print(f"  {'':<58} |loss - torch's| / |loss| = {abs(float(out[0]) - ref) / abs(ref):.2e}")
+        print_agreement(out, ref, "torch's")
 
     if jax is None:
         g.skip("ptnative.ctc_loss, JAX mode", jax_note)
     else:
-        def make_jax():
-            f = pytensor.function(*graph, mode="JAX")
-            f.trust_input = True
-            x = jax.device_put(logits)
-            return lambda: jax.block_until_ready(f(x))
-
-        run = guarded("ctc_loss JAX", make_jax)
+        run = guarded("ctc_loss JAX", lambda: jax_fn(jax, graph, lambda: [jax.device_put(logits)]))
         if run is not None:
             check(g.row("ptnative.ctc_loss, JAX mode", run))
 
@@ -434,22 +440,17 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
                 torch.cuda.empty_cache()
 
     def check(out):
-        if out is not None and ref is not None:
-            print(f"  {'':<58} |loss - torchaudio's| / |loss| = {abs(float(out[0]) - ref) / abs(ref):.2e}")
+        print_agreement(out, ref, "torchaudio's")
 
     if jax is None:
         g.skip("ptnative.rnnt_loss, JAX mode", jax_note)
     else:
-        def make_jax():
-            f = pytensor.function(*graph, mode="JAX")
-            f.trust_input = True
+        def make_inputs():
             if big:
-                x = jax.random.normal(jax.random.key(0), (B, T, U + 1, V + 1), dtype="float32")
-            else:
-                x = jax.device_put(acts)
-            return lambda: jax.block_until_ready(f(x))
+                return [jax.random.normal(jax.random.key(0), (B, T, U + 1, V + 1), dtype="float32")]
+            return [jax.device_put(acts)]
 
-        run = guarded("rnnt_loss JAX", make_jax)
+        run = guarded("rnnt_loss JAX", lambda: jax_fn(jax, graph, make_inputs))
         if run is not None:
             check(g.row("ptnative.rnnt_loss, JAX mode", run))
             del run

@@ -408,6 +408,21 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
   }
 }
 
+// The backward inputs of NativeLstm2 and LstmLowMem: Y, C, DY, DC (T, B, n) and Dd (B, n), T and B from the mask i.
+static void check_lstm_bw_shapes(Ndarray* i, int64_t n_cells, Ndarray* Y, Ndarray* C, Ndarray* DY, Ndarray* DC,
+                                 Ndarray* Dd) {
+  for (int k = 0; k < 3; ++k) {
+    int64_t want = k < 2 ? Ndarray_DIMS(i)[k] : n_cells;
+    assert_cmp(Ndarray_DIMS(Y)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(C)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
+    assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
+  }
+  assert_cmp(Ndarray_DIMS(Dd)[0], ==, Ndarray_DIMS(i)[1]);
+  assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
+}
+
+// H: the gates buffer (X's buffer and shape).
 static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
   assert_cmp(Ndarray_DIMS(H)[0], ==, T);
@@ -475,15 +490,7 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   check_lstm2_shapes(H, W, y0, c0, i);
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
   int64_t frame = n_batch * n_cells;
-  for (int k = 0; k < 3; ++k) {
-    int64_t want = k < 2 ? Ndarray_DIMS(i)[k] : n_cells;
-    assert_cmp(Ndarray_DIMS(Y)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(C)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
-  }
-  assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
+  check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
   LstmFrames fr = lstm_frames(T, start, step, false);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
   // DX starts as a copy of H (or is H): every visited frame is overwritten below, the others are zeroed.
@@ -651,15 +658,7 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   check_lowmem_shapes(X, W, b, y0, c0, i);
   int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1], n_in = Ndarray_DIMS(X)[2];
   int64_t frame = n_batch * n_cells;
-  for (int k = 0; k < 3; ++k) {
-    int64_t want = k < 2 ? Ndarray_DIMS(i)[k] : n_cells;
-    assert_cmp(Ndarray_DIMS(Y)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(C)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(DY)[k], ==, want);
-    assert_cmp(Ndarray_DIMS(DC)[k], ==, want);
-  }
-  assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
+  check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
   LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
   if (fr.count == 0) return;  // DX, DW, Db, Dy0 stay 0
