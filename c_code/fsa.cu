@@ -16,6 +16,13 @@
 // scaled pass finds no path are recomputed in log space (so extreme score
 // ranges stay exact).  Viterbi and the segmental op run in log space.
 
+// Threads per block of the kernels that reduce over a row (a power of two; one on the CPU).
+#if CUDA
+#define FSA_ROW_THREADS 128
+#else
+#define FSA_ROW_THREADS 1
+#endif
+
 #define FSA_LOOP(i, n) \
   for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
 
@@ -91,14 +98,6 @@ struct FsaScratch {
     for (void* p : bufs) device_free(p);
   }
 };
-
-static void fsa_copy_to_host(void* dst, const void* src, size_t n) {
-#if CUDA
-  HANDLE_ERROR(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-#else
-  memcpy(dst, src, n);
-#endif
-}
 
 // ---------------------------------------------------------------- validation
 // Claim state q for sequence s; a state used by two sequences is an error.
@@ -214,37 +213,49 @@ DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, doub
   FSA_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
 }
 
-// Emission factors of frame t: P[b, d] = exp(-(a - min a)) with a = -log score;
-// shift[b] = what -log p gains from the scaling; norm[b] = sum of P (softmax).
-DEF_KERNEL void fbw_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const Float* am,
-                              const int32_t* seq_len, double* P, double* shift, double* norm) {
-  FSA_LOOP(b, n_batch) {
-    if (t >= seq_len[b]) continue;
-    const Float* row = am + (t * n_batch + b) * n_classes;
-    double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
+// Emission factors of the rows r = (t - t0) * n_batch + b of frames t0, t0 + 1, ... (n_rows in all), one block
+// per row: P[r, d] = exp(-(a - min a)) with a = -log score; shift[r] = what -log p gains from the scaling;
+// norm[r] = sum of P (softmax).  Rows of padded frames are left alone.
+DEF_KERNEL void fbw_emissions(int mode, int64_t t0, int64_t n_rows, int64_t n_batch, int64_t n_classes,
+                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm) {
+  DEF_SHARED(double, sh);
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  const double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    if (t0 + r / n_batch >= seq_len[r % n_batch]) continue;
+    const Float* row = am + (t0 * n_batch + r) * n_classes;
+    double* Pr = P + r * n_classes;
     double m = INFINITY;
-    for (int64_t d = 0; d < n_classes; ++d) {
+    for (int64_t d = tid; d < n_classes; d += nt) {
       double a = sign * (double)row[d];
-      bool score_is_not_infinitely_likely = !(a == -INFINITY);
-      assert_cmp(score_is_not_infinitely_likely, ==, true);
-      if (a < m) m = a;
+      if (a < m) m = a;  // NaN counts as impossible
     }
+    m = block_min(sh, m);
+    bool score_is_not_infinitely_likely = !(m == -INFINITY);  // the same in every thread of the block
+    assert_cmp(score_is_not_infinitely_likely, ==, true);
     double sum = 0.0;
-    double* Pb = P + b * n_classes;
-    if (m < INFINITY) {
-      for (int64_t d = 0; d < n_classes; ++d) {
-        double a = sign * (double)row[d];
-        double p = a < INFINITY ? fsa_exp(-(a - m)) : 0.0;  // NaN counts as impossible
-        Pb[d] = p;
-        sum += p;
-      }
-    } else {
-      for (int64_t d = 0; d < n_classes; ++d) Pb[d] = 0.0;
-      m = 0.0;
+    for (int64_t d = tid; d < n_classes; d += nt) {
+      double a = sign * (double)row[d];
+      double p = m < INFINITY && a < INFINITY ? fsa_exp(-(a - m)) : 0.0;
+      Pr[d] = p;
+      sum += p;
     }
-    norm[b] = sum;
-    shift[b] = mode == FBW_LOGITS ? (sum > 0 ? log(sum) : 0.0) : m;
+    sum = block_sum(sh, sum);
+    if (tid == 0) {
+      norm[r] = sum;
+      shift[r] = mode == FBW_LOGITS ? (sum > 0 ? log(sum) : 0.0) : (m < INFINITY ? m : 0.0);
+    }
   }
+}
+
+// Rows of frames [t0, t0 + n_frames) through fbw_emissions; P, shift and norm point at frame t0's first row.
+static void fbw_emission_rows(int mode, int64_t t0, int64_t n_frames, int64_t n_batch, int64_t n_classes,
+                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm) {
+  const int64_t n_rows = n_frames * n_batch;
+  if (n_rows == 0) return;
+  start_dev_kernel2(fbw_emissions, std::min<int64_t>(n_rows, 65535), FSA_ROW_THREADS,
+                    FSA_ROW_THREADS * sizeof(double), (mode, t0, n_rows, n_batch, n_classes, am, seq_len, P, shift,
+                                                       norm));
 }
 
 DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
@@ -545,13 +556,14 @@ static void fbw_run(const FbwProblem& p) {
   double* W = scratch.get<double>(E);
   double* alpha = scratch.get<double>((T + 1) * S);
   double* beta = scratch.get<double>(2 * S);
-  // Emission factors of every frame are kept for the backward pass when they fit in 256 MB.
+  // Emission factors of every frame are computed up front and kept for the backward pass when they fit in
+  // 256 MB; else frame by frame, twice.
   const bool keep_P = T * B * D <= (int64_t)32 * 1024 * 1024;
   double* P_all = scratch.get<double>(keep_P ? T * B * D : B * D);
   double* norm_all = scratch.get<double>(keep_P ? T * B : B);
+  double* shift_all = scratch.get<double>(keep_P ? T * B : B);
   double* P = P_all;
   double* G = scratch.get<double>(B * D);
-  double* shift = scratch.get<double>(B);
   double* c = scratch.get<double>(B);
   double* nll = scratch.get<double>(B);
   double* end_wmin = scratch.get<double>(B);
@@ -567,14 +579,15 @@ static void fbw_run(const FbwProblem& p) {
   Ndarray_memset(nll, 0, B * sizeof(double));
   Ndarray_memset(G, 0, B * D * sizeof(double));
   start_dev_kernel(fbw_set_start, (B, p.start, alpha));
+  if (keep_P) fbw_emission_rows(p.mode, 0, T, B, D, p.am, seq_len, P_all, shift_all, norm_all);
 
   // forward
   for (int64_t t = 0; t < T; ++t) {
     double* a_t = alpha + t * S;
     double* a_next = a_t + S;
     P = keep_P ? P_all + t * B * D : P_all;
-    double* norm = keep_P ? norm_all + t * B : norm_all;
-    start_dev_kernel(fbw_emissions, (p.mode, t, B, D, p.am, seq_len, P, shift, norm));
+    double* shift = keep_P ? shift_all + t * B : shift_all;
+    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all);
     start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, a_t, a_next, c));
     start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, c, a_next));
     start_dev_kernel(fbw_fwd_seq, (t, B, seq_len, c, shift, wmin, nll));
@@ -594,7 +607,7 @@ static void fbw_run(const FbwProblem& p) {
                                    zsum));
     P = keep_P ? P_all + t * B * D : P_all;
     double* norm = keep_P ? norm_all + t * B : norm_all;
-    if (!keep_P) start_dev_kernel(fbw_emissions, (p.mode, t, B, D, p.am, seq_len, P, shift, norm));
+    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm);
     start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
                                     G, dsum, zsum));
     start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, dsum, b_cur));
@@ -608,7 +621,7 @@ static void fbw_run(const FbwProblem& p) {
   Ndarray_memset(n_redo_dev, 0, sizeof(int32_t));
   start_dev_kernel(fbl_mark, (B, nll, redo, n_redo_dev));
   int32_t n_redo = 0;
-  fsa_copy_to_host(&n_redo, n_redo_dev, sizeof(int32_t));
+  Ndarray_copy_to_host(&n_redo, n_redo_dev, sizeof(int32_t));
   if (n_redo == 0) return;
   double* la = alpha;
   double* lb = beta;
@@ -1123,7 +1136,7 @@ static void segment_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   start_dev_kernel(seg_check, (E, e, D, M, B, start_end, n_states_dev));
   HANDLE_LAST_ERROR();
   int32_t n_states_host = 0;
-  fsa_copy_to_host(&n_states_host, n_states_dev, sizeof(int32_t));
+  Ndarray_copy_to_host(&n_states_host, n_states_dev, sizeof(int32_t));
   const int64_t S = n_states_host;
   int32_t* col_seq = scratch.get<int32_t>(Nb);
   int32_t* col_t = scratch.get<int32_t>(Nb);

@@ -191,12 +191,22 @@ inline void cuda_check(cudaError_t e, const char* file, int line) {
     raise(PTN_STATUS_RUNTIME, s.str());
   }
 }
+// Device-to-host copy ordered after the work queued on the op's stream (which need not synchronise with the
+// legacy default stream that plain cudaMemcpy uses); returns when the data is on the host.
+inline void copy_to_host(void* dst, const void* src, size_t n, const char* file, int line) {
+  if (n == 0) return;
+  cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, current_stream), file, line);
+  cuda_check(cudaStreamSynchronize(current_stream), file, line);
+}
 inline void check_device_flag(const char* file, int line) {
   int err_line = 0;
-  cuda_check(cudaMemcpyFromSymbol(&err_line, ptn_device_error_line, sizeof(int)), file, line);
+  cuda_check(cudaMemcpyFromSymbolAsync(&err_line, ptn_device_error_line, sizeof(int), 0, cudaMemcpyDeviceToHost,
+                                       current_stream), file, line);
+  cuda_check(cudaStreamSynchronize(current_stream), file, line);
   if (err_line) {
-    int zero = 0;
-    cudaMemcpyToSymbol(ptn_device_error_line, &zero, sizeof(int));
+    static const int zero = 0;
+    cudaMemcpyToSymbolAsync(ptn_device_error_line, &zero, sizeof(int), 0, cudaMemcpyHostToDevice, current_stream);
+    cudaStreamSynchronize(current_stream);
     std::ostringstream s;
     s << "check failed in device code at line " << err_line;
     raise(PTN_STATUS_VALUE, s.str());
@@ -230,6 +240,7 @@ inline void device_free(void* p) { if (p) cudaFree(p); }
 #define NAN_F CUDART_NAN_F
 #define Ndarray_memcpy(y, x, size) HANDLE_ERROR(cudaMemcpyAsync((y), (x), (size), cudaMemcpyDeviceToDevice, CUDA_CUR_STREAM))
 #define Ndarray_memset(p, c, size) HANDLE_ERROR(cudaMemsetAsync((p), (c), (size), CUDA_CUR_STREAM))
+#define Ndarray_copy_to_host(dst, src, size) ptn::copy_to_host((dst), (src), (size), __FILE__, __LINE__)
 #define device_malloc(n) ptn::device_malloc(n)
 #define device_free(p) ptn::device_free(p)
 
@@ -299,10 +310,32 @@ template <typename T> T host_atomic_cas(T* addr, T compare, T val) {
 #define NAN_F (std::numeric_limits<float>::quiet_NaN())
 #define Ndarray_memcpy(y, x, size) memcpy((y), (x), (size))
 #define Ndarray_memset(p, c, size) memset((p), (c), (size))
+#define Ndarray_copy_to_host(dst, src, size) memcpy((dst), (src), (size))
 #define device_malloc(n) ptn::host_malloc(n)
 #define device_free(p) free(p)
 
 #endif  // PTN_CUDA
+
+// Block-wide reductions through shared memory `sh` (blockDim.x entries; blockDim.x a power of two): every
+// thread of the block calls them and gets the result.  With one thread per block (the CPU) they return `v`.
+template <typename T, typename Op> DEV_FUNC inline T ptn_block_reduce(T* sh, T v, Op op) {
+  const int tid = threadIdx.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (tid < s) sh[tid] = op(sh[tid], sh[tid + s]);
+    __syncthreads();
+  }
+  T r = sh[0];
+  __syncthreads();
+  return r;
+}
+struct ptn_op_sum { template <typename T> DEV_FUNC T operator()(T a, T b) const { return a + b; } };
+struct ptn_op_min { template <typename T> DEV_FUNC T operator()(T a, T b) const { return b < a ? b : a; } };
+struct ptn_op_max { template <typename T> DEV_FUNC T operator()(T a, T b) const { return b > a ? b : a; } };
+#define block_sum(sh, v) ptn_block_reduce(&(sh)[0], (v), ptn_op_sum())
+#define block_min(sh, v) ptn_block_reduce(&(sh)[0], (v), ptn_op_min())
+#define block_max(sh, v) ptn_block_reduce(&(sh)[0], (v), ptn_op_max())
 
 #define Ndarray_set_zero(a) Ndarray_memset((a)->data, 0, ptn::n_elements(a) * (a)->itemsize)
 

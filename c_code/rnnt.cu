@@ -507,12 +507,9 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   const int64_t n_lab = c.B * c.label_stride;
 #if CUDA
   std::vector<int32_t> h_act(c.B), h_lab_len(c.B), h_labels(n_lab);
-  if (c.B > 0) {
-    HANDLE_ERROR(cudaMemcpy(h_act.data(), act_lens->data, c.B * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    HANDLE_ERROR(cudaMemcpy(h_lab_len.data(), label_lens->data, c.B * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  }
-  if (n_lab > 0)
-    HANDLE_ERROR(cudaMemcpy(h_labels.data(), labels->data, n_lab * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  Ndarray_copy_to_host(h_act.data(), act_lens->data, c.B * sizeof(int32_t));
+  Ndarray_copy_to_host(h_lab_len.data(), label_lens->data, c.B * sizeof(int32_t));
+  Ndarray_copy_to_host(h_labels.data(), labels->data, n_lab * sizeof(int32_t));
   const int32_t* alen = h_act.data();
   const int32_t* llen = h_lab_len.data();
   const int32_t* lab = h_labels.data();

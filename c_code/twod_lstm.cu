@@ -95,11 +95,7 @@ struct TwoDShapes {
 static Float twod_iteration(Ndarray* iteration) {
   if (Ndarray_SIZE(iteration) == 0) return 0;
   Float it = 0;
-#if CUDA
-  HANDLE_ERROR(cudaMemcpy(&it, Ndarray_DEV_DATA(iteration), sizeof(Float), cudaMemcpyDeviceToHost));
-#else
-  it = Ndarray_DEV_DATA(iteration)[0];
-#endif
+  Ndarray_copy_to_host(&it, Ndarray_DEV_DATA(iteration), sizeof(Float));
   return it;
 }
 

@@ -194,8 +194,8 @@ class NativeOp(COp, NativeOpBase):
     def c_support_code_apply(self, node, name):
         return c_backend.support_code(self, *self.target(node))
 
-    def c_init_code(self, **kwargs):
-        return [c_backend.INIT_CODE]
+    def c_init_code_apply(self, node, name):
+        return c_backend.init_code(self.target(node)[1])
 
     def c_code(self, node, name, inputs, outputs, sub):
         return c_backend.c_code(self, node, name, inputs, outputs, sub)

@@ -31,7 +31,7 @@ import numpy as np
 MAX_NDIM = 8
 STATUS_VALUE = 2
 #: Bumped whenever the generated glue changes incompatibly.
-GLUE_VERSION = 4
+GLUE_VERSION = 5
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 

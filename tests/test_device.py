@@ -1,6 +1,7 @@
 """Device selection, and the CUDA build's host-array entry point without a GPU."""
 
 import shutil
+import uuid
 
 import numpy as np
 import pytensor
@@ -92,3 +93,22 @@ def test_cublas_candidates_follow_the_toolkit_and_the_override(monkeypatch, tmp_
     assert found[-1] == "libcublas.so"  # the loader's own search comes last
     path = load_cublas()  # an empty file is not a library: skipped, never an exception
     assert path is None or "cublas" in path
+
+
+@no_gpu
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("mode_name", ["C", "FAST_RUN"])
+def test_cuda_variant_compiles_into_every_mode(mode_name, monkeypatch, device_setting):
+    """With a GPU pretended, the CUDA variant is compiled into the function (C module with the dlopen
+    trampoline, or the Numba glue); running it then reports the missing GPU as an exception naming the op."""
+    import ptnative.device as device
+
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    monkeypatch.setattr(device, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(device, "load_cublas", lambda: None)
+    device_setting.device = "cuda"
+    # A kernel text of its own, so that PyTensor compiles the C module here instead of loading a cached one.
+    from .test_native_op import SCALE_SUPPORT
+    op = scale_op(c_extra_support_code={"001_scale": SCALE_SUPPORT, "002_fresh": f"// {uuid.uuid4()}"})
+    with pytest.raises(RuntimeError, match="ScaleRows.*CUDA error"):
+        run_scale(op, mode_name)

@@ -11,7 +11,11 @@ from ..source import GLUE_VERSION, MAX_NDIM, STATUS_VALUE
 _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_INT32", "int64": "NPY_INT64",
               "uint8": "NPY_UINT8"}
 
-INIT_CODE = "if (ptn_init_blas_from_scipy() != 0) PyErr_Clear();"
+
+
+def init_code(device: str) -> str:
+    """The module's init code: CPU kernels take sgemm/dgemm from scipy; the CUDA trampoline needs nothing."""
+    return "if (ptn_init_blas_from_scipy() != 0) PyErr_Clear();" if device == "cpu" else ""
 
 # The CUDA variant is built by nvcc into ptnative's library; the module calls it through dlopen.
 _CUDA_TRAMPOLINE = """
