@@ -258,12 +258,26 @@ static void fbw_emission_rows(int mode, int64_t t0, int64_t n_frames, int64_t n_
                                                        norm));
 }
 
+// live[q] = 0 for a sink: a state that is no end state and has no edge to another state (such as the CTC
+// automaton's dummy state).  Its mass can never reach an end; the scaled forward pass drops it, since a sink that
+// kept collecting mass would take over the per-frame normalisation and underflow the paths that matter.
+DEF_KERNEL void fbw_mark_live(int64_t n_edges, const int32_t* from, const int32_t* to, int64_t n_end,
+                              const int32_t* end_pairs, const int32_t* end_simple, int32_t* live) {
+  FSA_LOOP(i, n_edges + n_end) {
+    if (i < n_edges) {
+      if (from[i] != to[i]) live[from[i]] = 1;
+    } else {
+      live[fsa_end_state(end_pairs, end_simple, i - n_edges)] = 1;
+    }
+  }
+}
+
 DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
-                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const double* W,
-                              const double* P, const double* alpha_t, double* alpha_next, double* c) {
+                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* live,
+                              const double* W, const double* P, const double* alpha_t, double* alpha_next, double* c) {
   FSA_LOOP(e, n_edges) {
     int32_t s = seq[e];
-    if (t >= seq_len[s]) continue;
+    if (t >= seq_len[s] || !live[to[e]]) continue;
     double a = alpha_t[from[e]];
     if (a == 0.0) continue;
     double v = a * W[e] * P[s * n_classes + emis[e]];
@@ -579,6 +593,9 @@ static void fbw_run(const FbwProblem& p) {
   Ndarray_memset(nll, 0, B * sizeof(double));
   Ndarray_memset(G, 0, B * D * sizeof(double));
   start_dev_kernel(fbw_set_start, (B, p.start, alpha));
+  int32_t* live = scratch.get<int32_t>(S);
+  Ndarray_memset(live, 0, S * sizeof(int32_t));
+  start_dev_kernel(fbw_mark_live, (E, p.from, p.to, p.n_end, p.end_pairs, p.end_simple, live));
   if (keep_P) fbw_emission_rows(p.mode, 0, T, B, D, p.am, seq_len, P_all, shift_all, norm_all);
 
   // forward
@@ -588,7 +605,8 @@ static void fbw_run(const FbwProblem& p) {
     P = keep_P ? P_all + t * B * D : P_all;
     double* shift = keep_P ? shift_all + t * B : shift_all;
     if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all);
-    start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, a_t, a_next, c));
+    start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, live, W, P, a_t, a_next,
+                                     c));
     start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, c, a_next));
     start_dev_kernel(fbw_fwd_seq, (t, B, seq_len, c, shift, wmin, nll));
   }
