@@ -287,26 +287,33 @@ DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, con
   }
 }
 
-DEF_KERNEL void fbw_normalize(int64_t t, int64_t n_states, const int32_t* state_seq, const int32_t* seq_len,
-                              const double* c, double* vec) {
-  FSA_LOOP(q, n_states) {
-    int32_t s = state_seq[q];
-    if (s < 0 || t >= seq_len[s]) continue;
-    double cs = c[s];
-    vec[q] = cs > 0.0 ? vec[q] / cs : 0.0;
-  }
+// One state of frame t: divide by its sequence's normaliser (0 where that is 0).
+DEV_FUNC inline void fbw_normalize_state(int64_t t, int64_t q, const int32_t* state_seq, const int32_t* seq_len,
+                                         const double* c, double* vec) {
+  int32_t s = state_seq[q];
+  if (s < 0 || t >= seq_len[s]) return;
+  double cs = c[s];
+  vec[q] = cs > 0.0 ? vec[q] / cs : 0.0;
 }
 
-DEF_KERNEL void fbw_fwd_seq(int64_t t, int64_t n_batch, const int32_t* seq_len, double* c, const double* shift,
-                            const double* wmin, double* nll) {
-  FSA_LOOP(b, n_batch) {
+// Frame t of the forward pass after its edges, in one launch: normalise the states (q < S) by their sequence's
+// sum c_cur, and per sequence (S + b) add the frame's -log normaliser to nll and clear c_next for frame t + 1.
+DEF_KERNEL void fbw_fwd_finish(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* state_seq,
+                               const int32_t* seq_len, const double* c_cur, double* c_next, double* alpha_next,
+                               const double* shift, const double* wmin, double* nll) {
+  FSA_LOOP(i, n_states + n_batch) {
+    if (i < n_states) {
+      fbw_normalize_state(t, i, state_seq, seq_len, c_cur, alpha_next);
+      continue;
+    }
+    int64_t b = i - n_states;
+    c_next[b] = 0.0;
     if (t >= seq_len[b]) continue;
-    double cb = c[b];
+    double cb = c_cur[b];
     if (cb > 0.0 && wmin[b] < INFINITY)
       nll[b] += shift[b] + wmin[b] - log(cb);
     else
       nll[b] = INFINITY;
-    c[b] = 0.0;
   }
 }
 
@@ -341,11 +348,18 @@ DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* 
   }
 }
 
-// Backward, frame t: reset the per-sequence sums; sequences of length t + 1 start here.
-DEF_KERNEL void fbw_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, int64_t n_end,
-                            const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                            const double* end_wmin, double* beta_next, double* dsum, double* zsum) {
-  FSA_LOOP(b, n_batch) {
+// Backward, frame t, before its edges: clear beta_cur (q < S); per sequence (S + b) reset the sums, and
+// sequences of length t + 1 start here (their end states get the end weights in beta_next).
+DEF_KERNEL void fbw_bw_start(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* seq_len, int64_t n_end,
+                             const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                             const double* end_wmin, double* beta_cur, double* beta_next, double* dsum,
+                             double* zsum) {
+  FSA_LOOP(i, n_states + n_batch) {
+    if (i < n_states) {
+      beta_cur[i] = 0.0;
+      continue;
+    }
+    int64_t b = i - n_states;
     dsum[b] = 0.0;
     zsum[b] = 0.0;
     if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) continue;
@@ -382,10 +396,18 @@ DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
 // Frame t's outputs.  FBW_NEGLOG: out = -log posterior (INF where none), sums = -log p on
 // valid frames of sequences with a path, else 0.  FBW_LOGITS / FBW_LOGPROBS: out = d(-log p)/d
 // logits = softmax - posterior (resp. -posterior), 0 on padded frames.
-DEF_KERNEL void fbw_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
-                           const double* nll, const double* zsum, const double* P, const double* norm, double* G,
-                           Float* out, Float* sums) {
-  FSA_LOOP(i, n_batch * n_classes) {
+// Backward, frame t, after its edges, in one launch: normalise beta_cur (q < S) and write the frame's outputs
+// (S + b * D + d).
+DEF_KERNEL void fbw_bw_finish(int mode, int64_t t, int64_t n_states, int64_t n_batch, int64_t n_classes,
+                              const int32_t* state_seq, const int32_t* seq_len, const double* dsum, double* beta_cur,
+                              const double* nll, const double* zsum, const double* P, const double* norm, double* G,
+                              Float* out, Float* sums) {
+  FSA_LOOP(j, n_states + n_batch * n_classes) {
+    if (j < n_states) {
+      fbw_normalize_state(t, j, state_seq, seq_len, dsum, beta_cur);
+      continue;
+    }
+    int64_t i = j - n_states;
     int64_t b = i / n_classes;
     bool valid = t < seq_len[b];
     bool has_path = valid && nll[b] < INFINITY && zsum[b] > 0.0;
@@ -578,7 +600,7 @@ static void fbw_run(const FbwProblem& p) {
   double* shift_all = scratch.get<double>(keep_P ? T * B : B);
   double* P = P_all;
   double* G = scratch.get<double>(B * D);
-  double* c = scratch.get<double>(B);
+  double* c = scratch.get<double>(2 * B);  // frame t's per-sequence sums at c + (t & 1) * B
   double* nll = scratch.get<double>(B);
   double* end_wmin = scratch.get<double>(B);
   double* dsum = scratch.get<double>(B);
@@ -589,7 +611,7 @@ static void fbw_run(const FbwProblem& p) {
   HANDLE_LAST_ERROR();
   start_dev_kernel(fbw_weights, (E, p.seq, p.w, wmin, W));
   Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
-  Ndarray_memset(c, 0, B * sizeof(double));
+  Ndarray_memset(c, 0, 2 * B * sizeof(double));
   Ndarray_memset(nll, 0, B * sizeof(double));
   Ndarray_memset(G, 0, B * D * sizeof(double));
   start_dev_kernel(fbw_set_start, (B, p.start, alpha));
@@ -605,10 +627,11 @@ static void fbw_run(const FbwProblem& p) {
     P = keep_P ? P_all + t * B * D : P_all;
     double* shift = keep_P ? shift_all + t * B : shift_all;
     if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all);
+    double* c_cur = c + (t & 1) * B;
+    double* c_next = c + ((t + 1) & 1) * B;
     start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, live, W, P, a_t, a_next,
-                                     c));
-    start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, c, a_next));
-    start_dev_kernel(fbw_fwd_seq, (t, B, seq_len, c, shift, wmin, nll));
+                                     c_cur));
+    start_dev_kernel(fbw_fwd_finish, (t, S, B, state_seq, seq_len, c_cur, c_next, a_next, shift, wmin, nll));
   }
   HANDLE_LAST_ERROR();
   start_dev_kernel(fbw_fwd_final, (B, S, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, alpha, nll, end_wmin));
@@ -620,16 +643,15 @@ static void fbw_run(const FbwProblem& p) {
   for (int64_t t = T - 1; t >= 0; --t) {
     double* b_next = beta + ((t + 1) & 1) * S;
     double* b_cur = beta + (t & 1) * S;
-    Ndarray_memset(b_cur, 0, S * sizeof(double));
-    start_dev_kernel(fbw_bw_init, (t, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_next, dsum,
-                                   zsum));
+    start_dev_kernel(fbw_bw_start, (t, S, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_cur,
+                                    b_next, dsum, zsum));
     P = keep_P ? P_all + t * B * D : P_all;
     double* norm = keep_P ? norm_all + t * B : norm_all;
     if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm);
     start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
                                     G, dsum, zsum));
-    start_dev_kernel(fbw_normalize, (t, S, state_seq, seq_len, dsum, b_cur));
-    start_dev_kernel(fbw_bw_out, (p.mode, t, B, D, seq_len, nll, zsum, P, norm, G, p.out, p.sums));
+    start_dev_kernel(fbw_bw_finish, (p.mode, t, S, B, D, state_seq, seq_len, dsum, b_cur, nll, zsum, P, norm, G,
+                                     p.out, p.sums));
   }
   HANDLE_LAST_ERROR();
 
