@@ -343,3 +343,21 @@ def test_kernel_files_are_found():
     assert kernels.joinpath("native_op.h").is_file() and kernels.joinpath("lstm.cu").is_file()
     if "site-packages" in ptnative.__file__:
         assert "site-packages" in str(kernels)
+
+
+def test_kernel_sources_stay_on_the_ops_stream():
+    """CUDA work in c_code/ goes through the dialect, which queues it on the op's stream (XLA's under JAX).
+    Synchronous copies and sets run on the legacy default stream instead, which that stream does not wait
+    for: a length read that way can be read before its upload finished (seen on an H200)."""
+    import re
+
+    from ptnative.source import kernel_dir
+
+    legacy = re.compile(r"\b(cudaMemcpy|cudaMemset|cudaMemcpyFromSymbol|cudaMemcpyToSymbol|cudaDeviceSynchronize)"
+                        r"\s*\(")
+    files = [f for f in kernel_dir().iterdir() if f.name.endswith((".cu", ".h"))]
+    assert len(files) > 5, f"kernel sources not found in {kernel_dir()}"
+    found = [f"{f.name}:{n}: {line.strip()}" for f in files
+             for n, line in enumerate(f.read_text().splitlines(), 1)
+             if legacy.search(line) and not line.lstrip().startswith("//")]
+    assert not found, "legacy-stream CUDA calls:\n" + "\n".join(found)
