@@ -372,7 +372,7 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
 
     run = guarded("ctc_loss host-array", make_host)
     if run is not None:
-        note = "log-softmax on the CPU" + (", " + COPIES if COPIES else "")
+        note = "upstream-gradient scaling on the CPU" + (", " + COPIES if COPIES else "")
         check(g.row("ptnative.ctc_loss, host-array mode", run, note=note))
 
 
