@@ -76,7 +76,7 @@ typedef Float lstm_vec __attribute__((vector_size(32)));
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 constexpr int LSTM_MR = 6;                                        // rows per register tile
-constexpr int64_t LSTM_ROWS_PER_BLOCK = 2 * LSTM_MR;              // rows per work item of a thread
+constexpr int64_t LSTM_ROWS_PER_BLOCK = LSTM_MR;  // rows per work item of a thread: one tile, for balance
 
 struct LstmPacked {
   std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
