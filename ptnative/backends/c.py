@@ -12,7 +12,6 @@ _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_
               "uint8": "NPY_UINT8"}
 
 
-
 def init_code(device: str) -> str:
     """The module's init code: CPU kernels take sgemm/dgemm from scipy; the CUDA trampoline needs nothing."""
     return "if (ptn_init_blas_from_scipy() != 0) PyErr_Clear();" if device == "cpu" else ""
