@@ -11,7 +11,7 @@
 #   build  python -m ptnative build --device cuda -j N  and  --device cpu -j N, concurrently, into a fresh
 #          PTNATIVE_CACHE_DIR (or the one given), PTNATIVE_CUDA_ARCHS from the GPU (N: GPU_CHECK_JOBS or nproc)
 #   tests  pytest -q -p no:cacheprovider tests/gpu  (--timeout from pytest-timeout when it is there;
-#          GPU_CHECK_PYTEST_ARGS appended, e.g. "-n 4")
+#          GPU_CHECK_PYTEST_ARGS appended; unset: "-n 8" (at most nproc) when pytest-xdist is installed)
 #   bench  python bench/gpu.py
 # Everything is written to REPORT and to stdout; the report ends with a table of the stages (status, seconds).
 # Exit status: 0 when every stage passed (or was skipped for want of a GPU), 1 otherwise.
@@ -253,6 +253,9 @@ if ((SETUP_OK)); then
     PYTEST_ARGS=(-q -p no:cacheprovider -rfEs)
     if "$PY" -c 'import pytest_timeout' >/dev/null 2>&1; then
         PYTEST_ARGS+=("--timeout=${GPU_CHECK_TEST_TIMEOUT_S:-120}")
+    fi
+    if [[ -z "${GPU_CHECK_PYTEST_ARGS+set}" ]] && "$PY" -c 'import xdist' >/dev/null 2>&1; then
+        GPU_CHECK_PYTEST_ARGS="-n $((JOBS < 8 ? JOBS : 8))"  # 63 tests: 69 s serial, 48 s with -n 8 on an H200
     fi
     read -r -a EXTRA <<< "${GPU_CHECK_PYTEST_ARGS:-}"
     run_stage tests 180 "$R_TESTS" "$PY" -m pytest "${PYTEST_ARGS[@]}" "${EXTRA[@]}" tests/gpu
