@@ -169,6 +169,19 @@ def torch_sync(torch):
         torch.cuda.synchronize()
 
 
+def torch_backward_call(torch, x, loss_fn, model=None):
+    """A timed torch call: ``loss_fn(x)`` and its backward pass (gradients cleared first), synchronised."""
+    def run():
+        if model is not None:
+            model.zero_grad(set_to_none=True)
+        x.grad = None
+        loss = loss_fn(x)
+        loss.backward()
+        torch_sync(torch)
+        return loss
+    return run
+
+
 def native_ops(outputs):
     """(op, float dtype) of every NativeOp in the graph of ``outputs`` (forward and gradient ops)."""
     from ptnative.op import NativeOp
@@ -259,16 +272,7 @@ def bench_lstm(jax, torch, torch_note, graphs):
                 model.bias_ih_l0.copy_(torch.from_numpy(perm(d["b"])))
                 model.bias_hh_l0.zero_()
             x = torch.from_numpy(d["x"]).to(dev).requires_grad_(True)
-
-            def run():
-                model.zero_grad(set_to_none=True)
-                x.grad = None
-                y, _ = model(x)
-                loss = y.sum()
-                loss.backward()
-                torch_sync(torch)
-                return loss
-            return run
+            return torch_backward_call(torch, x, lambda x: model(x)[0].sum(), model)
 
         run = guarded("torch.nn.LSTM", make_torch)
         if run is not None:
@@ -341,15 +345,8 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
             dev = torch.device(opts.device)
             x = torch.from_numpy(logits).to(dev).requires_grad_(True)
             tt, lt, tlt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (targets, lens, tlens))
-
-            def run():
-                x.grad = None
-                loss = torch.nn.functional.ctc_loss(torch.log_softmax(x, -1), tt, lt, tlt, blank=D - 1,
-                                                    reduction="sum")
-                loss.backward()
-                torch_sync(torch)
-                return loss
-            return run
+            return torch_backward_call(torch, x, lambda x: torch.nn.functional.ctc_loss(
+                torch.log_softmax(x, -1), tt, lt, tlt, blank=D - 1, reduction="sum"))
 
         run = guarded("torch ctc_loss", make_torch)
         if run is not None:
@@ -422,14 +419,7 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
             else:
                 x = torch.from_numpy(acts).to(dev).requires_grad_(True)
             tl, al, ll = (torch.from_numpy(a).to(dev) for a in (labels, act_lens, label_lens))
-
-            def run():
-                x.grad = None
-                loss = taf.rnnt_loss(x, tl, al, ll, blank=0, reduction="sum")
-                loss.backward()
-                torch_sync(torch)
-                return loss
-            return run
+            return torch_backward_call(torch, x, lambda x: taf.rnnt_loss(x, tl, al, ll, blank=0, reduction="sum"))
 
         run = guarded("torchaudio rnnt_loss", make_torch)
         if run is not None:

@@ -148,6 +148,9 @@ DEV_FUNC inline Float rnnt_clamp(const RnntConf& c, Float g) {
 #if RNNT_WAVEFRONT
 // ------------------------------------------------------------------ CUDA (wavefront)
 
+// fmax for the block reduction: a NaN logit is passed over, as in the per-thread loop.
+struct RnntFmax { DEV_FUNC double operator()(double a, double b) const { return fmax(a, b); } };
+
 // Pass 1, one block per row: W = raw logits of the arcs, row := exp(row - max),
 // LS = log(sum), lognorm = max + LS, then W -= lognorm + sigma.
 DEF_KERNEL void rnnt_prepare_rows_kernel(RnntConf c, Float* G, const int32_t* labels, const int32_t* act_lens,
@@ -168,35 +171,22 @@ DEF_KERNEL void rnnt_prepare_rows_kernel(RnntConf c, Float* G, const int32_t* la
     }
     double m = RNNT_NEG_INF;
     for (int64_t k = tid; k < c.K; k += nt) m = fmax(m, (double)x[k]);
-    sh[tid] = m;
-    __syncthreads();
-    for (int s = nt / 2; s > 0; s >>= 1) {
-      if (tid < s) sh[tid] = fmax(sh[tid], sh[tid + s]);
-      __syncthreads();
-    }
-    Float mf = (Float)sh[0];
-    if (!(sh[0] > RNNT_NEG_INF)) mf = 0;
-    __syncthreads();
+    m = ptn_block_reduce(&sh[0], m, RnntFmax());
+    Float mf = m > RNNT_NEG_INF ? (Float)m : Float(0);
     double sum = 0;
     for (int64_t k = tid; k < c.K; k += nt) {
       Float e = exp(x[k] - mf);
       x[k] = e;
       sum += e;
     }
-    sh[tid] = sum;
-    __syncthreads();
-    for (int s = nt / 2; s > 0; s >>= 1) {
-      if (tid < s) sh[tid] += sh[tid + s];
-      __syncthreads();
-    }
+    sum = block_sum(sh, sum);
     if (tid == 0) {
-      double ls = log(sh[0]), lz = (double)mf + ls;
+      double ls = log(sum), lz = (double)mf + ls;
       LS[row] = ls;
       lognorm[row] = (Float)lz;
       for (int j = 0; j < c.nw; ++j) w[j] -= lz + c.sigma;
       if (u >= Ub - 1) w[1] = RNNT_NEG_INF;
     }
-    __syncthreads();
   }
 }
 
