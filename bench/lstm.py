@@ -1,6 +1,7 @@
 """LSTM benchmark: forward+backward of one LSTM layer, T=100, B=32, n_in=n=256, float32, on the CPU.
 
-Compares, in one run and with the same number of threads:
+Compares, in one run and with the same number of threads (timed in turn, one call of each per round, so
+that drift in the machine's speed affects every row alike):
   * ptnative.lstm(impl="native2")  (GEMM input projection + NativeLstm2)
   * ptnative.lstm(impl="lowmem")   (LstmLowMem)
   * the same LSTM written with pytensor.scan (default mode)
@@ -33,15 +34,10 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, lstm  # noqa: E402
-from timing import measure  # noqa: E402  (bench/timing.py)
+from timing import measure_interleaved  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
 DTYPE = "float32"
-
-
-def timeit(fn, reps):
-    t = measure(fn, reps)
-    return t.median, t.best
 
 
 def data(seed=0, T=T):
@@ -161,15 +157,16 @@ def main():
           f"median (min) of {opts.reps} runs\n")
     d = data()
     args = [d[k] for k in ("x", "W_in", "W_rec", "b")]
-    results = {}
+    calls = {}
     for name, make in [("ptnative native2", lambda: ptnative_fn("native2")),
                        ("ptnative lowmem", lambda: ptnative_fn("lowmem")),
                        ("pytensor.scan", scan_fn)]:
-        f = make()
-        results[name] = timeit(lambda: f(*args), opts.reps)
+        calls[name] = (lambda f: lambda: f(*args))(make())
     run, note = torch_fn()
     if run is not None:
-        results["torch.nn.LSTM"] = timeit(run, opts.reps)
+        calls["torch.nn.LSTM"] = run
+    # One call of each per round: this machine's speed drifts, and every row should see the same drift.
+    results = {name: (t.median, t.best) for name, t in measure_interleaved(calls, opts.reps).items()}
     base, base_min = results["ptnative native2"]
     print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
     for name, (med, mn) in results.items():
@@ -189,7 +186,8 @@ def main():
     gargs = [rng.normal(size=(T, B, 4 * N)).astype(DTYPE), (rng.normal(size=(N, 4 * N)) * 0.05).astype(DTYPE),
              np.zeros((B, N), DTYPE), np.ones((T, B), DTYPE)]
     native, scan = generic_fns()
-    tn, ts = timeit(lambda: native(*gargs), opts.reps), timeit(lambda: scan(*gargs), opts.reps)
+    both = measure_interleaved({"native": lambda: native(*gargs), "scan": lambda: scan(*gargs)}, opts.reps)
+    tn, ts = (both[k][:2] for k in ("native", "scan"))
     print(f"LstmGenericBase {tn[0] * 1e3:8.1f} ms (min {tn[1] * 1e3:.1f})   scan {ts[0] * 1e3:8.1f} ms "
           f"(min {ts[1] * 1e3:.1f})   scan/native {ts[0] / tn[0]:.1f}x by median, {ts[1] / tn[1]:.1f}x by min")
 

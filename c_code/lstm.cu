@@ -107,42 +107,48 @@ static inline lstm_vec lstm_load(const Float* p) {
   return v;
 }
 
-// C[r][0..nc) += A[r][0..k) . panel, for the rows r < mr (A rows at stride lda, C rows at stride ldc).
-static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, int mr, const Float* __restrict__ panel,
-                             Float* C, int64_t ldc, int64_t nc) {
-  const Float* a[LSTM_MR];
-  for (int r = 0; r < LSTM_MR; ++r) a[r] = A + (r < mr ? r : 0) * lda;  // spare rows recompute row 0
-  lstm_vec acc[LSTM_MR][2] = {};
+// C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc).
+template <int MR>
+static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float* __restrict__ panel, Float* C,
+                             int64_t ldc, int64_t nc) {
+  lstm_vec acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = lstm_vec{};
   for (int64_t kk = 0; kk < k; ++kk) {
     lstm_vec b0 = lstm_load(panel + kk * LSTM_NR), b1 = lstm_load(panel + kk * LSTM_NR + LSTM_VL);
-    for (int r = 0; r < LSTM_MR; ++r) {
-      Float s = a[r][kk];
+    for (int r = 0; r < MR; ++r) {
+      Float s = A[r * lda + kk];
       acc[r][0] += s * b0;
       acc[r][1] += s * b1;
     }
   }
-  for (int r = 0; r < mr; ++r) {
+  for (int r = 0; r < MR; ++r) {
     Float out[LSTM_NR];
     memcpy(out, acc[r], sizeof out);
     for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] += out[c];
   }
 }
 
-// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack.
+// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack: tiles of
+// LSTM_MR rows, then one tile of the rows left.
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m) {
+  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t);
+  static const tile_fn tiles[LSTM_MR + 1] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
+                                             lstm_tile<6>};
+  static_assert(LSTM_MR == 6, "the tile table lists one entry per row count");
   int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR;
   for (int64_t p = 0; p < panels; ++p) {
     const Float* panel = P.data.data() + p * P.k * LSTM_NR;
     int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
-    for (int64_t r0 = 0; r0 < m; r0 += LSTM_MR)
-      lstm_tile(P.k, A + r0 * lda, lda, (int)std::min<int64_t>(LSTM_MR, m - r0), panel, C + r0 * ldc + p * LSTM_NR,
-                ldc, nc);
+    int64_t r0 = 0;
+    for (; r0 + LSTM_MR <= m; r0 += LSTM_MR)
+      lstm_tile<LSTM_MR>(P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
+    if (r0 < m) tiles[m - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
   }
 }
 
 // Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), on several threads when the work
-// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks are handed out
-// one by one, so a thread slowed by another process (or by BLAS's idle threads spinning) takes fewer.
+// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks (one register
+// tile each) are handed out one by one, so a thread slowed by another process takes fewer.
 template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
   const int64_t rows = LSTM_ROWS_PER_BLOCK;

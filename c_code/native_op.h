@@ -25,6 +25,7 @@
 #include <exception>
 #include <atomic>
 #include <thread>
+#include <type_traits>
 #endif
 
 #ifdef __CUDACC__
@@ -115,23 +116,53 @@ inline int cpu_threads() {
   return hw > 0 ? (int)hw : 1;
 }
 
-// Runs body(part) for every part in [0, parts): part 0 on the calling thread, the others on their own
-// threads.  Returns when all are done; an exception in any part is rethrown here (the first one).
+// OpenBLAS's own worker pool, when the BLAS we were handed is OpenBLAS with its pthread server (set by
+// set_blas; see native_op_blas.h).  `gotoblas_pthread(n, fn, args, stride)` runs fn(args + i * stride) for
+// i < n, part 0 on the calling thread and the others on OpenBLAS's workers, and returns when all are done.
+// Running our parts there instead of on threads of our own keeps the process at one worker per core: after
+// each BLAS call OpenBLAS's idle workers spin for ~0.1 s, and would take a core from our threads.
+typedef int (*blas_pool_run_t)(int, void*, void*, int);
+typedef int (*blas_pool_size_t)(void);
+static blas_pool_run_t blas_pool_run = 0;
+static blas_pool_size_t blas_pool_size = 0;
+static thread_local bool in_parallel_part = false;  // BLAS must not be called from a part (see affine_raw)
+
+template <typename F>
+struct PoolPart {
+  F* body;
+  int part;
+  std::exception_ptr* error;
+  static void run(void* arg) {
+    PoolPart* p = (PoolPart*)arg;
+    bool was = in_parallel_part;
+    in_parallel_part = true;
+    try { (*p->body)(p->part); } catch (...) { *p->error = std::current_exception(); }
+    in_parallel_part = was;
+  }
+};
+
+// Runs body(part) for every part in [0, parts): part 0 on the calling thread, the others on OpenBLAS's
+// workers (when there are enough of them) or on threads of their own.  Returns when all are done; an
+// exception in any part is rethrown here (the first one).  Parts must be independent (none may wait for
+// another: there may be fewer workers than parts) and must not call BLAS (refused: see gemm_colmajor).
 template <typename F>
 void parallel_parts(int parts, F&& body) {
-  if (parts <= 1) {
-    body(0);
-    return;
-  }
+  if (parts <= 0) return;
+  typedef typename std::remove_reference<F>::type Body;
   std::vector<std::exception_ptr> errors(parts);
-  std::vector<std::thread> threads;
-  threads.reserve(parts - 1);
-  for (int p = 1; p < parts; ++p)
-    threads.emplace_back([&, p]() {
-      try { body(p); } catch (...) { errors[p] = std::current_exception(); }
-    });
-  try { body(0); } catch (...) { errors[0] = std::current_exception(); }
-  for (auto& t : threads) t.join();
+  std::vector<PoolPart<Body>> jobs(parts);
+  for (int p = 0; p < parts; ++p) jobs[p] = PoolPart<Body>{&body, p, &errors[p]};
+  if (parts == 1) {
+    PoolPart<Body>::run(&jobs[0]);
+  } else if (blas_pool_run && !in_parallel_part && blas_pool_size() >= parts) {
+    blas_pool_run(parts, (void*)&PoolPart<Body>::run, (void*)jobs.data(), (int)sizeof(PoolPart<Body>));
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(parts - 1);
+    for (int p = 1; p < parts; ++p) threads.emplace_back([&, p]() { PoolPart<Body>::run(&jobs[p]); });
+    PoolPart<Body>::run(&jobs[0]);
+    for (auto& t : threads) t.join();
+  }
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }

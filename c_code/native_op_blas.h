@@ -6,6 +6,8 @@
 #ifndef PTNATIVE_NATIVE_OP_BLAS_H
 #define PTNATIVE_NATIVE_OP_BLAS_H
 
+#include <dlfcn.h>
+
 namespace ptn {
 
 typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
@@ -18,6 +20,17 @@ static dgemm_t blas_dgemm = 0;
 inline void set_blas(void* sgemm, void* dgemm) {
   blas_sgemm = (sgemm_t)sgemm;
   blas_dgemm = (dgemm_t)dgemm;
+#if !PTN_CUDA
+  // OpenBLAS's worker pool for parallel_parts, found in the library that holds sgemm.
+  Dl_info info;
+  void* lib = sgemm && dladdr(sgemm, &info) && info.dli_fname ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : 0;
+  blas_pool_run = lib ? (blas_pool_run_t)dlsym(lib, "gotoblas_pthread") : 0;
+  blas_pool_size = 0;
+  for (const char* name : {"openblas_get_num_threads", "scipy_openblas_get_num_threads"})
+    if (lib && !blas_pool_size) blas_pool_size = (blas_pool_size_t)dlsym(lib, name);
+  if (!blas_pool_size) blas_pool_run = 0;
+  if (lib) dlclose(lib);
+#endif
 }
 
 inline int checked_int(int64_t v, const char* what) {
@@ -31,9 +44,6 @@ inline int checked_int(int64_t v, const char* what) {
 
 #if PTN_CUDA
 // cuBLAS entry points, looked up at run time so that building needs no cuBLAS headers.
-}  // namespace ptn
-#include <dlfcn.h>
-namespace ptn {
 typedef int (*cublas_create_t)(void**);
 typedef int (*cublas_set_stream_t)(void*, cudaStream_t);
 typedef int (*cublas_sgemm_t)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int,
@@ -83,11 +93,13 @@ inline void gemm_colmajor(char ta, char tb, int m, int n, int k, double alpha, c
 inline void gemm_colmajor(char ta, char tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B,
                           int ldb, float beta, float* C, int ldc) {
   if (!blas_sgemm) raise(PTN_STATUS_RUNTIME, "BLAS sgemm is not initialised (ptn_set_blas was not called)");
+  if (in_parallel_part) raise(PTN_STATUS_RUNTIME, "BLAS sgemm called from a parallel_parts body");
   blas_sgemm(&ta, &tb, &m, &n, &k, &alpha, A, &lda, B, &ldb, &beta, C, &ldc);
 }
 inline void gemm_colmajor(char ta, char tb, int m, int n, int k, double alpha, const double* A, int lda,
                           const double* B, int ldb, double beta, double* C, int ldc) {
   if (!blas_dgemm) raise(PTN_STATUS_RUNTIME, "BLAS dgemm is not initialised (ptn_set_blas was not called)");
+  if (in_parallel_part) raise(PTN_STATUS_RUNTIME, "BLAS dgemm called from a parallel_parts body");
   blas_dgemm(&ta, &tb, &m, &n, &k, &alpha, A, &lda, B, &ldb, &beta, C, &ldc);
 }
 #endif

@@ -361,3 +361,46 @@ def test_kernel_sources_stay_on_the_ops_stream():
              for n, line in enumerate(f.read_text().splitlines(), 1)
              if legacy.search(line) and not line.lstrip().startswith("//")]
     assert not found, "legacy-stream CUDA calls:\n" + "\n".join(found)
+
+
+# y[p] = x[p] + 1, one part per element, run by ptn::parallel_parts (OpenBLAS's worker pool when the parts fit
+# in it, threads of their own otherwise).  what = 1: each part calls BLAS (refused); what = 2: part 1 fails.
+PARTS_FW = """
+  Ndarray* x = inputs[0];
+  Ndarray* y = *outputs[0];
+  int32_t what = Ndarray_DEV_DATA_int32_scalar(inputs[1]);
+  int parts = (int)Ndarray_DIMS(x)[0];
+#if CUDA
+  ptn_set_error("CPU only"); %(fail)s
+#else
+  ptn::parallel_parts(parts, [&](int p) {
+    if (what == 1) affine_raw(Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(y), 1, 1);
+    if (what == 2) assert_cmp(p, !=, 1);
+    Ndarray_DEV_DATA(y)[p] = Ndarray_DEV_DATA(x)[p] + 1;
+  });
+#endif
+"""
+
+
+def parts_op():
+    return NativeOp(in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},
+                             {"name": "what", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True,
+                              "gradient": "disconnected"}),
+                    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},), c_fw_code=PARTS_FW, name="PartsProbe")
+
+
+def test_parallel_parts(mode):
+    """Every part runs once, on the BLAS pool (2 parts on a 2-thread OpenBLAS) or on threads of its own (9
+    parts); an exception in a part is raised to the caller; BLAS called from a part is refused instead of
+    deadlocking OpenBLAS's pool."""
+    x, what = pt.vector(), pt.iscalar()
+    f = pytensor.function([x, what], parts_op()(x, what), mode=mode)
+    for n in (0, 1, 2, 9):
+        v = np.arange(n, dtype=float)
+        np.testing.assert_array_equal(f(v, 0), v + 1)
+    with pytest.raises(ValueError, match=r"PartsProbe.*p != 1 \(1 vs 1\)"):
+        f(np.zeros(3), 2)
+    for n in (1, 2, 9):
+        with pytest.raises(RuntimeError, match="PartsProbe.*BLAS dgemm called from a parallel_parts body"):
+            f(np.zeros(n), 1)
+    np.testing.assert_array_equal(f(np.zeros(2), 0), [1, 1])
