@@ -1,7 +1,7 @@
 """LSTM benchmark: forward+backward of one LSTM layer, T=100, B=32, n_in=n=256, float32, on the CPU.
 
-Compares, in one run and with the same number of threads (timed in turn, one call of each per round, so
-that drift in the machine's speed affects every row alike):
+Compares, in one run and with the same number of threads (timed in turns of a few calls each, so that
+drift in the machine's speed affects every row alike):
   * ptnative.lstm(impl="native2")  (GEMM input projection + NativeLstm2)
   * ptnative.lstm(impl="lowmem")   (LstmLowMem)
   * the same LSTM written with pytensor.scan (default mode)
@@ -165,7 +165,7 @@ def main():
     run, note = torch_fn()
     if run is not None:
         calls["torch.nn.LSTM"] = run
-    # One call of each per round: this machine's speed drifts, and every row should see the same drift.
+    # Turns of a few calls each: this machine's speed drifts, and every row should see the same drift.
     results = {name: (t.median, t.best) for name, t in measure_interleaved(calls, opts.reps).items()}
     base, base_min = results["ptnative native2"]
     print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")

@@ -26,20 +26,22 @@ def measure(fn, reps=10, warmup=1) -> Timing:
     return Timing(float(np.median(wall)), float(np.min(wall)), float(np.median(cpu)), result)
 
 
-def measure_interleaved(fns: dict, reps=10, warmup=1) -> dict:
-    """Like ``measure`` for several functions, called in turn (one call of each per round), so that a
-    machine whose speed drifts during the run slows them alike.  Returns {name: Timing}."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+def measure_interleaved(fns: dict, reps=10, rounds=3, settle=0.3) -> dict:
+    """Like ``measure`` for several functions, timed in turns: ``rounds`` rounds, in each of which every
+    function gets a pause of ``settle`` seconds, one untimed call, then its share of the ``reps`` timed
+    calls.  A machine whose speed drifts during the run slows all alike, and the pause lets the idle
+    threads another runtime left spinning (OpenBLAS's, OpenMP's) go to sleep first.  Returns {name: Timing}."""
     wall = {name: [] for name in fns}
     cpu = {name: [] for name in fns}
     result = {}
-    for _ in range(reps):
+    for r in range(rounds):
         for name, fn in fns.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            result[name] = fn()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
+            time.sleep(settle)
+            fn()
+            for _ in range(reps // rounds + (r < reps % rounds)):
+                c0, t0 = time.process_time(), time.perf_counter()
+                result[name] = fn()
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
     return {name: Timing(float(np.median(wall[name])), float(np.min(wall[name])), float(np.median(cpu[name])),
                          result[name]) for name in fns}

@@ -76,7 +76,6 @@ typedef Float lstm_vec __attribute__((vector_size(32)));
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 constexpr int LSTM_MR = 6;                                        // rows per register tile
-constexpr int64_t LSTM_ROWS_PER_BLOCK = LSTM_MR;  // rows per work item of a thread: one tile, for balance
 
 struct LstmPacked {
   std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
@@ -147,17 +146,17 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
 }
 
 // Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), on several threads when the work
-// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks (one register
-// tile each) are handed out one by one, so a thread slowed by another process takes fewer.
+// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks are one register
+// tile each, of near-equal sizes (32 rows: 6 6 5 5 5 5, not 6 6 6 6 6 2), handed out one by one, so a thread
+// slowed by another process takes fewer.
 template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
-  const int64_t rows = LSTM_ROWS_PER_BLOCK;
-  int64_t blocks = (n_batch + rows - 1) / rows;
+  int64_t blocks = (n_batch + LSTM_MR - 1) / LSTM_MR;
   double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
   int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
   std::atomic<int64_t> next(0);
   ptn::parallel_parts(parts, [&](int) {
-    for (int64_t blk; (blk = next.fetch_add(1)) < blocks;) body(blk * rows, std::min(n_batch, (blk + 1) * rows));
+    for (int64_t blk; (blk = next.fetch_add(1)) < blocks;) body(blk * n_batch / blocks, (blk + 1) * n_batch / blocks);
   });
 }
 #endif

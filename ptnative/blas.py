@@ -25,16 +25,43 @@ def gemm_addresses() -> tuple[int, int]:
     return addresses[0], addresses[1]
 
 
+# The symbols by which the kernels find OpenBLAS's worker pool (c_code/native_op_blas.h, set_blas).
+POOL_RUN = "gotoblas_pthread"
+POOL_SIZE = ("openblas_get_num_threads", "scipy_openblas_get_num_threads")
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_of(address: int) -> str | None:
+    """The shared library file that holds ``address``."""
+    info = _DlInfo()
+    dladdr = ctypes.CDLL(None).dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname.decode()
+
+
+@cache
+def thread_pool() -> str | None:
+    """The file of the OpenBLAS (pthread server) whose worker pool the CPU kernels run their threads on, found
+    as they find it: from the library of scipy's sgemm and its dependencies.  None: threads of their own."""
+    path = _file_of(gemm_addresses()[0])
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)
+    if not hasattr(lib, POOL_RUN) or not any(hasattr(lib, name) for name in POOL_SIZE):
+        return None
+    return _file_of(ctypes.cast(getattr(lib, POOL_RUN), ctypes.c_void_p).value)
+
+
 def describe() -> str:
-    """Which BLAS the kernels use (for ``python -m ptnative info``)."""
-    try:
-        import scipy
-        from threadpoolctl import threadpool_info  # optional
+    """Which BLAS the kernels use and where their CPU threads run (for ``python -m ptnative info``)."""
+    import scipy
 
-        libs = [f"{i['internal_api']} {i['version']} ({i['filepath']})" for i in threadpool_info()
-                if i.get("user_api") == "blas"]
-        return f"scipy {scipy.__version__} cython_blas -> " + "; ".join(libs)
-    except ImportError:
-        import scipy
-
-        return f"scipy {scipy.__version__} cython_blas (bundled OpenBLAS)"
+    pool = thread_pool()
+    threads = f"the worker pool of {pool}" if pool else "threads of their own"
+    return f"scipy {scipy.__version__} cython_blas; CPU kernel threads: {threads}"

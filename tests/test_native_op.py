@@ -13,7 +13,7 @@ import pytest
 from pytensor.gradient import NullTypeGradError, verify_grad
 
 import ptnative
-from ptnative import NativeOp, NativeOpGenBase
+from ptnative import NativeOp, NativeOpGenBase, blas
 
 from .conftest import MODES, check_infer_shape
 
@@ -364,7 +364,8 @@ def test_kernel_sources_stay_on_the_ops_stream():
 
 
 # y[p] = x[p] + 1, one part per element, run by ptn::parallel_parts (OpenBLAS's worker pool when the parts fit
-# in it, threads of their own otherwise).  what = 1: each part calls BLAS (refused); what = 2: part 1 fails.
+# in it, threads of their own otherwise).  what = 1: each part calls BLAS (refused); what = 2: part 1 fails;
+# what = 3: y[p] = the id of the thread that ran part p.
 PARTS_FW = """
   Ndarray* x = inputs[0];
   Ndarray* y = *outputs[0];
@@ -376,7 +377,7 @@ PARTS_FW = """
   ptn::parallel_parts(parts, [&](int p) {
     if (what == 1) affine_raw(Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(y), 1, 1);
     if (what == 2) assert_cmp(p, !=, 1);
-    Ndarray_DEV_DATA(y)[p] = Ndarray_DEV_DATA(x)[p] + 1;
+    Ndarray_DEV_DATA(y)[p] = what == 3 ? (Float)syscall(SYS_gettid) : Ndarray_DEV_DATA(x)[p] + 1;
   });
 #endif
 """
@@ -386,7 +387,8 @@ def parts_op():
     return NativeOp(in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},
                              {"name": "what", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True,
                               "gradient": "disconnected"}),
-                    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},), c_fw_code=PARTS_FW, name="PartsProbe")
+                    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},), c_fw_code=PARTS_FW, name="PartsProbe",
+                    c_extra_support_code={"000_gettid": "#include <unistd.h>\n#include <sys/syscall.h>\n"})
 
 
 def test_parallel_parts(mode):
@@ -404,3 +406,8 @@ def test_parallel_parts(mode):
         with pytest.raises(RuntimeError, match="PartsProbe.*BLAS dgemm called from a parallel_parts body"):
             f(np.zeros(n), 1)
     np.testing.assert_array_equal(f(np.zeros(2), 0), [1, 1])
+    # Where the parts ran: a pool's worker stays the same from call to call, a thread of our own does not.
+    first, second = f(np.zeros(2), 3), f(np.zeros(2), 3)
+    assert first[0] == second[0] != first[1]
+    on_pool = first[1] == second[1]
+    assert on_pool == (blas.thread_pool() is not None)
