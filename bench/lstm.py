@@ -21,7 +21,7 @@ import sys
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-ARGS.add_argument("--reps", type=int, default=10)
+ARGS.add_argument("--reps", type=int, default=15)
 ARGS.add_argument("--no-memory", action="store_true")
 ARGS.add_argument("--memory-child", choices=["native2", "lowmem"], help=argparse.SUPPRESS)
 opts = ARGS.parse_args()
@@ -166,7 +166,7 @@ def main():
     if run is not None:
         calls["torch.nn.LSTM"] = run
     # Turns of a few calls each: this machine's speed drifts, and every row should see the same drift.
-    results = {name: (t.median, t.best) for name, t in measure_interleaved(calls, opts.reps).items()}
+    results = {name: (t.median, t.best) for name, t in measure_interleaved(calls, opts.reps, rounds=5).items()}
     base, base_min = results["ptnative native2"]
     print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
     for name, (med, mn) in results.items():

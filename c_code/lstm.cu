@@ -505,14 +505,15 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   // Yp[t]: the recurrent input of visited frame t (y0, then the carried output), 0 elsewhere, so that
   // DW = Yp^T . DX is one GEMM over all frames (DX is 0 on frames that are not visited).
   Float* Yp = (Float*)device_malloc(T * frame * sizeof(Float));
-  Ndarray_memset(Yp, 0, T * frame * sizeof(Float));
+  for (int64_t t = 0; t < T; ++t)
+    if (!visited[t]) Ndarray_memset(Yp + t * frame, 0, frame * sizeof(Float));
   Ndarray_memcpy(Yp + fr.at(0) * frame, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+#if CUDA
   for (int64_t k = 1; k < fr.count; ++k) {
     int64_t t = fr.at(k), tp = fr.at(k - 1);
     start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), Yp + tp * frame, Yp + t * frame,
                                    Ndarray_DEV_DATA(i) + tp * n_batch, n_batch, n_cells));
   }
-#if CUDA
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
     start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), Ndarray_DEV_DATA(i) + t * n_batch, data_ptr(C, t),
@@ -527,6 +528,11 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, 4 * n_cells, n_cells);
   lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
+    for (int64_t k = 1, at = r0 * n_cells; k < fr.count; ++k) {
+      int64_t t = fr.at(k), tp = fr.at(k - 1);
+      lstm2_carry(data_ptr(Y, tp) + at, Yp + tp * frame + at, Yp + t * frame + at,
+                  Ndarray_DEV_DATA(i) + tp * n_batch + r0, r1 - r0, n_cells);
+    }
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
       Float* dx = data_ptr(DX, t) + r0 * 4 * n_cells;
