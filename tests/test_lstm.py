@@ -254,7 +254,7 @@ def native_lstm2_graph(X, W, y0, c0, i, start, step):
     return pt.stack(Y), pt.stack(C), c_prev
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("threads", ["1", "2", "3"])  # 2: on OpenBLAS's pool on a 2-core machine; 3: own threads
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
 def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step):
@@ -278,6 +278,55 @@ def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start,
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
     for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
         np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()), err_msg=name)
+
+
+def test_native_lstm2_concurrent_calls(monkeypatch):
+    """Two Python threads training through the threaded CPU path at once while a third multiplies with scipy's
+    BLAS (its worker pool is the one the parts run on): no deadlock, every result equal to a lone call's."""
+    import threading
+    import time
+
+    from scipy.linalg import blas as scipy_blas
+
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", "2")
+    T, B, n = 16, 41, 64
+    rng = np.random.default_rng(8)
+    vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.2, rng.normal(size=(B, n)),
+            rng.normal(size=(B, n)), holey_mask(T, B, rng)]
+    vals = [np.asarray(v, dtype="float32") for v in vals]
+    syms = [pt.tensor(f"in{k}", dtype="float32", shape=v.shape) for k, v in enumerate(vals)]
+    Y, C, _, d = NativeLstm2.make_op()(*syms, pt.constant(np.int32(0)), pt.constant(np.int32(1)))
+    outs = [Y, d, *pytensor.grad((Y ** 2).sum() + d.sum(), syms[:4])]
+    fns = [pytensor.function(syms, outs) for _ in range(2)]  # a compiled function is not re-entrant
+    want = fns[0](*vals)
+    bad, done = [], []
+    a = rng.normal(size=(300, 300)).astype("float32")
+    a2 = scipy_blas.sgemm(1.0, a, a)
+
+    def train(f):
+        end = time.time() + 1.5
+        while time.time() < end:
+            got = f(*vals)
+            for name, g, w in zip(["Y", "d", "DX", "DW", "Dy0", "Dc0"], got, want):
+                if not np.allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max()):
+                    bad.append(f"{name}: max |diff| {np.abs(g - w).max()}")
+        done.append(1)
+
+    def multiply():
+        end = time.time() + 1.5
+        while time.time() < end:
+            if not np.allclose(scipy_blas.sgemm(1.0, a, a), a2, rtol=1e-5, atol=1e-4):
+                bad.append("sgemm")
+        done.append(1)
+
+    threads = [threading.Thread(target=train, args=(f,), daemon=True) for f in fns]
+    threads.append(threading.Thread(target=multiply, daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(done) == 3, "a thread did not finish within 120 s"
+    assert not bad, bad[:5]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
