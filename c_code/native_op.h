@@ -125,7 +125,7 @@ typedef int (*blas_pool_run_t)(int, void*, void*, int);
 typedef int (*blas_pool_size_t)(void);
 static blas_pool_run_t blas_pool_run = 0;
 static blas_pool_size_t blas_pool_size = 0;
-static thread_local bool in_parallel_part = false;  // BLAS must not be called from a part (see affine_raw)
+static thread_local bool in_parallel_part = false;  // BLAS must not be called from a part (see gemm_colmajor)
 
 template <typename F>
 struct PoolPart {
