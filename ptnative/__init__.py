@@ -14,11 +14,10 @@ from . import ops  # noqa: E402
 
 _jax_backend.install()  # the JAX implementation registers when PyTensor's JAX backend is imported
 
-# The catalogue's functions at the top level (ptnative.ctc_loss, ...); op classes stay in ptnative.ops.
-_functions = [name for name in ops.__all__ if name[0].islower()]
-globals().update({name: getattr(ops, name) for name in _functions})
+# The catalogue's functions at the top level (ptnative.ctc_loss, ptnative.lstm, ...); op classes stay in ptnative.ops.
+globals().update(ops.FUNCTIONS)
 
 __version__ = "0.1.0"
 
 __all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "KernelValueError", "KernelRuntimeError",
-           "config", "ops", "__version__", *_functions]
+           "config", "ops", "__version__", *ops.FUNCTIONS]

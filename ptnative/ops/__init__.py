@@ -1,18 +1,24 @@
-"""The op catalogue: one module per family, each with its op classes
-(``NativeOpGenBase`` subclasses) and its functional API (listed in its ``__all__``)."""
+"""The op catalogue: one module per family, each with its op classes (``NativeOpGenBase`` subclasses)
+and its functional API, listed in its ``__all__``.
 
-from . import chunking as _chunking
-from . import edit_distance as _edit_distance
-from . import fsa as _fsa
-from . import lstm as _lstm
-from . import rnnt as _rnnt
-from . import sparse as _sparse
-from .chunking import *  # noqa: F401,F403
-from .edit_distance import *  # noqa: F401,F403
-from .fsa import *  # noqa: F401,F403
-from .lstm import *  # noqa: F401,F403
-from .rnnt import *  # noqa: F401,F403
-from .sparse import *  # noqa: F401,F403
+``ptnative.ops.<family>`` is always the family's module (``ptnative.ops.lstm``, ``ptnative.ops.fsa``,
+...).  Everything the families export is also re-exported here, except a function named like a family
+module: ``lstm`` and ``edit_distance`` are ``ptnative.lstm`` / ``ptnative.ops.lstm.lstm`` and
+``ptnative.edit_distance`` / ``ptnative.ops.edit_distance.edit_distance``.  Every function of the
+catalogue is at the top level (``ptnative.<name>``).
+"""
 
-__all__ = [*_lstm.__all__, *_fsa.__all__, *_rnnt.__all__, *_edit_distance.__all__, *_chunking.__all__,
-           *_sparse.__all__]
+from . import chunking, edit_distance, fsa, lstm, rnnt, sparse
+
+#: The family modules, in the order of the documentation.
+FAMILIES = (lstm, fsa, rnnt, edit_distance, chunking, sparse)
+
+_family_names = {family.__name__.rpartition(".")[2] for family in FAMILIES}
+_exports = {name: getattr(family, name) for family in FAMILIES for name in family.__all__}
+
+#: Every function of the catalogue by name; ``ptnative`` exports them at its top level.
+FUNCTIONS = {name: obj for name, obj in _exports.items() if not isinstance(obj, type)}
+
+globals().update({name: obj for name, obj in _exports.items() if name not in _family_names})
+
+__all__ = [*sorted(_family_names), *(name for name in _exports if name not in _family_names)]
