@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SOURCES := setup.cfg pyproject.toml $(shell find ptnative c_code -name '*.py' -o -name '*.h' -o -name '*.cu')
+SOURCES := setup.cfg pyproject.toml $(shell find ptnative c_code -name '*.py' -o -name '*.h' -o -name '*.cu' -o -name '*.c' -o -name '*.cc')
 
 .PHONY: demo test bench info clean gpu-check
 

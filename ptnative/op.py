@@ -191,17 +191,20 @@ class NativeOp(COp, NativeOpBase):
         for storage, value in zip(output_storage, results):
             storage[0] = value
 
+    def c_support_code(self, **kwargs):
+        return c_backend.support_code()
+
     def c_support_code_apply(self, node, name):
-        return c_backend.support_code(self, *self.target(node))
+        return c_backend.support_code_apply(self, node, name)
 
     def c_init_code_apply(self, node, name):
-        return c_backend.init_code(self.target(node)[1])
+        return c_backend.init_code(self, node, name)
 
     def c_code(self, node, name, inputs, outputs, sub):
         return c_backend.c_code(self, node, name, inputs, outputs, sub)
 
     def c_code_cache_version_apply(self, node):
-        return c_backend.cache_version(self, *self.target(node))
+        return c_backend.cache_version(self, node)
 
     def c_code_cache_version(self):
         return (source.GLUE_VERSION, *self.code_version)

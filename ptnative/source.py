@@ -70,7 +70,21 @@ def dialect_header() -> str:
 
 
 def c_name(name: str) -> str:
-    return re.sub(r"\W", "_", name).strip("_")[:40] or "op"
+    """An identifier made from ``name``: its word characters, at most 40 (``"op"`` when none are left)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name).strip("_")[:40] or "op"
+
+
+_LITERAL_SAFE = frozenset(range(0x20, 0x7F)) - {ord('"'), ord("\\"), ord("?")}
+
+
+def c_string_literal(text: str) -> str:
+    """``text`` as a C/C++ string literal (double quotes included) that means exactly its UTF-8 bytes.
+
+    Printable ASCII stays as is except ``"``, ``\\`` and ``?`` (no trigraph can form); every other byte, newlines
+    and non-ASCII included, is a three-digit octal escape, which never swallows the digits after it.  Use it for
+    every user string that ends up in generated C, and pass the result as an argument, never as a format."""
+    data = text.encode("utf-8", "surrogatepass")
+    return '"' + "".join(chr(b) if b in _LITERAL_SAFE else f"\\{b:03o}" for b in data) + '"'
 
 
 @dataclass(frozen=True)

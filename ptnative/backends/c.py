@@ -1,143 +1,141 @@
-"""PyTensor's C backend (modes ``"C"`` and ``"CVM"``): the op's translation unit
-goes into the module's support code, and ``c_code`` allocates the outputs and
-calls its entry point, exactly as the Python driver does."""
+"""PyTensor's C backend (modes ``"C"`` and ``"CVM"``): a thin trampoline.
+
+PyTensor's C module for a NativeOp node holds no kernel code.  The kernel is compiled once, by ptnative's own
+build with its own flags (:mod:`ptnative.build`), and the module calls its entry point, exactly as the CUDA
+build and the Numba and Python drivers do.  So flags in ``pytensor.config.gcc__cxxflags`` (PyMC adds
+``-fno-exceptions``; users add ``-ffast-math``) never reach a kernel, and each node's module compiles in a
+fraction of a second.
+
+The module's C text is ``c_code/pytensor_c_glue.c`` (named ``#section``s, filled by plain substitution).  At import
+the module asks :func:`entry_address` for the entry point's address.  PyTensor may import a module compiled by an
+earlier process without asking the op for its code, but it always computes the node's cache key in the current
+process first: :func:`cache_version` builds the library there and registers the variant under its symbol.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import re
 import zlib
+from functools import cache
 
-from ..source import GLUE_VERSION, MAX_NDIM, STATUS_VALUE
+from ..build import build, load
+from ..source import MAX_NDIM, STATUS_VALUE, Variant, c_string_literal, read_kernel_file
+
+GLUE_FILE = "pytensor_c_glue.c"
+#: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
+TRAMPOLINE_VERSION = 1
 
 _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_INT32", "int64": "NPY_INT64",
               "uint8": "NPY_UINT8"}
+_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
+
+#: The variants whose C modules this process may import, by symbol (see :func:`prepare`).
+_prepared: dict[str, Variant] = {}
 
 
-def init_code(device: str) -> str:
-    """The module's init code: CPU kernels take sgemm/dgemm from scipy; the CUDA trampoline needs nothing."""
-    return "if (ptn_init_blas_from_scipy() != 0) PyErr_Clear();" if device == "cpu" else ""
-
-# The CUDA variant is built by nvcc into ptnative's library; the module calls it through dlopen.
-_CUDA_TRAMPOLINE = """
-#include <dlfcn.h>
-typedef int (*@SYM@_t)(void**, const int64_t*, const int64_t*, char*, int64_t);
-static int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {
-  static @SYM@_t fn = 0;
-  if (!fn) {
-    void* lib = dlopen("@PATH@", RTLD_NOW | RTLD_LOCAL);
-    fn = lib ? (@SYM@_t)dlsym(lib, "@SYM@") : 0;
-    if (!fn) {
-      snprintf(err, errlen, "cannot load the CUDA library @PATH@ (%s); run the function again to rebuild it",
-               dlerror());
-      return 1;
-    }
-  }
-  return fn(data, shapes, strides, err, errlen);
-}
-"""
+@cache
+def glue_sections() -> dict[str, str]:
+    """The ``#section`` parts of ``c_code/pytensor_c_glue.c``, by name (text before the first one is a comment)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in read_kernel_file(GLUE_FILE).splitlines(keepends=True):
+        if line.startswith("#section "):
+            current = sections.setdefault(line.split()[1], [])
+        elif current is not None:
+            current.append(line)
+    return {name: "".join(lines) for name, lines in sections.items()}
 
 
-def support_code(op, float_dtype: str, device: str) -> str:
+def fill(section: str, fields: dict[str, object]) -> str:
+    """One glue section with every ``@KEY@`` replaced by ``fields[KEY]``, in one pass (values are not rescanned)."""
+    return _PLACEHOLDER.sub(lambda m: str(fields[m.group(1)]), glue_sections()[section])
+
+
+def prepare(op, node) -> Variant:
+    """Build the library of ``node``'s variant (if not cached) and let this process's C modules find it."""
+    float_dtype, device = op.target(node)
     variant = op.variant(float_dtype, device)
-    if device == "cpu":
-        return variant.source
-    from ..build import build
-
-    path = str(build(variant)).replace("\\", "\\\\").replace('"', '\\"')
-    return _CUDA_TRAMPOLINE.replace("@SYM@", variant.symbol).replace("@PATH@", path)
+    if variant.symbol not in _prepared:
+        build(variant)
+        _prepared[variant.symbol] = variant
+    return variant
 
 
-def cache_version(op, float_dtype: str, device: str) -> tuple[int, ...]:
-    version = (GLUE_VERSION, int(op.variant(float_dtype, device).digest, 16))
-    if device == "cpu":
-        return version
-    from ..build import library_path
+def entry_address(symbol: str) -> int:
+    """The address of ``symbol``'s entry point, its library loaded through :func:`ptnative.build.load` (which
+    also sets its BLAS).  Called by the C module at import.  Raises ``ImportError`` for a symbol that no op of
+    this process has prepared, ``CompileError`` when the library cannot be built."""
+    variant = _prepared.get(symbol)
+    if variant is None:
+        raise ImportError(f"ptnative: a PyTensor C module asks for the kernel {symbol}, which no NativeOp of this "
+                          "process has prepared (compile the function again)")
+    return ctypes.cast(load(variant).run, ctypes.c_void_p).value
 
-    return version + (zlib.crc32(str(library_path(op.variant(float_dtype, device))).encode()),)
+
+def _table(values) -> str:
+    # A sentinel keeps the initialiser non-empty, as C requires.
+    return "{" + "".join(f"{v}, " for v in values) + "0}"
+
+
+def _fields(op, node, name: str) -> dict[str, object]:
+    float_dtype, device = op.target(node)
+    in_info, out_info = op.in_info, op.out_info
+    label = f"NativeOp {op.name!r}"
+    checks = [(i, d, s, f"{label}: input {info.get('name', i)!r} must have size {s} in dim {d}")
+              for i, info in enumerate(in_info) for d, s in enumerate(info.get("shape") or ()) if isinstance(s, int)]
+    source_of = [-1] * len(out_info)
+    for i, info in enumerate(in_info):
+        if info.get("want_inplace", -1) >= 0:
+            source_of[info["want_inplace"]] = i
+    out_dims = []
+    for info in out_info:
+        dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in info["shape"]]
+        out_dims += dims + [0] * (MAX_NDIM - len(dims))
+    return {
+        "NAME": name, "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
+        "SYMBOL": c_string_literal(op.variant(float_dtype, device).symbol), "LABEL": c_string_literal(label),
+        "N_IN": len(in_info), "N_OUT": len(out_info), "N": len(in_info) + len(out_info), "N_CHECKS": len(checks),
+        "NDIM": _table(info["ndim"] for info in in_info + out_info),
+        "CONTIGUOUS": _table(int(info["ndim"] > 0 and bool(info.get("need_contiguous") or (
+            device == "cuda" and not info.get("host_memory")))) for info in in_info),
+        "SOURCE_OF": _table(source_of),
+        "DESTROYS": _table(int(i >= 0 and i in op.inplace) for i in source_of),
+        "TYPENUM": _table(_NPY_TYPES[op.array_dtype(info, float_dtype)] for info in out_info),
+        "OUT_DIMS": _table(out_dims),
+        "CHECK_INPUT": _table(c[0] for c in checks), "CHECK_DIM": _table(c[1] for c in checks),
+        "CHECK_SIZE": _table(c[2] for c in checks),
+        "CHECK_MESSAGE": "{" + "".join(c_string_literal(c[3]) + ", " for c in checks) + "0}",
+    }
+
+
+def support_code() -> str:
+    """The helpers every NativeOp node of a module shares (PyTensor includes them once)."""
+    return fill("support_code", {"MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE})
+
+
+def support_code_apply(op, node, name: str) -> str:
+    """This node's tables and entry-point slot."""
+    prepare(op, node)
+    return fill("support_code_apply", _fields(op, node, name))
+
+
+def init_code(op, node, name: str) -> str:
+    """At the module's import: fetch the entry point (an import error when that fails)."""
+    prepare(op, node)
+    return fill("init_code_apply", _fields(op, node, name))
 
 
 def c_code(op, node, name: str, inputs: list[str], outputs: list[str], sub: dict) -> str:
-    float_dtype, device = op.target(node)
-    symbol = op.variant(float_dtype, device).symbol
-    n_in, n_out = len(inputs), len(outputs)
-    n = n_in + n_out
-    cname = op.name.replace("\\", "\\\\").replace('"', '\\"')
-    code = [
-        "{",
-        f"  PyArrayObject* ptn_in[{n_in + 1}] = {{{', '.join(inputs + ['NULL'])}}};",
-        f"  PyArrayObject* ptn_tmp[{n_in + 1}] = {{NULL}};",
-        f"  PyArrayObject** ptn_out[{n_out + 1}] = {{{', '.join(['&' + o for o in outputs] + ['NULL'])}}};",
-        f"  void* ptn_data[{n}];",
-        f"  int64_t ptn_shapes[{n * MAX_NDIM}] = {{0}};",
-        f"  int64_t ptn_strides[{n * MAX_NDIM}] = {{0}};",
-        "  char ptn_err[2048] = {0};",
-        "  int ptn_status = 0;",
-        "  do {",
-    ]
+    """One call: wrap the arrays, allocate the outputs and call the entry point (see ``ptn_glue_run``)."""
+    fields = _fields(op, node, name)
+    fields.update(INPUTS="".join(f"{v}, " for v in inputs) + "NULL",
+                  OUTPUTS="".join(f"&{v}, " for v in outputs) + "NULL", FAIL=sub["fail"])
+    return fill("code", fields)
 
-    def fail(exc, fmt, *args):
-        a = "".join(", " + x for x in args)
-        return [f'    PyErr_Format({exc}, "NativeOp \'%s\': {fmt}", "{cname}"{a});', "    ptn_status = -1; break;"]
 
-    for i, info in enumerate(op.in_info):
-        if info["ndim"] > 0 and (info.get("need_contiguous") or (device == "cuda" and not info.get("host_memory"))):
-            code += [
-                f"    if (!PyArray_IS_C_CONTIGUOUS(ptn_in[{i}])) {{",
-                f"      ptn_tmp[{i}] = (PyArrayObject*)PyArray_NewCopy(ptn_in[{i}], NPY_CORDER);",
-                f"      if (!ptn_tmp[{i}]) {{ ptn_status = -1; break; }}",
-                f"      ptn_in[{i}] = ptn_tmp[{i}];",
-                "    }",
-            ]
-        for d, s in enumerate(info.get("shape") or ()):
-            if isinstance(s, int):
-                code += [f"    if (PyArray_DIMS(ptn_in[{i}])[{d}] != {s}) {{",
-                         *fail("PyExc_ValueError", f"input '{info.get('name', i)}' must have size {s} in dim {d}"),
-                         "    }"]
-    source_of = {info["want_inplace"]: i for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
-    for k, info in enumerate(op.out_info):
-        nd = info["ndim"]
-        if k in source_of:
-            i = source_of[k]
-            code += [f"    Py_XDECREF(*ptn_out[{k}]);"]
-            if i in op.inplace:
-                code += [
-                    f"    if (PyArray_ISCARRAY(ptn_in[{i}])) {{ *ptn_out[{k}] = ptn_in[{i}]; Py_INCREF(ptn_in[{i}]); }}",
-                    f"    else *ptn_out[{k}] = (PyArrayObject*)PyArray_NewCopy(ptn_in[{i}], NPY_CORDER);",
-                ]
-            else:
-                code += [f"    *ptn_out[{k}] = (PyArrayObject*)PyArray_NewCopy(ptn_in[{i}], NPY_CORDER);"]
-            code += [f"    if (!*ptn_out[{k}]) {{ ptn_status = -1; break; }}"]
-            continue
-        dims = [str(s) if isinstance(s, int) else f"PyArray_DIMS(ptn_in[{s[0]}])[{s[1]}]" for s in info["shape"]]
-        typenum = _NPY_TYPES[op.array_dtype(info, float_dtype)]
-        code += [
-            "    {",
-            f"      npy_intp dims[{nd + 1}] = {{{', '.join(dims + ['0'])}}};",
-            f"      PyArrayObject* o = *ptn_out[{k}];",
-            f"      int reuse = o && PyArray_NDIM(o) == {nd} && PyArray_TYPE(o) == {typenum} && PyArray_ISCARRAY(o);",
-            f"      for (int d = 0; reuse && d < {nd}; ++d) reuse = PyArray_DIMS(o)[d] == dims[d];",
-            "      if (!reuse) {  /* the entry point zeroes it */",
-            "        Py_XDECREF(o);",
-            f"        *ptn_out[{k}] = (PyArrayObject*)PyArray_EMPTY({nd}, dims, {typenum}, 0);",
-            f"        if (!*ptn_out[{k}]) {{ ptn_status = -1; break; }}",
-            "      }",
-            "    }",
-        ]
-    for j in range(n):
-        arr = f"ptn_in[{j}]" if j < n_in else f"(*ptn_out[{j - n_in}])"
-        nd = (op.in_info[j] if j < n_in else op.out_info[j - n_in])["ndim"]
-        code += [
-            f"    ptn_data[{j}] = PyArray_DATA({arr});",
-            f"    for (int d = 0; d < {nd}; ++d) {{ ptn_shapes[{j * MAX_NDIM} + d] = PyArray_DIMS({arr})[d]; "
-            f"ptn_strides[{j * MAX_NDIM} + d] = PyArray_STRIDES({arr})[d]; }}",
-        ]
-    code += [
-        f"    ptn_status = {symbol}(ptn_data, ptn_shapes, ptn_strides, ptn_err, sizeof(ptn_err));",
-        "    if (ptn_status != 0)",
-        f'      PyErr_Format(ptn_status == {STATUS_VALUE} ? PyExc_ValueError : PyExc_RuntimeError, '
-        f'"NativeOp \'%s\': %s", "{cname}", ptn_err);',
-        "  } while (0);",
-        f"  for (int i = 0; i < {n_in}; ++i) Py_XDECREF(ptn_tmp[i]);",
-        f"  if (ptn_status != 0) {{ {sub['fail']} }}",
-        "}",
-    ]
-    return "\n".join(code)
+def cache_version(op, node) -> tuple[int, ...]:
+    """The node's module version: the glue (file text and filling) and the variant.  Called for PyTensor's cache
+    key in every process that compiles or reuses the module, so the library is built and registered here."""
+    variant = prepare(op, node)
+    return (TRAMPOLINE_VERSION, zlib.crc32(read_kernel_file(GLUE_FILE).encode()), int(variant.digest, 16))

@@ -1,0 +1,160 @@
+/* The C module side of a NativeOp in PyTensor's C backend (modes "C" and "CVM"): a thin trampoline in plain C.
+ *
+ * The kernel is not compiled into PyTensor's module.  It lives in the library that ptnative builds itself, with
+ * its own compiler and flags (ptnative/build.py); this module only wraps PyTensor's arrays (contiguous copies,
+ * size checks, output allocation, exactly as the Python driver does) and calls the library's entry point, whose
+ * address it asks ptnative for when the module is imported.  So no flag in pytensor.config.gcc__cxxflags (PyMC's
+ * -fno-exceptions, a user's -ffast-math) can reach a kernel, and nothing here throws or needs a C++ runtime.
+ *
+ * ptnative/backends/c.py fills the sections below with plain substitutions:
+ *   @NAME@        the node's name in the module (an identifier from PyTensor)
+ *   @MAX_NDIM@, @STATUS_VALUE@   ptnative.source.MAX_NDIM and STATUS_VALUE
+ *   @SYMBOL@, @LABEL@, @CHECK_MESSAGE@   C string literals made by ptnative.source.c_string_literal
+ *   @N_IN@, @N_OUT@, @N@, @N_CHECKS@   counts; the other @...@ are brace-enclosed int tables
+ *   @INPUTS@, @OUTPUTS@, @FAIL@   PyTensor's names of the node's variables and its failure code
+ */
+
+#section support_code
+#ifndef PTNATIVE_PYTENSOR_C_GLUE
+#define PTNATIVE_PYTENSOR_C_GLUE
+#include <stdint.h>
+
+#define PTN_GLUE_MAX_NDIM @MAX_NDIM@
+#define PTN_GLUE_STATUS_VALUE @STATUS_VALUE@
+
+/* int <symbol>(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) */
+typedef int (*ptn_glue_entry_t)(void**, const int64_t*, const int64_t*, char*, int64_t);
+
+/* What calling one node needs to know about its op, made from the spec. */
+typedef struct {
+  const char* label;           /* "NativeOp 'name'", the start of every message */
+  int n_in, n_out;
+  const int* ndim;             /* per array: the inputs, then the outputs */
+  const int* contiguous;       /* per input: copied to C order first when it is not */
+  const int* source_of;        /* per output: the input it starts as a copy of, or -1 (zeroed by the entry point) */
+  const int* destroys;         /* per output: 1 when it may be its input's own buffer (the inplace op) */
+  const int* typenum;          /* per output */
+  const int64_t* out_dims;     /* per output, PTN_GLUE_MAX_NDIM each: a size >= 0, or -1 - (input * MAX_NDIM + dim) */
+  int n_checks;                /* fixed sizes the inputs must have: */
+  const int* check_input;
+  const int* check_dim;
+  const int64_t* check_size;
+  const char* const* check_message;
+} ptn_glue_layout;
+
+/* The address of `symbol`'s entry point in ptnative's library: ptnative.backends.c.entry_address builds the
+ * library if needed, loads it through ptnative.build (with its checks) and sets its BLAS.  NULL with a Python
+ * exception set when that fails. */
+static ptn_glue_entry_t ptn_glue_entry(const char* symbol) {
+  PyObject* module = PyImport_ImportModule("ptnative.backends.c");
+  PyObject* address = module ? PyObject_CallMethod(module, "entry_address", "s", symbol) : NULL;
+  void* fn = NULL;
+  Py_XDECREF(module);
+  if (!address) return NULL;
+  fn = PyLong_AsVoidPtr(address);
+  Py_DECREF(address);
+  if (!fn && !PyErr_Occurred())
+    PyErr_Format(PyExc_ImportError, "ptnative: no entry point for %s", symbol);
+  return (ptn_glue_entry_t)fn;
+}
+
+/* Make inputs contiguous where needed, check fixed sizes, allocate the outputs, call the entry point.
+ * 0, or -1 with a Python exception set.  `in` may be replaced by the copies in `tmp`, which the caller releases. */
+static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArrayObject** in, PyArrayObject** tmp,
+                        PyArrayObject*** out, void** data, int64_t* shapes, int64_t* strides) {
+  char err[2048];
+  int i, j, k, d, nd, status;
+  err[0] = 0;
+  for (i = 0; i < op->n_in; ++i) {
+    if (op->contiguous[i] && !PyArray_IS_C_CONTIGUOUS(in[i])) {
+      tmp[i] = (PyArrayObject*)PyArray_NewCopy(in[i], NPY_CORDER);
+      if (!tmp[i]) return -1;
+      in[i] = tmp[i];
+    }
+  }
+  for (i = 0; i < op->n_checks; ++i) {
+    if (PyArray_DIMS(in[op->check_input[i]])[op->check_dim[i]] != op->check_size[i]) {
+      PyErr_SetString(PyExc_ValueError, op->check_message[i]);
+      return -1;
+    }
+  }
+  for (k = 0; k < op->n_out; ++k) {
+    PyArrayObject* o = *out[k];
+    int src = op->source_of[k];
+    nd = op->ndim[op->n_in + k];
+    if (src >= 0) {
+      Py_XDECREF(o);
+      if (op->destroys[k] && PyArray_ISCARRAY(in[src])) {
+        Py_INCREF(in[src]);
+        *out[k] = in[src];
+      } else {
+        *out[k] = (PyArrayObject*)PyArray_NewCopy(in[src], NPY_CORDER);
+      }
+    } else {
+      npy_intp dims[PTN_GLUE_MAX_NDIM + 1];
+      int reuse = o && PyArray_NDIM(o) == nd && PyArray_TYPE(o) == op->typenum[k] && PyArray_ISCARRAY(o);
+      for (d = 0; d < nd; ++d) {
+        int64_t s = op->out_dims[k * PTN_GLUE_MAX_NDIM + d];
+        dims[d] = s >= 0 ? (npy_intp)s
+                         : PyArray_DIMS(in[(-1 - s) / PTN_GLUE_MAX_NDIM])[(-1 - s) % PTN_GLUE_MAX_NDIM];
+        if (reuse && PyArray_DIMS(o)[d] != dims[d]) reuse = 0;
+      }
+      if (!reuse) {  /* the entry point zeroes it */
+        Py_XDECREF(o);
+        *out[k] = (PyArrayObject*)PyArray_EMPTY(nd, dims, op->typenum[k], 0);
+      }
+    }
+    if (!*out[k]) return -1;
+  }
+  for (j = 0; j < op->n_in + op->n_out; ++j) {
+    PyArrayObject* a = j < op->n_in ? in[j] : *out[j - op->n_in];
+    nd = op->ndim[j];
+    data[j] = PyArray_DATA(a);
+    for (d = 0; d < PTN_GLUE_MAX_NDIM; ++d) {
+      shapes[j * PTN_GLUE_MAX_NDIM + d] = d < nd ? (int64_t)PyArray_DIMS(a)[d] : 0;
+      strides[j * PTN_GLUE_MAX_NDIM + d] = d < nd ? (int64_t)PyArray_STRIDES(a)[d] : 0;
+    }
+  }
+  status = entry(data, shapes, strides, err, (int64_t)sizeof(err));
+  if (status == 0) return 0;
+  err[sizeof(err) - 1] = 0;
+  PyErr_Format(status == PTN_GLUE_STATUS_VALUE ? PyExc_ValueError : PyExc_RuntimeError, "%s: %s", op->label,
+               err[0] ? err : "the kernel reported a failure");
+  return -1;
+}
+#endif
+
+#section support_code_apply
+static ptn_glue_entry_t @NAME@_entry = NULL;
+static const int @NAME@_ndim[] = @NDIM@;
+static const int @NAME@_contiguous[] = @CONTIGUOUS@;
+static const int @NAME@_source_of[] = @SOURCE_OF@;
+static const int @NAME@_destroys[] = @DESTROYS@;
+static const int @NAME@_typenum[] = @TYPENUM@;
+static const int64_t @NAME@_out_dims[] = @OUT_DIMS@;
+static const int @NAME@_check_input[] = @CHECK_INPUT@;
+static const int @NAME@_check_dim[] = @CHECK_DIM@;
+static const int64_t @NAME@_check_size[] = @CHECK_SIZE@;
+static const char* const @NAME@_check_message[] = @CHECK_MESSAGE@;
+static const ptn_glue_layout @NAME@_layout = {
+  @LABEL@, @N_IN@, @N_OUT@, @NAME@_ndim, @NAME@_contiguous, @NAME@_source_of, @NAME@_destroys, @NAME@_typenum,
+  @NAME@_out_dims, @N_CHECKS@, @NAME@_check_input, @NAME@_check_dim, @NAME@_check_size, @NAME@_check_message};
+
+#section init_code_apply
+@NAME@_entry = ptn_glue_entry(@SYMBOL@);
+if (!@NAME@_entry) return NULL;
+
+#section code
+{
+  PyArrayObject* ptn_in[@N_IN@ + 1] = {@INPUTS@};
+  PyArrayObject* ptn_tmp[@N_IN@ + 1] = {NULL};
+  PyArrayObject** ptn_out[@N_OUT@ + 1] = {@OUTPUTS@};
+  void* ptn_data[@N@ + 1];
+  int64_t ptn_shapes[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
+  int64_t ptn_strides[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
+  int ptn_i;
+  int ptn_status = ptn_glue_run(&@NAME@_layout, @NAME@_entry, ptn_in, ptn_tmp, ptn_out, ptn_data, ptn_shapes,
+                                ptn_strides);
+  for (ptn_i = 0; ptn_i < @N_IN@; ++ptn_i) Py_XDECREF(ptn_tmp[ptn_i]);
+  if (ptn_status != 0) { @FAIL@ }
+}
