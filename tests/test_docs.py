@@ -1,5 +1,6 @@
 """The docs cannot rot: every Python block of README.md and docs/*.md runs as a user would run it, every
-``ptnative.<...>`` path the docs name resolves, and every relative link points at a file and heading that exist.
+``ptnative.<...>`` path and every project file the docs name exists, and every relative link points at a file and
+heading that exist.
 
 Fenced blocks whose info string starts with ``python`` run in a fresh interpreter per file (in a scratch
 directory), the blocks of one file in order in one namespace, so a later block may use an earlier one's names.
@@ -173,6 +174,19 @@ def test_documented_paths_resolve(path):
         except (AttributeError, ImportError) as e:
             bad.append(f"{name}: {type(e).__name__}: {e}")
     assert not bad, f"{path} names paths that do not resolve:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", DOC_FILES)
+def test_documented_files_exist(path):
+    """Every file or folder of the project that the docs name in backticks (``c_code/fsa.cu``, ``bench/``)."""
+    bad = []
+    for token in sorted(set(re.findall(r"`([^`\s]+)`", read(path)))):
+        if not re.fullmatch(r"(?![./])[\w.\-/]*/[\w.\-/]*", token) or not re.search(r"(/|\.\w+)$", token):
+            continue
+        bases = [ROOT, os.path.join(ROOT, "ptnative"), os.path.join(ROOT, os.path.dirname(path))]
+        if not any(os.path.exists(os.path.join(base, token)) for base in bases):
+            bad.append(token)
+    assert not bad, f"{path} names files that do not exist: {bad}"
 
 
 def heading_anchors(path):
