@@ -41,7 +41,7 @@ def code_blocks(text):
     blocks, i = [], 0
     while i < len(lines):
         m = FENCE.match(lines[i])
-        if not m:
+        if not m or (m.group(2)[0] == "`" and "`" in m.group(3)):  # CommonMark: no backtick in a ``` info string
             i += 1
             continue
         indent, fence, info = len(m.group(1)), m.group(2), m.group(3).split()
@@ -145,6 +145,7 @@ def test_block_markers_are_parsed():
     assert python_blocks("t.md", text) == [(3, set(), "a = 1\n"), (6, {"no-run"}, "f(a, b)\n"),
                                            (9, {"gpu"}, "```\nb\n")]
     assert [info for _, info, _ in code_blocks(text)][-1] == ["sh"]
+    assert code_blocks("```` ```python ```` is inline code\n") == []
     with pytest.raises(AssertionError, match="unknown block marker"):
         python_blocks("t.md", "```python norun\nx\n```\n")
 
