@@ -239,3 +239,12 @@ def test_index_lists_every_function_and_only_real_ops():
             assert getattr(ptnative, name) is ops.FUNCTIONS[name]
         for name in op_names:
             assert isinstance(getattr(ops, name), type), f"docs/index.md: ptnative.ops.{name} is not a class"
+
+
+def test_every_family_has_a_page_linked_from_the_index():
+    index = read(os.path.join("docs", "index.md"))
+    for family in ops.FAMILIES:
+        name = family.__name__.rpartition(".")[2]
+        assert os.path.exists(os.path.join(ROOT, "docs", f"{name}.md")), f"no docs/{name}.md for {family.__name__}"
+        assert f"({name}.md)" in index and f"`{family.__name__}`" in index, (
+            f"docs/index.md does not link {name}.md or name the module {family.__name__}")
