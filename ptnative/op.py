@@ -132,8 +132,11 @@ class NativeOp(COp, NativeOpBase):
         visible = outputs[: len(outputs) - self.num_dummy_outs]
         return visible[0] if len(visible) == 1 else visible
 
-    def infer_shape(self, fgraph, node, input_shapes):
-        return self.output_shapes(input_shapes)
+    def infer_shape(self, *args):
+        """The output shapes from the shape refs.  PyTensor >= 3.3.7 calls ``infer_shape(node, input_shapes)``
+        (and warns about an ``fgraph`` parameter), earlier ones ``infer_shape(fgraph, node, input_shapes)``:
+        this signature takes both."""
+        return self.output_shapes(args[-1])
 
     def connection_pattern(self, node):
         return [[info.get("gradient") != "disconnected"] * len(node.outputs) for info in self.in_info]
