@@ -7,13 +7,17 @@ directory), the blocks of one file in order in one namespace, so a later block m
 Words after ``python`` mark the exceptions:
 
 * ```` ```python no-run ````: a fragment or a signature, not meant to run on its own;
-* ```` ```python gpu ````: needs a CUDA GPU (and nvcc); skipped without one. Later blocks must not depend on it.
+* ```` ```python gpu ````: needs a CUDA GPU (and nvcc); skipped without one;
+* ```` ```python needs:pymc ````: needs an optional package (any importable module name); skipped without it.
+
+Later blocks must not depend on a skipped one (mark them too).
 
 A statement whose last line ends in ``# -> TEXT`` is checked: the expression's ``repr`` (for ``print(...)``, what
 it prints) must equal TEXT, whitespace aside.
 """
 
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -27,7 +31,7 @@ from ptnative import ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_FILES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
-FLAGS = {"no-run", "gpu"}
+FLAGS = {"no-run", "gpu"}  # and needs:<module>
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*(.*)$")
 
 
@@ -59,10 +63,17 @@ def python_blocks(path, text=None):
     for line, info, code in code_blocks(read(path) if text is None else text):
         if not info or info[0] != "python":
             continue
-        unknown = set(info[1:]) - FLAGS
+        unknown = {flag for flag in info[1:] if flag not in FLAGS and not re.fullmatch(r"needs:[\w.]+", flag)}
         assert not unknown, f"{path}:{line}: unknown block marker(s) {sorted(unknown)}; known: {sorted(FLAGS)}"
         found.append((line, set(info[1:]), code))
     return found
+
+
+def can_run(flags):
+    """Whether a block with these markers runs here."""
+    if "no-run" in flags or ("gpu" in flags and not have_gpu()):
+        return False
+    return all(importlib.util.find_spec(flag[6:]) is not None for flag in flags if flag.startswith("needs:"))
 
 
 def have_gpu():
@@ -120,10 +131,9 @@ def run_blocks(blocks, directory):
 @pytest.mark.parametrize("path", DOC_FILES)
 def test_python_blocks_run(path, tmp_path):
     blocks = python_blocks(path)
-    runnable = [[path, line, code] for line, flags, code in blocks
-                if "no-run" not in flags and ("gpu" not in flags or have_gpu())]
+    runnable = [[path, line, code] for line, flags, code in blocks if can_run(flags)]
     if not runnable:
-        pytest.skip(f"{path}: no Python block to run here ({len(blocks)} marked no-run or gpu)")
+        pytest.skip(f"{path}: no Python block to run here ({len(blocks)} marked no-run, gpu or needs:)")
     out = run_blocks(runnable, tmp_path)
     assert out.returncode == 0, f"a Python block of {path} failed:\n{out.stderr[-6000:]}"
 
@@ -146,13 +156,14 @@ def test_block_markers_are_parsed():
                                            (9, {"gpu"}, "```\nb\n")]
     assert [info for _, info, _ in code_blocks(text)][-1] == ["sh"]
     assert code_blocks("```` ```python ```` is inline code\n") == []
+    assert python_blocks("t.md", "```python needs:pymc gpu\nx\n```\n") == [(2, {"needs:pymc", "gpu"}, "x\n")]
+    assert can_run({"needs:numpy"}) and not can_run({"needs:no_such_module_here"}) and not can_run({"no-run"})
     with pytest.raises(AssertionError, match="unknown block marker"):
         python_blocks("t.md", "```python norun\nx\n```\n")
 
 
 def resolve(dotted):
     """The object ``dotted`` names after ``import ptnative`` (attribute access, or importing a submodule)."""
-    import importlib
 
     parts = dotted.split(".")
     obj = importlib.import_module(parts[0])
