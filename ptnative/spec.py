@@ -8,8 +8,16 @@ backend-neutral half of :class:`ptnative.NativeOp` (the seed's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import difflib
+import functools
+import numbers
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+
+from .source import MAX_NDIM
 
 #: ``"float32"`` is the generic floating type: the op runs in float32 or float64,
 #: whichever its inputs have.  The others are exact.
@@ -19,6 +27,8 @@ INFO_KEYS = {
     "name", "ndim", "shape", "dtype", "need_contiguous", "want_inplace", "is_inplace", "gradient", "bw_input",
     "bw_in_var", "bw_out_var", "bw_grad_var", "host_memory", "dummy",
 }
+#: Keys whose value is a dict of overrides applied when deriving the gradient op.
+_OVERRIDE_KEYS = ("bw_in_var", "bw_out_var", "bw_grad_var")
 
 
 class FrozenDict(dict):
@@ -77,88 +87,248 @@ def resolve_want_inplace_dummy(in_info, out_info):
     return in_info, out_info, n_dummy
 
 
-def convert_grad_input_map(gi_map, n: int) -> tuple[int, ...]:
-    """``None`` -> all ``n``; a callable is called with the indices ``0..n-1``."""
-    if gi_map is None:
-        return tuple(range(n))
-    if callable(gi_map):
-        gi_map = gi_map(*range(n))
-    return tuple(int(i) for i in gi_map)
+def _is_int(value) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
-def validate(name: str, in_info, out_info, grad_input_map: tuple[int, ...]) -> None:
-    """Raise :class:`ValueError` naming the op, the entry and the key for any malformed spec."""
+def _is_flag(value) -> bool:
+    return isinstance(value, bool | np.bool_) or (_is_int(value) and value in (0, 1))
 
-    def err(kind, idx, info, key, msg):
-        entry = info.get("name", "#%i" % idx) if isinstance(info, dict) else "#%i" % idx
-        raise ValueError(f"NativeOp {name!r}: {kind} {entry!r} (#{idx}), key {key!r}: {msg}")
 
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _closest_key(key) -> str:
+    close = difflib.get_close_matches(str(key), sorted(INFO_KEYS), n=1, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {close[0]!r}?"
+    return f"unknown key; the keys are {', '.join(sorted(INFO_KEYS))}"
+
+
+def _value_problem(key, value) -> str | None:
+    """What is wrong with ``value`` for the per-entry ``key`` alone, or None (cross-entry checks come later)."""
+    if key == "name":
+        return None if isinstance(value, str) else f"must be a str, got {_short(value)}"
+    if key == "ndim":
+        if not _is_int(value) or value < 0:
+            return f"a non-negative int is required, got {_short(value)}"
+        if value > MAX_NDIM:
+            return f"at most {MAX_NDIM} dimensions are supported, got {value}"
+        return None
+    if key == "dtype":
+        if isinstance(value, str) and value in DTYPES:
+            return None
+        return f"unknown dtype {_short(value)}; known: {', '.join(DTYPES)}"
+    if key in ("need_contiguous", "host_memory", "dummy", "is_inplace", "bw_input"):
+        return None if _is_flag(value) else f"must be True or False, got {_short(value)}"
+    if key == "want_inplace":
+        if value == "dummy_out" or (_is_int(value) and value >= -1):
+            return None
+        return f"must be -1, 'dummy_out' or an output index, got {_short(value)}"
+    if key == "gradient":
+        return None if value in ("", "disconnected") else f"only 'disconnected' is allowed, got {_short(value)}"
+    if key in ("bw_in_var", "bw_out_var", "bw_grad_var"):
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            return f"must be a dict of overrides, got {_short(value)}"
+        for k, v in value.items():
+            if k not in INFO_KEYS or k in _OVERRIDE_KEYS:
+                return f"override {k!r}: " + (_closest_key(k) if k not in INFO_KEYS else "overrides do not nest")
+            problem = None if k == "shape" else _value_problem(k, v)
+            if problem:
+                return f"override {k!r}: {problem}"
+        return None
+    return None  # "shape" is checked with its entry (it depends on ndim and on the other entries)
+
+
+def _check_shape_entry(err, kind, s, d, n_in: int, in_ndims: Sequence[Any]) -> None:
+    """One entry of a ``shape``: an int >= 0, a ref ``(in_idx, dim)``, or (inputs only) None."""
+    if _is_int(s):
+        if s < 0:
+            err("shape", f"dim {d}: negative size {s}")
+        return
+    if s is None and kind == "in_info":
+        return
+    if not isinstance(s, tuple | list):
+        expected = "an int, None" if kind == "in_info" else "an int"
+        err("shape", f"dim {d}: expected {expected} or an (in_idx, dim) ref, got {_short(s)}")
+    if len(s) != 2 or not all(_is_int(v) for v in s):
+        err("shape", f"dim {d}: a ref is a pair of ints (in_idx, dim), got {_short(s)}")
+    if kind == "in_info":
+        return  # refs on inputs are documentation only (a gradient op keeps its forward op's)
+    i, j = s
+    if not 0 <= i < n_in:
+        err("shape", f"dim {d}: ref {tuple(s)!r} names input {i}, but there are {n_in} inputs")
+    if _is_int(in_ndims[i]) and not 0 <= j < in_ndims[i]:
+        err("shape", f"dim {d}: ref {tuple(s)!r} names dim {j} of input {i}, which has ndim {in_ndims[i]}")
+
+
+def check_info_lists(name: str, in_info, out_info) -> tuple[list[dict], list[dict]]:
+    """``in_info`` / ``out_info`` as lists of plain dicts, each entry checked on its own.
+
+    Raises :class:`ValueError` naming the op, the entry and the key: a container that is not a list or
+    tuple of dicts, an unknown key (with the closest valid one), a value of the wrong type or range,
+    a malformed ``shape`` or ref.  Cross-entry rules (``want_inplace`` targets) are :func:`validate`'s."""
+    lists = []
     for kind, infos in (("in_info", in_info), ("out_info", out_info)):
+        what = "input" if kind == "in_info" else "output"
+        if not isinstance(infos, list | tuple):
+            raise ValueError(f"NativeOp {name!r}: {kind} must be a list or tuple of dicts (one per {what}), "
+                             f"got {type(infos).__name__} {_short(infos)}")
         for idx, info in enumerate(infos):
-            if not isinstance(info, dict):
-                raise ValueError(f"NativeOp {name!r}: {kind} #{idx} must be a dict, got {type(info).__name__}")
-            ndim = info.get("ndim")
-            if not isinstance(ndim, int) or isinstance(ndim, bool) or ndim < 0:
-                err(kind, idx, info, "ndim", f"a non-negative int is required, got {ndim!r}")
-            if ndim > 8:
-                err(kind, idx, info, "ndim", f"at most 8 dimensions are supported, got {ndim}")
-            dtype = info.get("dtype", FLOAT_GENERIC)
-            if dtype not in DTYPES:
-                err(kind, idx, info, "dtype", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-            if info.get("gradient", "") not in ("", "disconnected"):
-                err(kind, idx, info, "gradient", "only 'disconnected' is allowed")
+            if not isinstance(info, Mapping):
+                raise ValueError(f"NativeOp {name!r}: {kind} #{idx} must be a dict describing {what} {idx}, "
+                                 f"got {type(info).__name__} {_short(info)}")
+        lists.append([dict(info) for info in infos])
+    if not lists[1]:
+        raise ValueError(f"NativeOp {name!r}: out_info is empty; an op needs at least one output")
+    in_ndims = [info.get("ndim") for info in lists[0]]
+    for kind, infos in (("in_info", lists[0]), ("out_info", lists[1])):
+        for idx, info in enumerate(infos):
+            err = functools.partial(_raise, name, kind, idx, info)
+            if not isinstance(info.get("name", ""), str):
+                raise ValueError(f"NativeOp {name!r}: {kind} #{idx}, key 'name': must be a str, "
+                                 f"got {_short(info['name'])}")
+            for key, value in info.items():
+                if key not in INFO_KEYS:
+                    err(key, _closest_key(key))
+                problem = _value_problem(key, value)
+                if problem:
+                    err(key, problem)
+            if "ndim" not in info:
+                err("ndim", "missing; every entry needs its number of dimensions")
+            ndim = info["ndim"] = int(info["ndim"])
             shape = info.get("shape")
             if shape is None:
                 if kind == "out_info":
-                    err(kind, idx, info, "shape", "outputs need a shape (ints or (in_idx, dim) refs)")
+                    err("shape", "outputs need a shape (ints or (in_idx, dim) refs)")
                 continue
             if not isinstance(shape, tuple | list) or len(shape) != ndim:
-                err(kind, idx, info, "shape", f"must be a sequence of length ndim={ndim}, got {shape!r}")
+                err("shape", f"must be a list or tuple of length ndim={ndim}, got {_short(shape)}")
             for d, s in enumerate(shape):
-                if isinstance(s, int) and not isinstance(s, bool):
-                    if s < 0:
-                        err(kind, idx, info, "shape", f"dim {d}: negative size {s}")
-                elif isinstance(s, tuple | list):
-                    if kind == "in_info":
-                        continue  # refs on inputs are documentation only
-                    if len(s) != 2:
-                        err(kind, idx, info, "shape", f"dim {d}: a ref is (in_idx, dim), got {s!r}")
-                    i, j = s
-                    if not (0 <= i < len(in_info)):
-                        err(kind, idx, info, "shape", f"dim {d}: ref {tuple(s)!r} names input {i}, "
-                                                      f"but there are {len(in_info)} inputs")
-                    in_ndim = in_info[i].get("ndim")
-                    if not (0 <= j < in_ndim):
-                        err(kind, idx, info, "shape", f"dim {d}: ref {tuple(s)!r} names dim {j} of input {i}, "
-                                                      f"which has ndim {in_ndim}")
-                elif s is None and kind == "in_info":
-                    continue
-                else:
-                    err(kind, idx, info, "shape", f"dim {d}: expected an int or an (in_idx, dim) ref, got {s!r}")
+                _check_shape_entry(err, kind, s, d, len(lists[0]), in_ndims)
+            info["shape"] = tuple(s if s is None else int(s) if _is_int(s) else (int(s[0]), int(s[1]))
+                                  for s in shape)
+    return lists[0], lists[1]
 
+
+def _raise(name, kind, idx, info, key, msg):
+    entry = info.get("name", "#%i" % idx) if isinstance(info, dict) else "#%i" % idx
+    raise ValueError(f"NativeOp {name!r}: {kind} {entry!r} (#{idx}), key {key!r}: {msg}")
+
+
+def convert_grad_input_map(gi_map, n: int, name: str = "<anonNativeOp>") -> tuple[int, ...]:
+    """``None`` -> all ``n``; a callable is called with the indices ``0..n-1``; each entry an int in ``[0, n)``."""
+    if gi_map is None:
+        return tuple(range(n))
+    if callable(gi_map):
+        try:
+            gi_map = gi_map(*range(n))
+        except Exception as e:
+            raise ValueError(f"NativeOp {name!r}: grad_input_map, called with the indices 0..{n - 1} of "
+                             f"inputs + outputs + output grads, raised {type(e).__name__}: {e}") from e
+    if not isinstance(gi_map, list | tuple | range):
+        raise ValueError(f"NativeOp {name!r}: grad_input_map must be a sequence of ints or a callable returning "
+                         f"one, got {_short(gi_map)}")
+    for pos, i in enumerate(gi_map):
+        if not _is_int(i):
+            raise ValueError(f"NativeOp {name!r}: grad_input_map[{pos}] must be an int, got {_short(i)}")
+        if not 0 <= i < n:
+            raise ValueError(f"NativeOp {name!r}: grad_input_map[{pos}] = {i} is out of range "
+                             f"(inputs + outputs + output grads = {n})")
+    if len(set(gi_map)) != len(gi_map):
+        raise ValueError(f"NativeOp {name!r}: grad_input_map names an index twice: {tuple(gi_map)!r}")
+    return tuple(int(i) for i in gi_map)
+
+
+def validate(name: str, in_info, out_info) -> None:
+    """Raise :class:`ValueError` naming the op, the entry and the key for any malformed spec.
+
+    Each entry is checked on its own (see :func:`check_info_lists`), then the ``want_inplace``
+    targets across entries (after ``"dummy_out"`` resolution)."""
+    in_info, out_info = check_info_lists(name, in_info, out_info)
     claimed = {}
     for idx, info in enumerate(in_info):
         k = info.get("want_inplace", -1)
         if k == -1:
             continue
-        if not isinstance(k, int) or isinstance(k, bool) or not (0 <= k < len(out_info)):
-            err("in_info", idx, info, "want_inplace", f"must be -1, 'dummy_out' or an output index "
-                                                      f"< {len(out_info)}, got {k!r}")
+        err = functools.partial(_raise, name, "in_info", idx, info, "want_inplace")
+        if not _is_int(k) or not 0 <= k < len(out_info):
+            err(f"must be -1, 'dummy_out' or an output index < {len(out_info)}, got {k!r}")
         if k in claimed:
-            err("in_info", idx, info, "want_inplace", f"output {k} is already claimed by input {claimed[k]}")
+            err(f"output {k} is already claimed by input {claimed[k]}")
         claimed[k] = idx
         out = out_info[k]
         if out.get("ndim") != info["ndim"]:
-            err("in_info", idx, info, "want_inplace", f"output {k} has ndim {out.get('ndim')}, "
-                                                      f"the input has {info['ndim']}")
+            err(f"output {k} has ndim {out.get('ndim')}, the input has {info['ndim']}")
         if out.get("dtype", FLOAT_GENERIC) != info.get("dtype", FLOAT_GENERIC):
-            err("in_info", idx, info, "want_inplace", f"output {k} has another dtype than the input")
+            err(f"output {k} has another dtype than the input")
 
-    n = len(in_info) + 2 * len(out_info)
-    for i in grad_input_map:
-        if not (0 <= i < n):
-            raise ValueError(f"NativeOp {name!r}: grad_input_map entry {i} is out of range "
-                             f"(inputs + outputs + output grads = {n})")
+
+_FORMAT_SPEC = re.compile(r"%(?:%|\(fail\)s)")
+
+
+def check_code(name: str, key: str, code, optional: bool = False) -> None:
+    """``c_fw_code`` / ``c_bw_code`` must be a str whose only ``%`` directives are ``%%`` and ``%(fail)s``."""
+    if code is None and optional:
+        return
+    if not isinstance(code, str):
+        raise ValueError(f"NativeOp {name!r}: {key} must be a str{' or None' if optional else ''}, "
+                         f"got {type(code).__name__}")
+    pos = 0
+    while (pos := code.find("%", pos)) >= 0:
+        m = _FORMAT_SPEC.match(code, pos)
+        if m:
+            pos = m.end()
+            continue
+        line = code.count("\n", 0, pos) + 1
+        start = code.rfind("\n", 0, pos) + 1
+        end = code.find("\n", pos)
+        text = code[start: end if end >= 0 else len(code)].strip()
+        named = re.match(r"%\(([^)]*)\)\w?", code[pos:])
+        if not named:
+            what = "a lone '%'"
+        elif named.group(1) == "fail":
+            what = f"{named.group()!r} is not a substitution (did you mean '%(fail)s'?)"
+        else:
+            what = f"unknown substitution {named.group()!r} (only '%(fail)s' is defined)"
+        raise ValueError(f"NativeOp {name!r}: {key} line {line}: {what} in {_short(text, 80)}; the code is "
+                         "%-formatted: write '%%' for a literal percent sign ('%(fail)s' bails out)")
+
+
+def check_support_code(name: str, code) -> None:
+    """``c_extra_support_code``: None, a str, a dict of str or a list/tuple of str."""
+    if code is None or isinstance(code, str):
+        return
+    if isinstance(code, Mapping):
+        items = list(code.items())
+        if not all(isinstance(k, str) for k, _ in items):
+            raise ValueError(f"NativeOp {name!r}: c_extra_support_code keys must be str (they set the order), "
+                             f"got {sorted(map(repr, code))}")
+    elif isinstance(code, list | tuple):
+        items = list(enumerate(code))
+    else:
+        raise ValueError(f"NativeOp {name!r}: c_extra_support_code must be a str, a dict of str or a list of str, "
+                         f"got {type(code).__name__}")
+    for k, part in items:
+        if not isinstance(part, str):
+            raise ValueError(f"NativeOp {name!r}: c_extra_support_code[{k!r}] must be a str, "
+                             f"got {type(part).__name__}")
+
+
+def check_code_version(name: str, code_version) -> tuple[int, ...]:
+    """``None``, an int or a sequence of ints, as a tuple."""
+    if code_version is None:
+        return ()
+    if _is_int(code_version):
+        return (int(code_version),)
+    if isinstance(code_version, list | tuple) and all(_is_int(v) for v in code_version):
+        return tuple(int(v) for v in code_version)
+    raise ValueError(f"NativeOp {name!r}: code_version must be an int or a tuple of ints, got {_short(code_version)}")
 
 
 class NativeOpBase:
@@ -171,24 +341,27 @@ class NativeOpBase:
 
     def __init__(self, in_info, out_info, c_fw_code, c_bw_code=None, c_extra_support_code=None,
                  code_version=None, cpu_support=True, grad_input_map=None, name=None):
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"NativeOp: name must be a str or None, got {_short(name)}")
         self.name = name or "<anonNativeOp>"
+        # Every entry on its own first, so that resolving "dummy_out" and the refs below see well-formed dicts.
+        in_info, out_info = check_info_lists(self.name, in_info, out_info)
         in_info, out_info, _ = resolve_want_inplace_dummy(in_info, out_info)
         n_grad_inputs = len(in_info) + 2 * len(out_info)
-        gi_map = convert_grad_input_map(grad_input_map, n_grad_inputs)
-        validate(self.name, in_info, out_info, gi_map)
-        if not isinstance(c_fw_code, str):
-            raise ValueError(f"NativeOp {self.name!r}: c_fw_code must be a str")
-        if c_bw_code is not None and not isinstance(c_bw_code, str):
-            raise ValueError(f"NativeOp {self.name!r}: c_bw_code must be a str or None")
+        gi_map = convert_grad_input_map(grad_input_map, n_grad_inputs, self.name)
+        validate(self.name, in_info, out_info)
+        check_code(self.name, "c_fw_code", c_fw_code)
+        check_code(self.name, "c_bw_code", c_bw_code, optional=True)
+        check_support_code(self.name, c_extra_support_code)
+        if not _is_flag(cpu_support):
+            raise ValueError(f"NativeOp {self.name!r}: cpu_support must be True or False, got {_short(cpu_support)}")
         self.in_info = make_hashable(in_info)
         self.out_info = make_hashable(out_info)
         self.num_dummy_outs = sum(1 for o in self.out_info if o.get("dummy"))
         self.c_fw_code = c_fw_code
         self.c_bw_code = c_bw_code
         self.c_extra_support_code = join_support_code(c_extra_support_code)
-        if isinstance(code_version, int):
-            code_version = (code_version,)
-        self.code_version = tuple(code_version or ())
+        self.code_version = check_code_version(self.name, code_version)
         self.cpu_support = bool(cpu_support)
         self.grad_input_map = gi_map
 
