@@ -1,6 +1,12 @@
-"""Compile translation units into content-hashed shared libraries, cached per
-user (mode 0700) and built under a file lock, so that parallel processes
-(PyMC chains, pytest-xdist) share one build."""
+"""Compile translation units into content-hashed shared libraries, kept in a
+per-user cache that trusts nothing it did not write itself (:mod:`ptnative.cache`),
+and built under a file lock, so that parallel processes (PyMC chains,
+pytest-xdist) share one build.
+
+Every loader goes through :func:`open_library` (or :func:`load` for the CPU
+entry points, :func:`open_cached` for a library known only by its path): they
+check the library before loading it and load exactly the bytes they checked.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,26 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
+import threading
+import warnings
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from . import blas
+from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
+from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
+from .cache import proc_fd_usable
 from .source import Variant
+
+__all__ = ["CompileError", "CacheError", "UntrustedLibraryWarning", "cache_dir", "cache_status", "build",
+           "open_library", "open_cached", "load", "loaded", "library_path", "Library"]
 
 log = logging.getLogger("ptnative.build")
 
@@ -39,16 +54,20 @@ class CompileError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """``$PTNATIVE_CACHE_DIR`` or ``~/.cache/ptnative/<platform>-py<X.Y>``, created with mode 0700."""
-    base = os.environ.get("PTNATIVE_CACHE_DIR")
-    if base:
-        path = Path(base)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        tag = f"{platform.system().lower()}-{platform.machine()}-py{sys.version_info[0]}{sys.version_info[1]}"
-        path = Path(xdg) / "ptnative" / tag
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    """The kernel cache: ``$PTNATIVE_CACHE_DIR``, or ``$XDG_CACHE_HOME/ptnative/<system>-<machine>-py<XY>``
+    (``XDG_CACHE_HOME`` defaults to ``~/.cache``; e.g. ``~/.cache/ptnative/linux-x86_64-py311``), created with
+    mode 0700 if missing.  :class:`CacheError` (naming the directory and the fix) unless it is a real directory
+    owned by the user and not writable by group or others (in the default layout, its ``ptnative`` parent too)."""
+    return checked_dir()
+
+
+def cache_status() -> tuple[Path, str | None]:
+    """The configured cache directory (created if missing) and why it fails the rules, or None if it passes."""
+    path, _ = configured_dir()
+    try:
+        return path, directory_problem()
+    except CacheError as e:  # it could not be created
+        return path, str(e)
 
 
 def cxx() -> str:
@@ -125,50 +144,184 @@ def library_path(variant: Variant) -> Path:
     return cache_dir() / f"{variant.symbol}-{variant.device}-{digest}.so"
 
 
-def build(variant: Variant) -> Path:
-    """Compile ``variant`` unless the cache already has it; return the library's path."""
-    path = library_path(variant)
-    if path.exists():
-        return path
+@contextmanager
+def _build_lock(path: Path):
     try:
         with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
-            if path.exists():  # another process built it while we waited
-                return path
-            _compile(variant, path)
+            yield
     except Timeout:
         raise CompileError(f"timed out after {LOCK_TIMEOUT_S} s waiting for the build lock {path}.lock") from None
+
+
+def _warn_rebuild(path: Path, why: str) -> None:
+    warnings.warn(f"ptnative: the cached library {path} {why}; it was not loaded and is being rebuilt",
+                  UntrustedLibraryWarning, stacklevel=4)
+
+
+def _ensure(variant: Variant, directory: Directory, path: Path, rebuild_because: str | None = None) -> int:
+    """A descriptor of ``variant``'s library that passed every check, compiled first if it is missing, and
+    rebuilt (with one :class:`UntrustedLibraryWarning`) if it fails a check or ``rebuild_because`` is given."""
+    if rebuild_because is None:
+        try:
+            return open_verified(directory, path.name)
+        except Untrusted:
+            pass
+    with _build_lock(path):
+        if rebuild_because is None:
+            try:
+                return open_verified(directory, path.name)  # another process built it meanwhile
+            except Missing:
+                pass
+            except Unrecorded as e:
+                log.info("rebuilding %s: it %s", path, e)
+                directory.discard(path.name)
+            except Untrusted as e:
+                rebuild_because = str(e)
+        if rebuild_because is not None:
+            _warn_rebuild(path, rebuild_because)
+            directory.discard(path.name)
+        _compile(variant, directory, path)
+        try:
+            return open_verified(directory, path.name)
+        except Untrusted as e:
+            raise CacheError(f"ptnative: the library {path} was just built but {e}") from None
+
+
+def build(variant: Variant) -> Path:
+    """Make sure the cache holds a library of ``variant`` that passes every check: compile it if missing, rebuild
+    it (with one :class:`UntrustedLibraryWarning`) if it fails one.  Return its path, for messages and for
+    ahead-of-time builds; to load it use :func:`open_library` (never ``dlopen`` the path: it is not checked
+    again).  :class:`CompileError` if the compiler fails or writes no usable library; :class:`CacheError` if the
+    cache directory fails its checks."""
+    path = library_path(variant)
+    with Directory(path.parent) as directory:
+        os.close(_ensure(variant, directory, path))
     return path
 
 
-def _compile(variant: Variant, path: Path) -> None:
-    ext = ".cu" if variant.device == "cuda" else ".cpp"
-    src = path.with_suffix(ext)
-    src.write_text(variant.source)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp.so")
+_opened: dict[str, ctypes.CDLL] = {}
+_open_lock = threading.RLock()
+
+
+def _dlopen_checked(directory: Directory, path: Path, fd: int) -> ctypes.CDLL:
+    if proc_fd_usable():
+        return dlopen_fd(fd, path)
     os.close(fd)
-    cmd = compile_command(variant, src, Path(tmp))
+    with _build_lock(path):  # no /proc/self/fd: load the checked path while no ptnative process can replace it
+        return dlopen_fd(open_verified(directory, path.name), path)
+
+
+def open_library(variant: Variant) -> ctypes.CDLL:
+    """``variant``'s library, built if needed, checked and loaded once per process (the one way every backend
+    loads a library).  A library that passes its checks but fails to load is rebuilt once (with one
+    :class:`UntrustedLibraryWarning`); if the rebuilt one fails too, :class:`CompileError` with the loader's
+    message.  Errors as for :func:`build`."""
+    path = library_path(variant)
+    lib = _opened.get(str(path))
+    if lib is not None:
+        return lib
+    with _open_lock:
+        lib = _opened.get(str(path))
+        if lib is not None:
+            return lib
+        with Directory(path.parent) as directory:
+            fd = _ensure(variant, directory, path)
+            try:
+                lib = _dlopen_checked(directory, path, fd)
+            except OSError as e:
+                fd = _ensure(variant, directory, path, rebuild_because=f"passed its checks but cannot be loaded ({e})")
+                try:
+                    lib = _dlopen_checked(directory, path, fd)
+                except OSError as e2:
+                    raise CompileError(f"compiling {variant.symbol} ({variant.device}) gives a library that cannot "
+                                       f"be loaded, even after a rebuild: {e2}\nlibrary: {path}\ncompiler: "
+                                       f"{compile_command(variant, Path('SRC'), Path('OUT'))[0]}") from None
+        _opened[str(path)] = lib
+    return lib
+
+
+def open_cached(path: str | os.PathLike) -> ctypes.CDLL:
+    """The library at ``path`` (a file in a kernel cache, as :func:`build` returned it), checked and loaded once
+    per process, for code that knows a library only by its path (e.g. a compiled C module).  It cannot be
+    rebuilt from here: :class:`CacheError` if the directory or the library fails a check, or if it cannot be
+    loaded."""
+    path = Path(path)
+    with _open_lock:
+        lib = _opened.get(str(path))
+        if lib is not None:
+            return lib
+        with Directory(path.parent) as directory:
+            try:
+                lib = _dlopen_checked(directory, path, open_verified(directory, path.name))
+            except Untrusted as e:
+                raise CacheError(f"ptnative: the cached library {path} {e}; it was not loaded. Run the function "
+                                 "again in a new process (the op rebuilds it) or `python -m ptnative build`") from None
+            except OSError as e:
+                raise CacheError(f"ptnative: the cached library {path} cannot be loaded ({e})") from None
+        _opened[str(path)] = lib
+    return lib
+
+
+def _read_output(directory: Directory, name: str, fail) -> bytes:
+    try:
+        fd, st = directory.open_checked(name)
+    except Missing:
+        raise fail("the compiler exited with status 0 but wrote no library") from None
+    except Untrusted as e:
+        raise fail(f"the compiler's output {e}") from None
+    try:
+        problem = check_output(fd, st.st_size)
+        if problem:
+            raise fail(f"the compiler exited with status 0 but its output {problem}")
+        chunks, offset = [], 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _compile(variant: Variant, directory: Directory, path: Path) -> None:
+    """Compile ``variant`` in a private build directory, check the output, and install it with its record."""
+    src_name = path.stem + (".cu" if variant.device == "cuda" else ".cpp")
+    directory.replace(directory.write_new(src_name, variant.source.encode()), src_name)
+    src = path.parent / src_name
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", suffix=".build", dir=path.parent))
+    cmd = compile_command(variant, src, build_dir / "out.so")
     log.info("compiling %s", path.name)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        except OSError as e:
+            raise CompileError(f"compiling {variant.symbol} ({variant.device}): the compiler {cmd[0]!r} cannot be "
+                               f"run: {e}\ncommand: {shlex.join(cmd)}") from None
+        output = (proc.stderr + proc.stdout).strip()
+        if len(output) > 20000:
+            output = output[:20000] + "\n... (truncated)"
+
+        def fail(what: str) -> CompileError:
+            return CompileError(f"compiling {variant.symbol} ({variant.device}) failed: {what}. Nothing was "
+                                f"installed in the cache.\nsource: {src}\ncommand: {shlex.join(cmd)}\n"
+                                f"{output or '(the compiler printed nothing)'}")
+
         if proc.returncode != 0:
-            output = (proc.stderr + proc.stdout).strip()
-            if len(output) > 20000:
-                output = output[:20000] + "\n... (truncated)"
-            raise CompileError(f"compiling {variant.symbol} ({variant.device}) failed.\n"
-                               f"source: {src}\ncommand: {' '.join(cmd)}\n{output}")
-        os.replace(tmp, path)
+            raise fail(f"the compiler exited with status {proc.returncode}")
+        data = _read_output(directory, f"{build_dir.name}/out.so", fail)
+        directory.install(path.name, data)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(build_dir, ignore_errors=True)
 
 
 class Library:
-    """A loaded CPU library: ``run`` is the entry point, BLAS already set."""
+    """A loaded CPU library: ``run`` is the entry point, BLAS already set.  ``dlopen_name`` is the name it was
+    loaded under (``dlopen`` of that name returns this library, without opening any file)."""
 
-    def __init__(self, variant: Variant, path: Path):
+    def __init__(self, variant: Variant, path: Path, cdll: ctypes.CDLL):
         self.variant = variant
         self.path = path
-        self.cdll = ctypes.CDLL(str(path))
+        self.cdll = cdll
+        self.dlopen_name = cdll._name
         self.run = getattr(self.cdll, variant.symbol)
         self.run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64]
         self.run.restype = ctypes.c_int
@@ -185,10 +338,13 @@ _loaded: dict[str, Library] = {}
 
 
 def load(variant: Variant) -> Library:
-    """Build if needed and load ``variant`` (CPU) into this process, once."""
+    """Build if needed, check and load ``variant`` (CPU) into this process, once (through :func:`open_library`)."""
     lib = _loaded.get(variant.symbol)
     if lib is None:
-        lib = _loaded[variant.symbol] = Library(variant, build(variant))
+        with _open_lock:
+            lib = _loaded.get(variant.symbol)
+            if lib is None:
+                lib = _loaded[variant.symbol] = Library(variant, library_path(variant), open_library(variant))
     return lib
 
 

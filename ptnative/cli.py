@@ -55,9 +55,13 @@ def info() -> None:
     from .device import load_cublas
     rows.append(("cuBLAS (CUDA kernels)", load_cublas() or "not found"))
     rows.append(("BLAS (CPU kernels)", blas.describe()))
-    cache = build.cache_dir()
-    libs = list(cache.glob("*.so"))
-    rows.append(("kernel cache", f"{cache} ({len(libs)} libraries, {_dir_size(cache) / 2**20:.1f} MiB)"))
+    cache, problem = build.cache_status()
+    if problem:
+        rows.append(("kernel cache", f"{cache}: FAILS THE CHECKS: {problem}"))
+    else:
+        libs = list(cache.glob("*.so"))
+        rows.append(("kernel cache", f"{cache}: passes the checks (private directory; {len(libs)} libraries, "
+                                     f"{_dir_size(cache) / 2**20:.1f} MiB)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -106,7 +110,7 @@ def build_all(device: str, jobs: int | None = None) -> int:
             name, dtype = futures[future]
             try:
                 future.result()
-            except build.CompileError as e:
+            except (build.CompileError, build.CacheError) as e:
                 failures += 1
                 print(f"\n{name} ({dtype}): {e}", file=sys.stderr)
             bar.update(1)

@@ -22,9 +22,9 @@ def numba_funcify_native_op(op, node, **kwargs):
     float_dtype, device = op.target(node)
     variant = op.variant(float_dtype, device)
     lib = load(variant)  # builds if needed, sets BLAS in the library
-    if str(lib.path) not in _loaded_permanently:
-        llvm.load_library_permanently(str(lib.path))
-        _loaded_permanently.add(str(lib.path))
+    if lib.dlopen_name not in _loaded_permanently:  # the checked library, already loaded: no file is opened
+        llvm.load_library_permanently(lib.dlopen_name)
+        _loaded_permanently.add(lib.dlopen_name)
     src = driver_source(op, float_dtype, device, tuple_return=False)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
     env = dict(DRIVER_GLOBALS, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
