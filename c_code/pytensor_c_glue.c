@@ -58,12 +58,28 @@ static ptn_glue_entry_t ptn_glue_entry(const char* symbol) {
   return (ptn_glue_entry_t)fn;
 }
 
+/* ptnative.errors.KernelValueError for a failed check (PTN_GLUE_STATUS_VALUE), else KernelRuntimeError, as the
+ * other modes raise (a new reference; ValueError / RuntimeError if ptnative.errors cannot be imported). */
+static PyObject* ptn_glue_error_class(int status) {
+  int value = status == PTN_GLUE_STATUS_VALUE;
+  PyObject* module = PyImport_ImportModule("ptnative.errors");
+  PyObject* cls = module ? PyObject_GetAttrString(module, value ? "KernelValueError" : "KernelRuntimeError") : NULL;
+  Py_XDECREF(module);
+  if (!cls) {
+    PyErr_Clear();
+    cls = value ? PyExc_ValueError : PyExc_RuntimeError;
+    Py_INCREF(cls);
+  }
+  return cls;
+}
+
 /* Make inputs contiguous where needed, check fixed sizes, allocate the outputs, call the entry point.
  * 0, or -1 with a Python exception set.  `in` may be replaced by the copies in `tmp`, which the caller releases. */
 static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArrayObject** in, PyArrayObject** tmp,
                         PyArrayObject*** out, void** data, int64_t* shapes, int64_t* strides) {
   char err[2048];
   int i, j, k, d, nd, status;
+  PyObject* error_class;
   err[0] = 0;
   for (i = 0; i < op->n_in; ++i) {
     if (op->contiguous[i] && !PyArray_IS_C_CONTIGUOUS(in[i])) {
@@ -118,8 +134,9 @@ static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArr
   status = entry(data, shapes, strides, err, (int64_t)sizeof(err));
   if (status == 0) return 0;
   err[sizeof(err) - 1] = 0;
-  PyErr_Format(status == PTN_GLUE_STATUS_VALUE ? PyExc_ValueError : PyExc_RuntimeError, "%s: %s", op->label,
-               err[0] ? err : "the kernel reported a failure");
+  error_class = ptn_glue_error_class(status);
+  PyErr_Format(error_class, "%s: %s", op->label, err[0] ? err : "the kernel reported a failure");
+  Py_DECREF(error_class);
   return -1;
 }
 #endif

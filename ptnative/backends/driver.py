@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import KernelRuntimeError, KernelValueError
+from ..errors import FROM_KERNEL, KernelRuntimeError, KernelValueError
 from ..source import MAX_NDIM, STATUS_VALUE
 
 
@@ -28,7 +28,7 @@ class DriverSource:
 
 def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool = True) -> DriverSource:
     """The driver's text; with ``tuple_return=False`` a single output is returned bare.
-    Its globals: ``np``, ``ext`` (the entry point), ``KernelValueError``, ``KernelRuntimeError``."""
+    Its globals: :data:`DRIVER_GLOBALS` and ``ext`` (the entry point)."""
     n_in, n_out = len(op.in_info), len(op.out_info)
     variant_symbol = op.variant(float_dtype, device).symbol
     args = [f"i{i}" for i in range(n_in)]
@@ -70,16 +70,17 @@ def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool 
     lines += [
         "    status = ext(data.ctypes, shapes.ctypes, strides.ctypes, data.ctypes, 0)",
         f"    if status == {STATUS_VALUE}:",
-        f"        raise KernelValueError({op.name!r}, {variant_symbol!r})",
+        f"        raise KernelValueError(FROM_KERNEL, {op.name!r}, {variant_symbol!r})",
         "    if status != 0:",
-        f"        raise KernelRuntimeError({op.name!r}, {variant_symbol!r})",
+        f"        raise KernelRuntimeError(FROM_KERNEL, {op.name!r}, {variant_symbol!r})",
         f"    return {outs}" + ("," if n_out == 1 and tuple_return else ""),
     ]
     text = "\n".join(lines) + "\n"
     return DriverSource(text, "ptn_driver", hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
-DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntimeError": KernelRuntimeError}
+DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntimeError": KernelRuntimeError,
+                  "FROM_KERNEL": FROM_KERNEL}
 _python_drivers: dict[tuple[str, str], object] = {}
 
 
