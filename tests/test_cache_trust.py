@@ -547,3 +547,66 @@ def test_info_reports_the_cache_and_its_checks(tmp_path):
         assert out.returncode == 0, out.stderr
         row = [line for line in out.stdout.splitlines() if line.startswith("kernel cache")]
         assert len(row) == 1 and str(path) in row[0] and expected in row[0], out.stdout
+
+
+TRUNCATION_CHILD = textwrap.dedent("""
+    import json, os, sys, hashlib
+    from pathlib import Path
+    from ptnative import cache
+    data, work, cases = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]), json.loads(sys.argv[3])
+    results = []
+    with cache.Directory(work) as d:
+        for k, (strip, cut) in enumerate(cases):
+            blob = bytearray(data)
+            if strip:  # no section headers (e_shoff, e_shnum, e_shstrndx = 0): only the segments matter
+                blob[0x28:0x30] = bytes(8)
+                blob[0x3C:0x40] = bytes(4)
+            blob = bytes(blob[:cut])
+            name = f"cut{k}.so"
+            (work / name).write_bytes(blob)
+            os.chmod(work / name, 0o600)
+            record = {"format": 1, "library": name, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+            (work / (name + ".integrity")).write_text(json.dumps(record))
+            try:
+                fd = cache.open_verified(d, name)
+            except cache.Untrusted as e:
+                results.append("rejected")
+                continue
+            try:
+                cache.dlopen_fd(fd, work / name)
+                results.append("loaded")
+            except OSError:
+                results.append("load error")
+    print(json.dumps(results))
+""")
+
+
+def test_no_truncation_reaches_dlopen(cached, tmp_path):
+    """Fuzz: the library cut at ~200 places (a grid, and one byte either side of every segment's end), with and
+    without section headers, each with a forged matching record, in one child process: the checks reject every
+    cut that leaves a loadable segment incomplete (any of them would SIGBUS in dlopen), and load the rest."""
+    import struct
+
+    data = cached.read_bytes()
+    assert data[:5] == b"\x7fELF\x02"  # 64-bit ELF, as on every platform ptnative builds for
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    segments = [struct.unpack_from("<I4xQ16xQ", data, phoff + k * phentsize) for k in range(phnum)]
+    load_end = max(off + size for kind, off, size in segments if kind == 1)
+    ends = sorted({off + size for _, off, size in segments} | {load_end, len(data)})
+    cuts = sorted({c for e in ends for c in (e - 1, e, e + 1) if 0 < c <= len(data)} |
+                  set(range(1, len(data), max(1, len(data) // 100))))
+    cases = [(strip, c) for strip in (False, True) for c in cuts]
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    out = subprocess.run([sys.executable, "-c", TRUNCATION_CHILD, str(cached), str(work), json.dumps(cases)],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    if out.returncode < 0:
+        pytest.fail(f"a truncated library crashed the child: {signal.Signals(-out.returncode).name}\n{out.stderr}")
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(cases) >= 200
+    for (strip, cut), result in zip(cases, results):
+        complete = cut == len(data) or (strip and cut >= load_end)
+        assert result == ("loaded" if complete else "rejected"), (strip, cut, len(data), load_end, result)
