@@ -18,7 +18,6 @@ import platform
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from contextlib import contextmanager
@@ -286,31 +285,32 @@ def _compile(variant: Variant, directory: Directory, path: Path) -> None:
     """Compile ``variant`` in a private build directory, check the output, and install it with its record."""
     src_name = path.stem + (".cu" if variant.device == "cuda" else ".cpp")
     directory.replace(directory.write_new(src_name, variant.source.encode()), src_name)
-    src = path.parent / src_name
-    build_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", suffix=".build", dir=path.parent))
-    cmd = compile_command(variant, src, build_dir / "out.so")
+    build_name = directory.make_build_dir(path.stem)
+    via = directory.child_path()
+    cmd = compile_command(variant, Path(via, src_name), Path(via, build_name, "out.so"))
+    shown = shlex.join(cmd).replace(via + "/", f"{path.parent}/")  # the command in the user's terms
     log.info("compiling %s", path.name)
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         except OSError as e:
             raise CompileError(f"compiling {variant.symbol} ({variant.device}): the compiler {cmd[0]!r} cannot be "
-                               f"run: {e}\ncommand: {shlex.join(cmd)}") from None
-        output = (proc.stderr + proc.stdout).strip()
+                               f"run: {e}\ncommand: {shown}") from None
+        output = (proc.stderr + proc.stdout).strip().replace(via + "/", f"{path.parent}/")
         if len(output) > 20000:
             output = output[:20000] + "\n... (truncated)"
 
         def fail(what: str) -> CompileError:
             return CompileError(f"compiling {variant.symbol} ({variant.device}) failed: {what}. Nothing was "
-                                f"installed in the cache.\nsource: {src}\ncommand: {shlex.join(cmd)}\n"
+                                f"installed in the cache.\nsource: {path.parent / src_name}\ncommand: {shown}\n"
                                 f"{output or '(the compiler printed nothing)'}")
 
         if proc.returncode != 0:
             raise fail(f"the compiler exited with status {proc.returncode}")
-        data = _read_output(directory, f"{build_dir.name}/out.so", fail)
+        data = _read_output(directory, f"{build_name}/out.so", fail)
         directory.install(path.name, data)
     finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
+        directory.remove_tree(build_name)
 
 
 class Library:

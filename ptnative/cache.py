@@ -19,7 +19,8 @@ Rules (docs/writing-ops.md, "Caching"):
   never the one loaded.  The descriptor stays open while the process lives
   (libraries are never unloaded), which keeps the name unique.
 * Every file operation after the directory check is relative to a descriptor
-  of the checked directory, so a parent renamed meanwhile cannot redirect it.
+  of the checked directory (the compiler gets paths through
+  ``/proc/<pid>/fd/<fd>``), so a parent renamed meanwhile cannot redirect it.
 
 A library is hashed once per process per (inode, size, mtime, ctime, record).
 """
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import pwd
+import shutil
 import stat
 import struct
 import sys
@@ -175,6 +177,33 @@ class Directory:
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)
+
+    def child_path(self) -> str:
+        """A path that names this very directory in a child process (the compiler): ``/proc/<pid>/fd/<fd>``
+        resolves through the checked descriptor, so renaming a parent directory meanwhile cannot make the
+        compiler read or write elsewhere.  The plain path where ``/proc`` does not offer that."""
+        via = f"/proc/{os.getpid()}/fd/{self.fd}"
+        try:
+            st, mine = os.stat(via), os.fstat(self.fd)
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                return via
+        except OSError:
+            pass
+        return str(self.path)
+
+    def make_build_dir(self, stem: str) -> str:
+        """A new private (0700) directory in the cache for one build; return its name."""
+        for k in range(100):
+            name = f".{stem}.{os.getpid()}.{threading.get_ident()}.{k}.build"
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+                return name
+            except FileExistsError:
+                continue
+        raise CacheError(f"ptnative cannot create a build directory in its kernel cache {self.path}")
+
+    def remove_tree(self, name: str) -> None:
+        shutil.rmtree(name, dir_fd=self.fd, ignore_errors=True)
 
     def open_checked(self, name: str) -> tuple[int, os.stat_result]:
         """Open ``name`` without following a symbolic link; :class:`Untrusted` unless it is a regular file owned

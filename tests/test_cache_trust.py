@@ -610,3 +610,29 @@ def test_no_truncation_reaches_dlopen(cached, tmp_path):
     for (strip, cut), result in zip(cases, results):
         complete = cut == len(data) or (strip and cut >= load_end)
         assert result == ("loaded" if complete else "rejected"), (strip, cut, len(data), load_end, result)
+
+
+def test_swapping_the_cache_directory_during_a_build_changes_nothing(tmp_path):
+    """The attack on a cache whose parent others can write: the directory is renamed and replaced by the
+    attacker's (with a planted source) after ptnative checked it, and put back before the compiler writes its
+    output.  The compiler reads and writes through the checked directory (``/proc/<pid>/fd/<fd>``), so the
+    planted source is never compiled."""
+    cache_dir = tmp_path / "cache"
+    planted = tmp_path / "planted.cpp"
+    planted.write_text(FOREIGN_C)
+    cxx = _wrapper(tmp_path, textwrap.dedent(f"""\
+        [ "$1" = --version ] && exec g++ --version
+        for a; do case "$a" in *.cpp) SRC=$a;; esac; done
+        C={cache_dir}; B=$(basename "$(dirname "$OUT")")
+        mv "$C" "$C.real" && mkdir -m 700 "$C" "$C/$B" && cp {planted} "$C/$(basename "$SRC")"
+        g++ "$@"; rc=$?
+        [ -e "$C/$B/out.so" ] && cp "$C/$B/out.so" "$C.real/$B/out.so"
+        rm -rf "$C" && mv "$C.real" "$C"
+        exit $rc
+        """))
+    rc, stdout, stderr, warned, foreign_ran = run_child(cache_dir, tmp_path, env={"PTNATIVE_CXX": cxx})
+    assert not foreign_ran
+    assert rc == 0, stderr
+    assert_correct(stdout)
+    assert warned == []
+    assert "planted" not in (cache_dir / next(cache_dir.glob("*.so")).name.replace(".so", ".cpp")).read_text()
