@@ -1,7 +1,7 @@
 """The kernel cache: a private directory whose libraries are loaded only if
 this user's ptnative wrote them there.
 
-Rules (docs/writing-ops.md, "Caching"):
+Rules (docs/writing-ops.md, "The kernel cache"):
 
 * The cache directory must be a real directory (not a symbolic link), owned
   by the current user and not writable by group or others; otherwise
@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import pwd
+import shlex
 import shutil
 import stat
 import struct
@@ -99,9 +100,13 @@ def dir_problem(path: Path, st: os.stat_result, *, final: bool) -> str | None:
     uid = os.geteuid()
     fix = "or set PTNATIVE_CACHE_DIR to a private directory of yours (mode 0700)"
     if stat.S_ISLNK(st.st_mode):
-        return (f"ptnative's kernel cache {path} is a symbolic link (to {os.readlink(path)!r}); a symbolic link can "
-                f"be redirected to a directory someone else controls. Replace it with a real directory "
-                f"(rm {path} && mkdir -m 700 {path}) {fix}")
+        try:
+            target = f" (to {os.readlink(path)!r})"
+        except OSError:
+            target = ""
+        return (f"ptnative's kernel cache {path} is a symbolic link{target}; a symbolic link can be redirected to "
+                f"a directory someone else controls. Replace it with a real directory (rm {shlex.quote(str(path))} "
+                f"&& mkdir -m 700 {shlex.quote(str(path))}) {fix}")
     if not stat.S_ISDIR(st.st_mode):
         return f"ptnative's kernel cache {path} is not a directory. Remove it {fix}"
     what = "kernel cache" if final else "kernel cache's parent directory"
@@ -110,8 +115,8 @@ def dir_problem(path: Path, st: os.stat_result, *, final: bool) -> str | None:
                 f"there could run another user's code in your process. Remove it (ptnative recreates it) {fix}")
     if st.st_mode & 0o022:
         return (f"ptnative's {what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"anyone who can write there could make your process run their code. Fix: chmod go-w {path} "
-                f"(ptnative creates it with mode 0700) {fix}")
+                f"anyone who can write there could make your process run their code. Fix: chmod go-w "
+                f"{shlex.quote(str(path))} (ptnative creates it with mode 0700) {fix}")
     return None
 
 

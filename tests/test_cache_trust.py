@@ -82,6 +82,11 @@ __attribute__((constructor)) static void planted(void) {
 """
 
 
+def child_env(**extra):
+    """This environment, with the checkout on PYTHONPATH and ``extra`` set."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra)
+
+
 def spec_json(**changes):
     spec = dict(DOUBLE, **changes)
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()})
@@ -90,8 +95,7 @@ def spec_json(**changes):
 def run_child(cache_dir, tmp_path, mode="FAST_COMPILE", env=None, spec=None):
     """Run CHILD with ``cache_dir``; return (returncode, stdout, stderr, warnings lines, marker written?)."""
     marker = tmp_path / "foreign-code-ran"
-    full_env = dict(os.environ, PTNATIVE_CACHE_DIR=str(cache_dir), PTN_TEST_MARKER=str(marker),
-                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {}))
+    full_env = child_env(PTNATIVE_CACHE_DIR=str(cache_dir), PTN_TEST_MARKER=str(marker), **(env or {}))
     out = subprocess.run([sys.executable, "-c", CHILD, spec or spec_json(), mode], capture_output=True, text=True,
                          env=full_env, timeout=600, cwd=tmp_path)
     if out.returncode < 0:
@@ -367,8 +371,7 @@ def test_concurrent_processes_build_once_and_agree(tmp_path):
     """Three processes start on an empty cache at once: one compiles, all load the same checked library."""
     cache_dir = tmp_path / "cache"
     marker = tmp_path / "foreign-code-ran"
-    env = dict(os.environ, PTNATIVE_CACHE_DIR=str(cache_dir), PTN_TEST_MARKER=str(marker),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = child_env(PTNATIVE_CACHE_DIR=str(cache_dir), PTN_TEST_MARKER=str(marker))
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, spec_json(), "FAST_COMPILE"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for _ in range(3)]
     for p in procs:
@@ -542,8 +545,7 @@ def test_info_reports_the_cache_and_its_checks(tmp_path):
     os.chmod(bad, 0o777)
     for path, expected in ((good, "passes the checks (private"), (bad, "FAILS THE CHECKS: ptnative's kernel cache")):
         out = subprocess.run([sys.executable, "-m", "ptnative", "info"], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, PTNATIVE_CACHE_DIR=str(path),
-                                      PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+                             env=child_env(PTNATIVE_CACHE_DIR=str(path)))
         assert out.returncode == 0, out.stderr
         row = [line for line in out.stdout.splitlines() if line.startswith("kernel cache")]
         assert len(row) == 1 and str(path) in row[0] and expected in row[0], out.stdout
@@ -600,8 +602,7 @@ def test_no_truncation_reaches_dlopen(cached, tmp_path):
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
     out = subprocess.run([sys.executable, "-c", TRUNCATION_CHILD, str(cached), str(work), json.dumps(cases)],
-                         capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+                         capture_output=True, text=True, timeout=600, env=child_env())
     if out.returncode < 0:
         pytest.fail(f"a truncated library crashed the child: {signal.Signals(-out.returncode).name}\n{out.stderr}")
     assert out.returncode == 0, out.stderr
