@@ -204,7 +204,7 @@ def prebuild(graphs, jax):
     from concurrent.futures import ThreadPoolExecutor
 
     from ptnative.build import build
-    from ptnative.source import generate_ffi
+    from ptnative.backends.ffi_source import generate_ffi
 
     variants = []
     for op, dtype in {(op.name, d): (op, d) for outs in graphs for op, d in native_ops(outs)}.values():

@@ -12,7 +12,7 @@ from .backends import numba as _numba_backend  # noqa: E402,F401  (registers the
 from .backends import jax as _jax_backend  # noqa: E402
 from . import ops  # noqa: E402
 
-_jax_backend.install()  # the JAX implementation registers when PyTensor's JAX backend is imported
+_jax_backend.install()  # registers the JAX implementation lazily: no JAX import, no import hook
 
 # The catalogue's functions at the top level (ptnative.ctc_loss, ptnative.lstm, ...); op classes stay in ptnative.ops.
 globals().update(ops.FUNCTIONS)

@@ -1,6 +1,10 @@
 """JAX mode: native ops as XLA FFI calls (CPU here), same numbers and gradients as the default mode."""
 
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytensor
@@ -51,7 +55,7 @@ def test_kernel_error_is_raised():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_cuda_ffi_handler_compiles(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    from ptnative.source import generate_ffi
+    from ptnative.backends.ffi_source import generate_ffi
 
     op = LstmGenericBase.make_op()
     variant = generate_ffi(op, "float32", "cuda", jax.ffi.include_dir())
@@ -102,3 +106,57 @@ def test_native_lstm2_aliased_buffers_match_default_mode(start, step):
     got = pytensor.function([X, W, y0, c0, m], outs, mode="JAX")(*vals)
     for a, b in zip(got, ref):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12)
+
+
+def test_import_installs_no_import_hook_and_jax_mode_registers_lazily():
+    """A fresh process: importing ptnative imports no JAX and leaves sys.meta_path alone; JAX mode and a
+    hand-jaxified graph (rewritten for JAX, as PyMC does) find the NativeOp implementation."""
+    code = """
+import sys
+meta_path = list(sys.meta_path)
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import ptnative
+assert "jax" not in sys.modules, "importing ptnative imported jax"
+assert sys.meta_path == meta_path, sys.meta_path
+assert not any("ptnative" in type(f).__module__ for f in sys.meta_path)
+x = pt.matrix("x", shape=(3, 4))
+idx = np.array([1, 3, 0], dtype="float64")
+y = ptnative.subtensor_batched_index(x, idx)
+xv = np.arange(12.0).reshape(3, 4)
+want = xv[np.arange(3), idx.astype(int)]
+np.testing.assert_array_equal(np.asarray(pytensor.function([x], y, mode="JAX")(xv)), want)
+from pytensor.compile.mode import get_mode
+from pytensor.graph.fg import FunctionGraph
+from pytensor.link.jax.dispatch import jax_funcify
+import jax
+fgraph = FunctionGraph([x], [(y ** 2).sum()], clone=True)
+get_mode("JAX").optimizer.rewrite(fgraph)
+f = jax_funcify(fgraph)
+g = jax.grad(lambda v: f(v)[0])(xv)
+want_g = np.zeros_like(xv)
+want_g[np.arange(3), idx.astype(int)] = 2 * want
+np.testing.assert_allclose(np.asarray(g), want_g)
+print("ok")
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-4000:]
+
+
+def test_ffi_handler_template_escapes_the_op_name():
+    """The op name reaches the handler only as an escaped C string literal: quotes, backslashes, newlines and
+    non-ASCII characters compile and come back in the error message."""
+    from ptnative.backends.ffi_source import sections
+
+    assert "@NAME@" in sections()["handler"]
+    name = 'Odd "name" \\ with\nnewline ??= é'
+    op = scale_op(name=name)
+    x, w, k = pt.matrix(), pt.vector(), pt.iscalar()
+    f = pytensor.function([x, w, k], op(x, w, k), mode="JAX")
+    with pytest.raises(Exception, match="check failed") as info:
+        f(np.ones((2, 3)), np.ones(2), 0)
+    assert f"NativeOp '{name}'" in str(info.value)

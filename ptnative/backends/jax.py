@@ -1,22 +1,35 @@
-"""JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``) of a
-handler built from the op's own entry point, so it runs inside XLA on the
-device JAX uses (CPU, or CUDA with a handler built by nvcc), with no host
-round trip.  ``want_inplace`` inputs are aliased to their outputs.  Gradients
-need nothing special: the gradient op is a NativeOp too.
+"""JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``) of a handler built from the op's own entry
+point (:mod:`ptnative.backends.ffi_source`), so it runs inside XLA on the device JAX uses (CPU, or CUDA with a handler
+built by nvcc), with no host round trip.  ``want_inplace`` inputs are aliased to their outputs.
 
-Registered when PyTensor's JAX dispatch is imported (see :func:`install`),
-so that importing ptnative does not import JAX.
+Each op is a ``jax.custom_vjp``: ``jax.grad`` (numpyro, blackjax, PyMC's JAX samplers) gets the op's own PyTensor
+pullback (its gradient op, or a family's custom pullback), jaxified, so JAX's gradients equal PyTensor's.  Output
+cotangents that are zero are handed to the pullback as disconnected, as ``pytensor.grad`` does; inputs that are not
+being differentiated are skipped.  A gradient the op does not have (no ``c_bw_code``) raises ``NullTypeGradError``
+naming the op and the input when JAX asks for it.  The pullback graph holds gradient ops that are NativeOps too, so a
+second derivative works where the spec has one (the LSTM cell).
+
+Registration is lazy, so that importing ptnative does not import JAX: :func:`install` (run by ``import ptnative``)
+adds a graph rewrite tagged ``"jax"`` that registers the implementation; it runs only when a graph is rewritten for
+JAX (``pytensor.function(..., mode="JAX")``, PyMC's ``get_jaxified_graph``).  Code that calls ``jax_funcify`` on a
+graph it did not rewrite for JAX calls :func:`register` first (nothing else is needed when PyTensor's JAX dispatch
+was already imported before ptnative).
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.abc
-import importlib.util
 import sys
 
-_TARGET_MODULE = "pytensor.link.jax.dispatch"
+import numpy as np
+from pytensor.graph.rewriting.basic import GraphRewriter
+
+_DISPATCH_MODULE = "pytensor.link.jax.dispatch"
+#: How ``jax.vmap`` maps a NativeOp's FFI call: one call per element of the mapped axis.  A spec states neither a
+#: batch axis nor that its elements are independent along one, so no op may assume more (see docs/scaling.md).
+VMAP_METHOD = "sequential"
 _libraries: dict[str, ctypes.CDLL] = {}
+_registered = False
 
 
 def ffi_target(op, float_dtype: str, device: str) -> str:
@@ -24,13 +37,13 @@ def ffi_target(op, float_dtype: str, device: str) -> str:
     import jax
 
     from .. import blas
-    from ..build import build
-    from ..source import generate_ffi
+    from ..build import open_library
+    from .ffi_source import generate_ffi
 
     variant = generate_ffi(op.clone_with(inplace=(), device=None), float_dtype, device, jax.ffi.include_dir())
     name = f"{variant.symbol}_{device}"
     if name not in _libraries:
-        lib = ctypes.CDLL(str(build(variant)))
+        lib = open_library(variant)
         if device == "cpu":
             set_blas = getattr(lib, variant.symbol + "_set_blas")
             set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -44,61 +57,179 @@ def ffi_target(op, float_dtype: str, device: str) -> str:
     return name
 
 
-def register() -> None:
+def ffi_forward(op, node):
+    """``f(*inputs) -> tuple of every output`` (dummy ones included): the op's FFI call on JAX's device."""
     import jax
+
+    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+    if device == "cpu" and not op.cpu_support:
+        raise RuntimeError(f"NativeOp {op.name!r} has no CPU implementation (cpu_support=False) and JAX runs "
+                           "on the CPU")
+    target = ffi_target(op, op.float_dtype_of(node), device)
+    out_dtypes = [o.type.dtype for o in node.outputs]
+    aliases = {i: info["want_inplace"] for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
+
+    def forward(*inputs):
+        shapes = op.output_shapes([np.shape(x) for x in inputs])
+        result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, out_dtypes)]
+        call = jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases, vmap_method=VMAP_METHOD)
+        axes = varying_axes(*inputs)
+        return tuple(make_varying(o, axes) for o in call(*inputs))
+
+    return forward
+
+
+def varying_axes(*arrays) -> frozenset:
+    """The mesh axes along which any of ``arrays`` varies inside ``shard_map`` (empty outside)."""
+    import jax
+
+    axes = set()
+    for x in arrays:
+        aval = jax.typeof(x)
+        mat = getattr(aval, "mat", None)  # JAX >= 0.9; "vma" before
+        axes |= set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+    return frozenset(axes)
+
+
+def make_varying(x, axes: frozenset):
+    """``x`` marked as varying along ``axes`` too (inside ``shard_map``: each device computes its own value; JAX
+    transposes the cast into the sum over devices that the gradient of a replicated input needs)."""
+    import jax
+
+    missing = tuple(sorted(axes - varying_axes(x), key=str))
+    if not missing:
+        return x
+    return jax.lax.pcast(x, missing, to="varying") if hasattr(jax.lax, "pcast") else jax.lax.pvary(x, missing)
+
+
+def _perturbation_flags(primals) -> np.ndarray:
+    # Which inputs JAX differentiates, for the backward rule: in the *shape* of an empty array, so that it stays
+    # static under jit and vmap (the last len(primals) dimensions: 2 perturbed, 1 not).
+    return np.zeros((0, *[2 if p.perturbed else 1 for p in primals]), np.int8)
+
+
+def _is_zero(cotangent) -> bool:
+    from jax.custom_derivatives import SymbolicZero
+    from jax.dtypes import float0
+
+    return isinstance(cotangent, SymbolicZero) or getattr(cotangent, "dtype", None) == float0
+
+
+def jaxify_graph(inputs, outputs):
+    """A JAX function of ``inputs`` computing ``outputs`` (PyTensor variables), as PyMC builds one: the graph
+    rewritten for JAX, then ``jax_funcify``.  It returns a sequence of arrays."""
+    from pytensor.compile.mode import get_mode
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    register()
+    fgraph = FunctionGraph(inputs=inputs, outputs=outputs, clone=True)
+    get_mode("JAX").optimizer.rewrite(fgraph)
+    return jax_funcify(fgraph)
+
+
+def pullback_function(op, node, live: tuple[bool, ...], perturbed: tuple[bool, ...]):
+    """``(f, positions)``: ``f(*inputs, *outputs, *live cotangents)`` returns the gradients of the inputs at
+    ``positions`` (those perturbed that have one), from the op's PyTensor pullback; outputs whose cotangent is not
+    ``live`` are disconnected.  Raises ``NullTypeGradError`` for a perturbed input without a gradient."""
+    from pytensor.gradient import DisconnectedType, NullType, NullTypeGradError, disconnected_type
+
+    inputs = [v.type() for v in node.inputs]
+    outputs = [v.type() for v in node.outputs]
+    cotangents = [v.type() if on else disconnected_type() for v, on in zip(node.outputs, live)]
+    grads = op.L_op(inputs, outputs, cotangents)
+    positions, wanted = [], []
+    for i, (g, x) in enumerate(zip(grads, inputs)):
+        if not perturbed[i] or isinstance(g.type, DisconnectedType) or not x.dtype.startswith("float"):
+            continue
+        if isinstance(g.type, NullType):
+            name = op.in_info[i].get("name", i)
+            raise NullTypeGradError(f"NativeOp {op.name!r} has no gradient with respect to input {name!r} (#{i}), "
+                                    f"which JAX differentiates: {g.type.why_null}")
+        positions.append(i)
+        wanted.append(g if g.dtype == x.dtype else g.astype(x.dtype))
+    if not wanted:
+        return None, ()
+    graph_inputs = inputs + outputs + [c for c, on in zip(cotangents, live) if on]
+    return jaxify_graph(graph_inputs, wanted), tuple(positions)
+
+
+def differentiable(op, node, forward):
+    """``forward`` as a ``jax.custom_vjp`` whose backward pass is ``op``'s pullback (see the module docstring)."""
+    import jax
+
+    pullbacks = {}
+
+    def backward(residuals, cotangents):
+        values, outputs, flags = residuals
+        perturbed = tuple(d == 2 for d in flags.shape[flags.ndim - len(values):])
+        live = tuple(not _is_zero(c) for c in cotangents)
+        key = (live, perturbed)
+        if key not in pullbacks:
+            pullbacks[key] = pullback_function(op, node, live, perturbed)
+        fn, positions = pullbacks[key]
+        result = [None] * len(values)
+        if fn is not None:
+            grads = fn(*values, *outputs, *(c for c, on in zip(cotangents, live) if on))
+            for i, g in zip(positions, grads):
+                result[i] = make_varying(g, varying_axes(values[i]))
+        return tuple(result)
+
+    def forward_with_residuals(*primals):
+        values = [p.value for p in primals]
+        outputs = native_op(*values)  # itself, not the bare FFI call: a second derivative differentiates this rule
+        return outputs, (values, outputs, _perturbation_flags(primals))
+
+    native_op = jax.custom_vjp(forward)
+    native_op.defvjp(forward_with_residuals, backward, symbolic_zeros=True)
+    return native_op
+
+
+def funcify_native_op(op, node=None, **kwargs):
+    """PyTensor's ``jax_funcify`` for a NativeOp: its FFI call, differentiable, returning its outputs as the
+    node has them (one array, or a tuple)."""
+    import jax.numpy as jnp
+
+    native_op = differentiable(op, node, ffi_forward(op, node))
+    in_dtypes = [v.type.dtype for v in node.inputs]
+    single = len(node.outputs) == 1
+
+    def call(*inputs):
+        # Constants may come as Python scalars: the kernel needs the exact dtypes of its spec.  Under shard_map
+        # one FFI call takes inputs that vary along the same mesh axes.
+        inputs = [jnp.asarray(x, dtype=dt) for x, dt in zip(inputs, in_dtypes)]
+        axes = varying_axes(*inputs)
+        outputs = native_op(*(make_varying(x, axes) for x in inputs))
+        return outputs[0] if single else outputs
+
+    return call
+
+
+def register() -> None:
+    """Register NativeOp's JAX implementation with PyTensor's ``jax_funcify`` (imports JAX; idempotent)."""
+    global _registered
+    if _registered:
+        return
     from pytensor.link.jax.dispatch import jax_funcify
 
     from ..op import NativeOp
 
-    @jax_funcify.register(NativeOp)
-    def jax_funcify_native_op(op, node=None, **kwargs):
-        device = "cuda" if jax.default_backend() == "gpu" else "cpu"
-        if device == "cpu" and not op.cpu_support:
-            raise RuntimeError(f"NativeOp {op.name!r} has no CPU implementation (cpu_support=False) and JAX runs "
-                               "on the CPU")
-        target = ffi_target(op, op.float_dtype_of(node), device)
-        out_dtypes = [o.type.dtype for o in node.outputs]
-        aliases = {i: info["want_inplace"] for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
-        out_shapes = [info["shape"] for info in op.out_info]
-
-        def native_op(*inputs):
-            result_types = [
-                jax.ShapeDtypeStruct(tuple(s if isinstance(s, int) else inputs[s[0]].shape[s[1]] for s in shape), dt)
-                for shape, dt in zip(out_shapes, out_dtypes)
-            ]
-            call = jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases, vmap_method="sequential")
-            outputs = call(*inputs)
-            return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-        return native_op
+    jax_funcify.register(NativeOp)(funcify_native_op)
+    _registered = True
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner):
-        self.inner = inner
+class RegisterJaxDispatch(GraphRewriter):
+    """A rewrite run only when a graph is rewritten for JAX: it registers the JAX implementation, changing nothing."""
 
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
+    def apply(self, fgraph):
         register()
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
-        return spec
 
 
 def install() -> None:
-    """Register the JAX implementation now if PyTensor's JAX dispatch is loaded, else when it is."""
-    if _TARGET_MODULE in sys.modules:
+    """Make JAX mode find the NativeOp implementation without importing JAX now (see the module docstring)."""
+    from pytensor.compile import optdb
+
+    if "ptnative_jax_dispatch" not in optdb:
+        optdb.register("ptnative_jax_dispatch", RegisterJaxDispatch(), "jax", position=0)
+    if _DISPATCH_MODULE in sys.modules:
         register()
-    elif importlib.util.find_spec("jax") is not None:
-        sys.meta_path.insert(0, _Finder())

@@ -28,7 +28,7 @@ def case_dtype(name):
 @pytest.fixture(scope="module", autouse=True)
 def ffi_handlers_built():
     """The CUDA FFI handlers of every native op in these graphs, built in parallel up front."""
-    from ptnative.source import generate_ffi
+    from ptnative.backends.ffi_source import generate_ffi
 
     variants = {}
     for name in JAX_CASES:
