@@ -1,0 +1,48 @@
+"""Native ops across processes, as PyMC runs its chains (``pm.sample(cores=N, mp_ctx="spawn" | "fork")`` pickles
+the compiled logp/dlogp functions to its workers): a compiled function holding native ops and their gradient ops
+pickles, and its unpickled copy computes the same numbers in a spawned and in a forked process."""
+
+import multiprocessing
+import pickle
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import ptnative
+
+from .test_fsa import hmm_data
+
+
+def hmm_logp_and_grad(mode):
+    """logp and dlogp of a 3-state HMM (hmm_log_likelihood and its gradient op), compiled in ``mode``."""
+    le = pt.tensor3("log_emissions")
+    lA = pt.matrix("log_transitions")
+    logp = ptnative.hmm_log_likelihood(le, lA, np.log(np.full(3, 1 / 3))).sum()
+    return pytensor.function([le, lA], [logp, *pytensor.grad(logp, [le, lA])], mode=mode)
+
+
+def data():
+    le, lA, _, _ = hmm_data(np.random.default_rng(2), 20, 2, 3, scale=2.0)
+    return le, lA
+
+
+def run_pickled(blob):
+    """In the worker: unpickle the function and run it."""
+    f = pickle.loads(blob)
+    return [np.asarray(r) for r in f(*data())]
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+@pytest.mark.parametrize("mode", [None, "FAST_COMPILE"], ids=["default", "FAST_COMPILE"])
+def test_compiled_function_pickles_and_runs_in_another_process(start_method, mode):
+    f = hmm_logp_and_grad(mode)
+    want = f(*data())
+    blob = pickle.dumps(f)
+    ctx = multiprocessing.get_context(start_method)
+    with ctx.Pool(1) as pool:
+        got = pool.apply(run_pickled, (blob,))
+    assert len(got) == len(want) == 3
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
