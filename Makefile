@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := setup.cfg pyproject.toml $(shell find ptnative c_code -name '*.py' -o -name '*.h' -o -name '*.cu' -o -name '*.c' -o -name '*.cc')
 
-.PHONY: demo test bench info clean gpu-check
+.PHONY: demo test bench info clean gpu-check matrix test-env
 
 $(VENV)/.installed: $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,5 +31,42 @@ info: $(VENV)/.installed
 gpu-check:
 	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(GPU_REPORT)
 
+# ---- The supported matrix (README, "Supported versions"; docs/compat.md).
+# `make matrix` builds each environment from scratch under $(ENVS): the host stack first (what a user has before
+# ptnative: PyMC 5.28 on Python 3.11 brings PyTensor 2.38, PyMC 6.4 on 3.12 brings PyTensor 3.3 and numba 0.68;
+# nothing on 3.13, where pip picks the newest PyTensor), then ptnative with its test extras, checked by
+# scripts/check_no_downgrade.py (nothing of the host may move), then MATRIX_TESTS against the installed package.
+# An interpreter that is not found is skipped with a message (PY311=... PY312=... PY313=... name them).
+ENVS ?= .envs
+find_python = $(shell for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/python$(1); do \
+	$$p -c 'import sys; assert sys.version_info[:2] == tuple(map(int, "$(1)".split(".")))' 2>/dev/null \
+	&& { command -v $$p; break; }; done)
+PY311 ?= $(call find_python,3.11)
+PY312 ?= $(call find_python,3.12)
+PY313 ?= $(call find_python,3.13)
+# The generic machinery, the compatibility checks, and one every-mode reference test per op family.
+MATRIX_TESTS := tests/test_native_op.py tests/test_generated_code.py tests/test_compat.py \
+	tests/test_lstm.py::test_forward_and_gradients_against_reference \
+	tests/test_fsa.py::test_fast_bw_against_references \
+	tests/test_rnnt.py::test_modes_agree \
+	tests/test_edit_distance.py::test_against_reference_all_modes \
+	tests/test_chunking.py::test_forward_and_gradients_against_reference \
+	tests/test_sparse.py::test_crossentropy_softmax_sparse
+
+matrix:
+	$(MAKE) test-env ENV=$(ENVS)/py311-pt238 PYTHON="$(PY311)" HOST="pymc==5.28.*"
+	$(MAKE) test-env ENV=$(ENVS)/py312-pymc6 PYTHON="$(PY312)" HOST="pymc==6.4.*"
+	$(MAKE) test-env ENV=$(ENVS)/py313 PYTHON="$(PY313)" HOST=
+
+# One environment: ENV (a folder, recreated), PYTHON (its interpreter), HOST (pip requirements installed first).
+test-env:
+	@if [ -z "$(PYTHON)" ]; then echo "SKIPPED $(ENV): no interpreter found (set PYTHON)"; exit 0; fi; \
+	set -e; start=$$(date +%s); rm -rf $(ENV); \
+	$(PYTHON) scripts/check_no_downgrade.py --venv $(ENV) --python $(PYTHON) \
+		$(foreach h,$(HOST),--host '$(h)') --install ".[test]"; \
+	$(ENV)/bin/python -c 'import pytensor, sys; print("$(ENV): Python", sys.version.split()[0], "pytensor", pytensor.__version__)'; \
+	$(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider $(MATRIX_TESTS) $(PYTEST_ARGS); \
+	echo "$(ENV): created and tested in $$(( $$(date +%s) - start )) s"
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(ENVS) build *.egg-info
