@@ -306,7 +306,7 @@ def test_default_mode_uses_numba_without_object_mode():
     from pytensor.link.numba.dispatch.basic import numba_funcify_and_cache_key
     node = f.maker.fgraph.toposort()[-1]
     _, key = numba_funcify_and_cache_key(node.op, node=node)
-    assert key is not None and key.startswith("ptnative_")
+    assert key is None  # inlined into the graph function (ptnative.config.numba_graph_cache: see test_leaks.py)
 
 
 def test_compile_error_names_source(tmp_path):

@@ -1,6 +1,15 @@
 """The default (Numba) mode: the driver compiled by Numba, calling our library
-through ``numba.types.ExternalFunction``, with a cache key so that compiled
-graphs are reused across processes."""
+through ``numba.types.ExternalFunction``.
+
+``ptn_run`` (allocate, call the entry point; it never raises) is compiled once
+and cached across processes.  ``ptn_driver`` (the checks and the ``raise``) is
+inlined into PyTensor's graph function, without a cache key: a failed check is
+then a ``raise`` in that function, and Numba releases everything the graph holds
+before it (an exception coming back from a call would leave the caller's arrays
+pinned for good, numba/numba#1549).  The price: PyTensor does not cache a graph
+holding a native op across processes.  ``ptnative.config.numba_graph_cache = True``
+gives the op a cache key instead (graphs reused across processes; every failing
+call then pins the arrays the graph function holds at that moment)."""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_
 
 from ..build import load
 from ..op import NativeOp
+from ..settings import config
 from .driver import DRIVER_GLOBALS, driver_source
 
 ENTRY_SIGNATURE = types.int32(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64)
@@ -27,6 +37,11 @@ def numba_funcify_native_op(op, node, **kwargs):
         _loaded_permanently.add(lib.dlopen_name)
     src = driver_source(op, float_dtype, device, tuple_return=False)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
-    env = dict(DRIVER_GLOBALS, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
-    fn = compile_numba_function_src(src.text, src.function_name, global_env=env, cache_key=key)
-    return numba_njit(fn), key
+    env = dict(DRIVER_GLOBALS, __name__=__name__, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
+    run = compile_numba_function_src(src.run_text, src.run_name, global_env=env, cache_key=key + "_run")
+    env = dict(env, **{src.run_name: numba_njit(run, cache=True)})
+    if config.numba_graph_cache:
+        fn = compile_numba_function_src(src.driver_text, src.function_name, global_env=env, cache_key=key)
+        return numba_njit(fn), key
+    fn = compile_numba_function_src(src.driver_text, src.function_name, global_env=env)
+    return numba_njit(fn, inline="always"), None
