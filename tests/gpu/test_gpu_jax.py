@@ -54,3 +54,33 @@ def test_jax_mode_on_gpu_matches_cpu(name):
     for r in arrays:
         assert all(d.platform == "gpu" for d in r.devices()), f"{name}: a result lives on {r.devices()}"
     assert_outputs_close(case, dtype, [[np.asarray(r) for r in results]], want, "JAX on the GPU vs cpu")
+
+
+JAX_GRAD_CASES = ["lstm_generic", "native_lstm2", "lstm_cell", "ctc_loss", "hmm", "rnnt", "sparse_coo"]
+
+
+@pytest.mark.parametrize("name", JAX_GRAD_CASES)
+def test_jax_grad_on_gpu_matches_pytensor_on_cpu(name):
+    """JAX differentiates the jaxified graph on the GPU (each op a custom_vjp whose backward pass runs the gradient
+    op's CUDA handler): equal to pytensor.grad on the CPU."""
+    import pytensor
+
+    from ..test_jax_grad import build, jaxify
+    from .cases import REFERENCE_MODE
+
+    case, dtype = case_dtype(name)
+    with device_setting("cpu"):
+        inputs, values, _, costs = build(name, dtype)
+        want = pytensor.function(inputs, [g for _, _, grads in costs for g in grads], mode=REFERENCE_MODE,
+                                 on_unused_input="ignore")(*values)
+    k, rtol = 0, case.rtol(dtype)
+    for cost, positions, grads in costs:
+        f = jaxify(inputs, [cost])
+        got = jax.jit(jax.grad(lambda *xs: f(*xs)[0], argnums=positions))(*values)
+        for j, g in enumerate(got):
+            assert all(d.platform == "gpu" for d in g.devices()), f"{name}: a gradient lives on {g.devices()}"
+            w = want[k + j]
+            scale = float(np.abs(w[np.isfinite(w)]).max()) if np.isfinite(w).any() else 1.0
+            np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=rtol * max(scale, 1e-30),
+                                       err_msg=f"{name}: gradient {k + j}")
+        k += len(grads)
