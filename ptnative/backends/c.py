@@ -79,6 +79,7 @@ def _table(values) -> str:
 
 
 def _fields(op, node, name: str) -> dict[str, object]:
+    variant = prepare(op, node)
     float_dtype, device = op.target(node)
     in_info, out_info = op.in_info, op.out_info
     label = f"NativeOp {op.name!r}"
@@ -94,7 +95,7 @@ def _fields(op, node, name: str) -> dict[str, object]:
         out_dims += dims + [0] * (MAX_NDIM - len(dims))
     return {
         "NAME": name, "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
-        "SYMBOL": c_string_literal(op.variant(float_dtype, device).symbol), "LABEL": c_string_literal(label),
+        "SYMBOL": c_string_literal(variant.symbol), "LABEL": c_string_literal(label),
         "N_IN": len(in_info), "N_OUT": len(out_info), "N": len(in_info) + len(out_info), "N_CHECKS": len(checks),
         "NDIM": _table(info["ndim"] for info in in_info + out_info),
         "CONTIGUOUS": _table(int(info["ndim"] > 0 and bool(info.get("need_contiguous") or (
@@ -116,13 +117,11 @@ def support_code() -> str:
 
 def support_code_apply(op, node, name: str) -> str:
     """This node's tables and entry-point slot."""
-    prepare(op, node)
     return fill("support_code_apply", _fields(op, node, name))
 
 
 def init_code(op, node, name: str) -> str:
     """At the module's import: fetch the entry point (an import error when that fails)."""
-    prepare(op, node)
     return fill("init_code_apply", _fields(op, node, name))
 
 
