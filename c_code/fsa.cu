@@ -23,10 +23,11 @@
 #define FSA_ROW_THREADS 1
 #endif
 
-#define FSA_LOOP(i, n) \
-  for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
-
-// fsa_exp (x <= 0): c_code/fsa_exp.cu, pasted before this file.
+// FSA_LOOP, fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
+//
+// NaN: a NaN score on a valid frame of sequence b (or a NaN weight of one of its edges) makes every output of b
+// NaN (its loss, its -log posteriors / gradient on its valid frames, its sums); the other sequences are
+// computed as usual.  The passes themselves treat NaN as impossible, and the NaN is written at the end.
 
 // ---------------------------------------------------------------- atomics
 #if CUDA
@@ -108,60 +109,46 @@ DEV_FUNC inline int32_t fsa_claim(int32_t* state_seq, int32_t q, int32_t s) {
 
 DEF_KERNEL void fsa_check_edges(int64_t n_edges, const int32_t* from, const int32_t* to, const int32_t* emis,
                                 const int32_t* seq, int64_t n_states, int64_t n_classes, int64_t n_batch,
-                                int32_t* state_seq) {
+                                int32_t* state_seq, FsaCheck* check) {
   FSA_LOOP(e, n_edges) {
-    int32_t edge_from_state = from[e], edge_to_state = to[e], edge_emission = emis[e], edge_seq = seq[e];
-    assert_cmp(edge_from_state, >=, 0);
-    assert_cmp(edge_from_state, <, n_states);
-    assert_cmp(edge_to_state, >=, 0);
-    assert_cmp(edge_to_state, <, n_states);
-    assert_cmp(edge_emission, >=, 0);
-    assert_cmp(edge_emission, <, n_classes);
-    assert_cmp(edge_seq, >=, 0);
-    assert_cmp(edge_seq, <, n_batch);
+    int32_t f = from[e], q = to[e], em = emis[e], s = seq[e];
+    if (f < 0 || f >= n_states) { fsa_fail(check, FSA_CHECK_EDGE_STATE, 0, e, 0, f); continue; }
+    if (q < 0 || q >= n_states) { fsa_fail(check, FSA_CHECK_EDGE_STATE, 1, e, 0, q); continue; }
+    if (em < 0 || em >= n_classes) { fsa_fail(check, FSA_CHECK_EDGE_EMISSION, 2, e, 0, em); continue; }
+    if (s < 0 || s >= n_batch) { fsa_fail(check, FSA_CHECK_EDGE_SEQ, 3, e, 0, s); continue; }
     if (state_seq) {
-      int32_t seq_owning_from_state = fsa_claim(state_seq, edge_from_state, edge_seq);
-      assert_cmp(seq_owning_from_state, ==, edge_seq);
-      int32_t seq_owning_to_state = fsa_claim(state_seq, edge_to_state, edge_seq);
-      assert_cmp(seq_owning_to_state, ==, edge_seq);
+      int32_t owner = fsa_claim(state_seq, f, s);
+      if (owner != s) { fsa_fail(check, FSA_CHECK_SHARED_STATE, f, owner, s, 0); continue; }
+      owner = fsa_claim(state_seq, q, s);
+      if (owner != s) fsa_fail(check, FSA_CHECK_SHARED_STATE, q, owner, s, 0);
     }
   }
 }
 
-// Per sequence: the start state, and the length from a 0/1 prefix mask (index)
-// or from lengths.
+// Per sequence: the start state, and the length from a 0/1 prefix mask (index) or from lengths.
 DEF_KERNEL void fsa_check_seqs(int64_t n_time, int64_t n_batch, const int32_t* start_states, int64_t n_states,
-                               const Float* index, const int32_t* lens_in, int32_t* seq_len, int32_t* state_seq) {
+                               const Float* index, const int32_t* lens_in, int32_t* seq_len, int32_t* state_seq,
+                               FsaCheck* check) {
   FSA_LOOP(b, n_batch) {
+    seq_len[b] = 0;
     int32_t start_state = start_states[b];
-    assert_cmp(start_state, >=, 0);
-    assert_cmp(start_state, <, n_states);
+    if (start_state < 0 || start_state >= n_states) {
+      fsa_fail(check, FSA_CHECK_START_STATE, 0, b, 0, start_state);
+      continue;
+    }
     if (state_seq) {
-      int32_t seq_owning_start_state = fsa_claim(state_seq, start_state, (int32_t)b);
-      assert_cmp(seq_owning_start_state, ==, (int32_t)b);
+      int32_t owner = fsa_claim(state_seq, start_state, (int32_t)b);
+      if (owner != (int32_t)b) fsa_fail(check, FSA_CHECK_SHARED_STATE, start_state, owner, b, 0);
     }
-    int32_t len = 0;
     if (index) {
-      bool ended = false;
-      for (int64_t t = 0; t < n_time; ++t) {
-        Float index_value = index[t * n_batch + b];
-        bool index_is_0_or_1 = index_value == Float(0) || index_value == Float(1);
-        assert_cmp(index_is_0_or_1, ==, true);
-        if (index_value == Float(1)) {
-          bool index_is_a_prefix_mask = !ended;
-          assert_cmp(index_is_a_prefix_mask, ==, true);
-          ++len;
-        } else {
-          ended = true;
-        }
-      }
+      seq_len[b] = fsa_mask_length(n_time, n_batch, index, b, check);
     } else {
-      int32_t seq_length = lens_in[b];
-      assert_cmp(seq_length, >=, 0);
-      assert_cmp(seq_length, <=, n_time);
-      len = seq_length;
+      int32_t len = lens_in[b];
+      if (len < 0 || len > n_time)
+        fsa_fail(check, FSA_CHECK_LEN, 0, b, 0, len);
+      else
+        seq_len[b] = len;
     }
-    seq_len[b] = len;
   }
 }
 
@@ -172,16 +159,17 @@ DEV_FUNC inline int32_t fsa_end_state(const int32_t* pairs, const int32_t* simpl
 }
 
 DEF_KERNEL void fsa_check_ends(int64_t n_end, const int32_t* pairs, const int32_t* simple, int64_t n_states,
-                               int64_t n_batch, int32_t* state_seq) {
+                               int64_t n_batch, int32_t* state_seq, FsaCheck* check) {
   FSA_LOOP(n, n_end) {
     int32_t end_seq = fsa_end_seq(pairs, n), end_state = fsa_end_state(pairs, simple, n);
-    assert_cmp(end_seq, >=, 0);
-    assert_cmp(end_seq, <, n_batch);
-    assert_cmp(end_state, >=, 0);
-    assert_cmp(end_state, <, n_states);
+    if (end_seq < 0 || end_seq >= n_batch) { fsa_fail(check, FSA_CHECK_END_SEQ, 0, n, 0, end_seq); continue; }
+    if (end_state < 0 || end_state >= n_states) {
+      fsa_fail(check, FSA_CHECK_END_STATE, pairs ? 1 : 0, n, 0, end_state);
+      continue;
+    }
     if (state_seq) {
-      int32_t seq_owning_end_state = fsa_claim(state_seq, end_state, end_seq);
-      assert_cmp(seq_owning_end_state, ==, end_seq);
+      int32_t owner = fsa_claim(state_seq, end_state, end_seq);
+      if (owner != end_seq) fsa_fail(check, FSA_CHECK_SHARED_STATE, end_state, owner, end_seq, 0);
     }
   }
 }
@@ -189,11 +177,13 @@ DEF_KERNEL void fsa_check_ends(int64_t n_end, const int32_t* pairs, const int32_
 // ---------------------------------------------------------------- Baum-Welch core
 enum { FBW_NEGLOG = 0, FBW_LOGITS = 1, FBW_LOGPROBS = 2 };
 
-DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Float* w, double* wmin) {
+// wmin[s] = the smallest finite weight of sequence s; NaN weights mark their sequence in `nan`.
+DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Float* w, double* wmin, int32_t* nan,
+                                 FsaCheck* check) {
   FSA_LOOP(e, n_edges) {
     double v = (double)w[e];
-    bool weight_is_not_minus_inf = !(v == -INFINITY);
-    assert_cmp(weight_is_not_minus_inf, ==, true);
+    if (v == -INFINITY) fsa_fail(check, FSA_CHECK_WEIGHT_MINUS_INF, 0, e, 0, v);
+    if (v != v) nan[seq[e]] = 1;
     if (v < INFINITY) fsa_atomic_min(wmin + seq[e], v);
   }
 }
@@ -216,23 +206,36 @@ DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, doub
 // Emission factors of the rows r = (t - t0) * n_batch + b of frames t0, t0 + 1, ... (n_rows in all), one block
 // per row: P[r, d] = exp(-(a - min a)) with a = -log score; shift[r] = what -log p gains from the scaling;
 // norm[r] = sum of P (softmax).  Rows of padded frames are left alone.
+// A NaN in a row marks its sequence in `nan` (the row's NaNs count as impossible here); an infinitely likely
+// score is recorded in `check`.
 DEF_KERNEL void fbw_emissions(int mode, int64_t t0, int64_t n_rows, int64_t n_batch, int64_t n_classes,
-                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm) {
+                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm,
+                              int32_t* nan, FsaCheck* check) {
   DEF_SHARED(double, sh);
   const int64_t tid = threadIdx.x, nt = blockDim.x;
   const double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
-    if (t0 + r / n_batch >= seq_len[r % n_batch]) continue;
+    const int64_t b = r % n_batch;
+    if (t0 + r / n_batch >= seq_len[b]) continue;
     const Float* row = am + (t0 * n_batch + r) * n_classes;
     double* Pr = P + r * n_classes;
-    double m = INFINITY;
+    double m = INFINITY, n_nan = 0.0;
     for (int64_t d = tid; d < n_classes; d += nt) {
       double a = sign * (double)row[d];
-      if (a < m) m = a;  // NaN counts as impossible
+      if (a < m) m = a;
+      if (a != a) n_nan += 1.0;
     }
-    m = block_min(sh, m);
-    bool score_is_not_infinitely_likely = !(m == -INFINITY);  // the same in every thread of the block
-    assert_cmp(score_is_not_infinitely_likely, ==, true);
+    m = block_min(sh, m);  // the same in every thread of the block
+    n_nan = block_sum(sh, n_nan);
+    if (tid == 0 && n_nan > 0.0) nan[b] = 1;
+    if (m == -INFINITY) {
+      if (tid == 0) {
+        int64_t d = 0;
+        while (d + 1 < n_classes && !(sign * (double)row[d] == -INFINITY)) ++d;
+        fsa_fail(check, FSA_CHECK_SCORE_INFINITE, t0 + r / n_batch, b, d, (double)row[d]);
+      }
+      m = INFINITY;  // the row then counts as impossible
+    }
     double sum = 0.0;
     for (int64_t d = tid; d < n_classes; d += nt) {
       double a = sign * (double)row[d];
@@ -250,12 +253,13 @@ DEF_KERNEL void fbw_emissions(int mode, int64_t t0, int64_t n_rows, int64_t n_ba
 
 // Rows of frames [t0, t0 + n_frames) through fbw_emissions; P, shift and norm point at frame t0's first row.
 static void fbw_emission_rows(int mode, int64_t t0, int64_t n_frames, int64_t n_batch, int64_t n_classes,
-                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm) {
+                              const Float* am, const int32_t* seq_len, double* P, double* shift, double* norm,
+                              int32_t* nan, FsaCheck* check) {
   const int64_t n_rows = n_frames * n_batch;
   if (n_rows == 0) return;
   start_dev_kernel2(fbw_emissions, std::min<int64_t>(n_rows, 65535), FSA_ROW_THREADS,
                     FSA_ROW_THREADS * sizeof(double), (mode, t0, n_rows, n_batch, n_classes, am, seq_len, P, shift,
-                                                       norm));
+                                                       norm, nan, check));
 }
 
 // live[q] = 0 for a sink: a state that is no end state and has no edge to another state (such as the CTC
@@ -320,7 +324,7 @@ DEF_KERNEL void fbw_fwd_finish(int64_t t, int64_t n_states, int64_t n_batch, con
 // After the forward pass: add -log(sum over end states of alpha * exp(-w_end)).
 DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, int64_t n_end,
                               const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                              const double* alpha, double* nll, double* end_wmin) {
+                              const double* alpha, double* nll, double* end_wmin, int32_t* nan, FsaCheck* check) {
   FSA_LOOP(b, n_batch) {
     const double* a = alpha + (int64_t)seq_len[b] * n_states;
     int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
@@ -328,8 +332,8 @@ DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* 
     for (int64_t n = n0; n < n1; ++n) {
       if (fsa_end_seq(end_pairs, n) != b) continue;
       double w = end_w ? (double)end_w[n] : 0.0;
-      bool end_weight_is_not_minus_inf = !(w == -INFINITY);
-      assert_cmp(end_weight_is_not_minus_inf, ==, true);
+      if (w == -INFINITY) fsa_fail(check, FSA_CHECK_END_WEIGHT_MINUS_INF, 0, n, 0, w);
+      if (w != w) nan[b] = 1;
       if (w < wm) wm = w;
     }
     double p = 0.0;
@@ -432,9 +436,9 @@ DEF_KERNEL void fbw_loss_out(int64_t n_batch, const double* nll, Float* loss) {
 
 // ---- log-space fallback, for sequences whose scaled pass found no path (no path at all,
 // or emission / weight ranges beyond double's ~700 nats per frame).
-DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, int32_t* redo, int32_t* n_redo) {
+DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, const int32_t* nan, int32_t* redo, int32_t* n_redo) {
   FSA_LOOP(b, n_batch) {
-    redo[b] = nll[b] < INFINITY ? 0 : 1;
+    redo[b] = nll[b] < INFINITY || nan[b] ? 0 : 1;
     if (redo[b]) elem_atomic_add(n_redo, 1);
   }
 }
@@ -556,6 +560,22 @@ DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_class
   }
 }
 
+// NaN sequences: their loss and their outputs on valid frames (out, sums) become NaN.
+DEF_KERNEL void fbw_nan_out(int64_t n_time, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
+                            const int32_t* nan, Float* out, Float* sums, Float* loss) {
+  const int64_t n_cells = n_time * n_batch * n_classes;
+  FSA_LOOP(i, n_cells + n_batch) {
+    if (i >= n_cells) {
+      if (loss && nan[i - n_cells]) loss[i - n_cells] = (Float)NAN_F;
+      continue;
+    }
+    int64_t b = (i / n_classes) % n_batch, t = i / (n_classes * n_batch);
+    if (!nan[b] || t >= seq_len[b]) continue;
+    out[i] = (Float)NAN_F;
+    if (sums && i % n_classes == 0) sums[t * n_batch + b] = (Float)NAN_F;
+  }
+}
+
 struct FbwProblem {
   int mode;
   int64_t T, B, D, E, S;
@@ -572,20 +592,27 @@ struct FbwProblem {
   Float* out;                 // (T, B, D)
   Float* sums;                // (T, B) or null
   Float* loss;                // (B,) or null
+  FsaTerms terms;             // the caller's names, for the messages of failed checks
 };
 
-static void fbw_run(const FbwProblem& p) {
+static void fbw_run(FbwProblem p) {
   FsaScratch scratch;
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
+  p.terms.T = T;
+  p.terms.B = B;
+  p.terms.D = D;
+  p.terms.S = S;
   int32_t* state_seq = scratch.get<int32_t>(S);
   int32_t* seq_len = scratch.get<int32_t>(B);
+  int32_t* nan = scratch.get<int32_t>(B);
+  FsaCheck* check = scratch.get<FsaCheck>(1);
   Ndarray_memset(state_seq, 255, S * sizeof(int32_t));
-  start_dev_kernel(fsa_check_edges, (E, p.from, p.to, p.emis, p.seq, S, D, B, state_seq));
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(fsa_check_seqs, (T, B, p.start, S, p.index, p.lens, seq_len, state_seq));
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(fsa_check_ends, (p.n_end, p.end_pairs, p.end_simple, S, B, state_seq));
-  HANDLE_LAST_ERROR();
+  Ndarray_memset(nan, 0, B * sizeof(int32_t));
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  start_dev_kernel(fsa_check_edges, (E, p.from, p.to, p.emis, p.seq, S, D, B, state_seq, check));
+  start_dev_kernel(fsa_check_seqs, (T, B, p.start, S, p.index, p.lens, seq_len, state_seq, check));
+  start_dev_kernel(fsa_check_ends, (p.n_end, p.end_pairs, p.end_simple, S, B, state_seq, check));
+  fsa_raise_check(check, p.terms);
   if (B == 0) return;
 
   double* wmin = scratch.get<double>(B);
@@ -607,8 +634,8 @@ static void fbw_run(const FbwProblem& p) {
   double* zsum = scratch.get<double>(B);
 
   start_dev_kernel(fbw_fill, (B, wmin, (double)INFINITY));
-  start_dev_kernel(fbw_init_weights, (E, p.seq, p.w, wmin));
-  HANDLE_LAST_ERROR();
+  start_dev_kernel(fbw_init_weights, (E, p.seq, p.w, wmin, nan, check));
+  fsa_raise_check(check, p.terms);
   start_dev_kernel(fbw_weights, (E, p.seq, p.w, wmin, W));
   Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
   Ndarray_memset(c, 0, 2 * B * sizeof(double));
@@ -618,7 +645,10 @@ static void fbw_run(const FbwProblem& p) {
   int32_t* live = scratch.get<int32_t>(S);
   Ndarray_memset(live, 0, S * sizeof(int32_t));
   start_dev_kernel(fbw_mark_live, (E, p.from, p.to, p.n_end, p.end_pairs, p.end_simple, live));
-  if (keep_P) fbw_emission_rows(p.mode, 0, T, B, D, p.am, seq_len, P_all, shift_all, norm_all);
+  if (keep_P) {
+    fbw_emission_rows(p.mode, 0, T, B, D, p.am, seq_len, P_all, shift_all, norm_all, nan, check);
+    fsa_raise_check(check, p.terms);
+  }
 
   // forward
   for (int64_t t = 0; t < T; ++t) {
@@ -626,16 +656,16 @@ static void fbw_run(const FbwProblem& p) {
     double* a_next = a_t + S;
     P = keep_P ? P_all + t * B * D : P_all;
     double* shift = keep_P ? shift_all + t * B : shift_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all);
+    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all, nan, check);
     double* c_cur = c + (t & 1) * B;
     double* c_next = c + ((t + 1) & 1) * B;
     start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, live, W, P, a_t, a_next,
                                      c_cur));
     start_dev_kernel(fbw_fwd_finish, (t, S, B, state_seq, seq_len, c_cur, c_next, a_next, shift, wmin, nll));
   }
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(fbw_fwd_final, (B, S, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, alpha, nll, end_wmin));
-  HANDLE_LAST_ERROR();
+  start_dev_kernel(fbw_fwd_final, (B, S, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, alpha, nll, end_wmin,
+                                   nan, check));
+  fsa_raise_check(check, p.terms);
   if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
 
   // backward
@@ -647,7 +677,7 @@ static void fbw_run(const FbwProblem& p) {
                                     b_next, dsum, zsum));
     P = keep_P ? P_all + t * B * D : P_all;
     double* norm = keep_P ? norm_all + t * B : norm_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm);
+    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm, nan, check);
     start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
                                     G, dsum, zsum));
     start_dev_kernel(fbw_bw_finish, (p.mode, t, S, B, D, state_seq, seq_len, dsum, b_cur, nll, zsum, P, norm, G,
@@ -655,56 +685,112 @@ static void fbw_run(const FbwProblem& p) {
   }
   HANDLE_LAST_ERROR();
 
-  // log-space pass over the sequences without a path so far
+  // log-space pass over the sequences without a path so far (NaN sequences are not retried)
   int32_t* redo = scratch.get<int32_t>(B);
   int32_t* n_redo_dev = scratch.get<int32_t>(1);
   Ndarray_memset(n_redo_dev, 0, sizeof(int32_t));
-  start_dev_kernel(fbl_mark, (B, nll, redo, n_redo_dev));
+  start_dev_kernel(fbl_mark, (B, nll, nan, redo, n_redo_dev));
   int32_t n_redo = 0;
   Ndarray_copy_to_host(&n_redo, n_redo_dev, sizeof(int32_t));
-  if (n_redo == 0) return;
-  double* la = alpha;
-  double* lb = beta;
-  P = P_all;
-  start_dev_kernel(fbw_fill, ((T + 1) * S, la, (double)INFINITY));
-  start_dev_kernel(fbw_fill, (2 * S, lb, (double)INFINITY));
-  start_dev_kernel(fbw_fill, (B * D, G, (double)INFINITY));
-  start_dev_kernel(fbl_start, (B, p.start, redo, la));
-  for (int64_t t = 0; t < T; ++t) {
-    start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
-    start_dev_kernel(fbl_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, la + t * S,
-                                     la + (t + 1) * S));
+  if (n_redo > 0) {
+    double* la = alpha;
+    double* lb = beta;
+    P = P_all;
+    start_dev_kernel(fbw_fill, ((T + 1) * S, la, (double)INFINITY));
+    start_dev_kernel(fbw_fill, (2 * S, lb, (double)INFINITY));
+    start_dev_kernel(fbw_fill, (B * D, G, (double)INFINITY));
+    start_dev_kernel(fbl_start, (B, p.start, redo, la));
+    for (int64_t t = 0; t < T; ++t) {
+      start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
+      start_dev_kernel(fbl_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, la + t * S,
+                                       la + (t + 1) * S));
+    }
+    start_dev_kernel(fbl_final, (B, S, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, la, nll));
+    HANDLE_LAST_ERROR();
+    if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
+    for (int64_t t = T - 1; t >= 0; --t) {
+      double* b_next = lb + ((t + 1) & 1) * S;
+      double* b_cur = lb + (t & 1) * S;
+      start_dev_kernel(fbw_fill, (S, b_cur, (double)INFINITY));
+      start_dev_kernel(fbl_bw_init, (t, B, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, b_next));
+      start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
+      start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, nll, la + t * S,
+                                      b_next, b_cur, G));
+      start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, P, G, p.out, p.sums));
+    }
   }
-  start_dev_kernel(fbl_final, (B, S, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, la, nll));
-  HANDLE_LAST_ERROR();
-  if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
-  for (int64_t t = T - 1; t >= 0; --t) {
-    double* b_next = lb + ((t + 1) & 1) * S;
-    double* b_cur = lb + (t & 1) * S;
-    start_dev_kernel(fbw_fill, (S, b_cur, (double)INFINITY));
-    start_dev_kernel(fbl_bw_init, (t, B, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, b_next));
-    start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
-    start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, nll, la + t * S,
-                                    b_next, b_cur, G));
-    start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, P, G, p.out, p.sums));
-  }
+  start_dev_kernel(fbw_nan_out, (T, B, D, seq_len, nan, p.out, p.sums, p.loss));
   HANDLE_LAST_ERROR();
 }
 
-static void fsa_check_edges_shape(Ndarray* edges, Ndarray* weights, int64_t n_rows) {
-  assert_cmp(Ndarray_DIMS(edges)[0], ==, n_rows);
-  assert_cmp(Ndarray_DIMS(weights)[0], ==, Ndarray_DIMS(edges)[1]);
+// The names of the automaton functions' arguments; the caller fills in the rest.
+static FsaTerms fsa_terms(const char* fn, const char* scores) {
+  FsaTerms t;
+  t.fn = fn;
+  t.scores = scores;
+  t.edges = "edges";
+  t.weights = "weights";
+  t.start = "start_end_states";
+  t.start_index = "0, ";
+  t.end = "start_end_states";
+  t.end_index = "1, ";
+  t.mask = 0;
+  t.lens = 0;
+  t.targets = 0;
+  t.target_lens = 0;
+  t.n_states = "the number of states";
+  t.T = t.B = t.D = t.S = t.N = 0;
+  return t;
+}
+
+static std::string fsa_shape(const Ndarray* a) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < a->ndim; ++i) s << (i ? ", " : "") << a->dims[i] << (a->ndim == 1 ? "," : "");
+  s << ")";
+  return s.str();
+}
+
+// edges (rows, E) and weights (E,).
+static void fsa_check_edges_shape(Ndarray* edges, Ndarray* weights, int64_t n_rows, const FsaTerms& terms) {
+  std::ostringstream s;
+  s << terms.edges << " must have " << n_rows << " rows, got shape " << fsa_shape(edges);
+  fsa_require(Ndarray_DIMS(edges)[0] == n_rows, terms, s.str());
+  s.str("");
+  s << terms.weights << " has shape " << fsa_shape(weights) << "; it needs one entry per edge (" << terms.edges
+    << " has " << Ndarray_DIMS(edges)[1] << " columns)";
+  fsa_require(Ndarray_DIMS(weights)[0] == Ndarray_DIMS(edges)[1], terms, s.str());
+}
+
+// `a` has shape `want` (-1: any size).
+static void fsa_check_shape(const Ndarray* a, const char* name, std::initializer_list<int64_t> want,
+                            const char* want_text, const FsaTerms& terms) {
+  bool ok = (int64_t)want.size() == a->ndim;
+  int i = 0;
+  for (int64_t w : want) {
+    if (ok && w >= 0 && a->dims[i] != w) ok = false;
+    ++i;
+  }
+  if (!ok) {
+    std::ostringstream s;
+    s << name << " must have shape " << want_text << ", got " << fsa_shape(a);
+    fsa_require(false, terms, s.str());
+  }
 }
 
 // The fields every Baum-Welch entry point shares: scores (T,B,D), edges (4,E) and weights (E);
 // the start / end / length fields are left empty for the caller.
-static FbwProblem fbw_problem(int mode, Ndarray* am, Ndarray* edges, Ndarray* weights) {
+static FbwProblem fbw_problem(int mode, Ndarray* am, Ndarray* edges, Ndarray* weights, const FsaTerms& terms) {
   FbwProblem p;
   p.mode = mode;
+  p.terms = terms;
   p.T = Ndarray_DIMS(am)[0];
   p.B = Ndarray_DIMS(am)[1];
   p.D = Ndarray_DIMS(am)[2];
-  fsa_check_edges_shape(edges, weights, 4);
+  p.terms.T = p.T;
+  p.terms.B = p.B;
+  p.terms.D = p.D;
+  fsa_check_edges_shape(edges, weights, 4, terms);
   p.E = Ndarray_DIMS(edges)[1];
   p.S = 0;
   const int32_t* e = Ndarray_DEV_DATA_int32(edges);
@@ -729,9 +815,10 @@ static FbwProblem fbw_problem(int mode, Ndarray* am, Ndarray* edges, Ndarray* we
 
 // The (T, B) index mask and the (2, S) state buffer of the FastBaumWelch ops; outputs (T,B,D), (T,B).
 static void fbw_set_index_and_buffer(FbwProblem& p, Ndarray* index, Ndarray* state_buffer, Ndarray*** outputs) {
-  assert_cmp(Ndarray_DIMS(index)[0], ==, p.T);
-  assert_cmp(Ndarray_DIMS(index)[1], ==, p.B);
-  assert_cmp(Ndarray_DIMS(state_buffer)[0], ==, 2);
+  std::ostringstream s;
+  s << "(T, B) = (" << p.T << ", " << p.B << ")";
+  fsa_check_shape(index, p.terms.mask, {p.T, p.B}, s.str().c_str(), p.terms);
+  fsa_check_shape(state_buffer, "state_buffer", {2, -1}, "(2, S)", p.terms);
   p.S = Ndarray_DIMS(state_buffer)[1];
   p.index = Ndarray_DEV_DATA(index);
   p.out = Ndarray_DEV_DATA(*outputs[0]);
@@ -744,9 +831,13 @@ static void fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray***
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 2);
   Ndarray* se = inputs[3];
-  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2]);
-  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
-  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
+  FsaTerms terms = fsa_terms("fast_baum_welch", "am_scores");
+  terms.mask = "float_idx";
+  terms.n_states = "S = state_buffer.shape[1]";
+  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2], terms);
+  std::ostringstream s;
+  s << "(2, B = " << p.B << ")";
+  fsa_check_shape(se, "start_end_states", {2, p.B}, s.str().c_str(), p.terms);
   fbw_set_index_and_buffer(p, inputs[4], inputs[5], outputs);
   p.start = Ndarray_DEV_DATA_int32(se);
   p.n_end = p.B;
@@ -760,41 +851,25 @@ static void multi_end_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
   assert_cmp(n_inputs, ==, 8);
   assert_cmp(n_outputs, ==, 2);
   Ndarray *starts = inputs[3], *ends = inputs[4], *end_w = inputs[5];
-  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2]);
-  assert_cmp(Ndarray_DIMS(starts)[0], ==, p.B);
-  assert_cmp(Ndarray_DIMS(ends)[1], ==, 2);
-  assert_cmp(Ndarray_DIMS(end_w)[0], ==, Ndarray_DIMS(ends)[0]);
+  FsaTerms terms = fsa_terms("MultiEndFastBaumWelchOp", "am_scores");
+  terms.start = "start_states";
+  terms.start_index = "";
+  terms.end = "end_states";
+  terms.mask = "index";
+  terms.n_states = "S = state_buffer.shape[1]";
+  FbwProblem p = fbw_problem(FBW_NEGLOG, inputs[0], inputs[1], inputs[2], terms);
+  std::ostringstream s;
+  s << "(B = " << p.B << ",)";
+  fsa_check_shape(starts, "start_states", {p.B}, s.str().c_str(), p.terms);
+  fsa_check_shape(ends, "end_states", {-1, 2}, "(N, 2)", p.terms);
+  s.str("");
+  s << "(N = " << Ndarray_DIMS(ends)[0] << ",) (one per row of end_states)";
+  fsa_check_shape(end_w, "end_state_weights", {Ndarray_DIMS(ends)[0]}, s.str().c_str(), p.terms);
   fbw_set_index_and_buffer(p, inputs[6], inputs[7], outputs);
   p.start = Ndarray_DEV_DATA_int32(starts);
   p.n_end = Ndarray_DIMS(ends)[0];
   p.end_pairs = Ndarray_DEV_DATA_int32(ends);
   p.end_w = Ndarray_DEV_DATA(end_w);
-  fbw_run(p);
-}
-
-// inputs: logits (T,B,D), edges (4,E), weights (E), start_end_states (2,B), seq_lens (B), logits_normalized (host)
-// outputs: loss (B), grad (T,B,D)
-static void fsa_ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 6);
-  assert_cmp(n_outputs, ==, 2);
-  Ndarray *se = inputs[3], *lens = inputs[4];
-  int32_t normalized = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
-  FbwProblem p = fbw_problem(normalized ? FBW_LOGPROBS : FBW_LOGITS, inputs[0], inputs[1], inputs[2]);
-  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
-  assert_cmp(Ndarray_DIMS(se)[1], ==, p.B);
-  assert_cmp(Ndarray_DIMS(lens)[0], ==, p.B);
-  p.start = Ndarray_DEV_DATA_int32(se);
-  p.n_end = p.B;
-  p.end_simple = Ndarray_DEV_DATA_int32(se) + p.B;
-  p.lens = Ndarray_DEV_DATA_int32(lens);
-  p.out = Ndarray_DEV_DATA(*outputs[1]);
-  p.loss = Ndarray_DEV_DATA(*outputs[0]);
-  // The CTC automaton of GetCtcFsaFastBwOp has (E / B - 5) / 5 * 2 + 3 states per sequence.
-  assert_cmp(p.B > 0 ? p.E % p.B : 0, ==, 0);
-  int64_t per_seq = p.B > 0 ? p.E / p.B : 10;
-  assert_cmp(per_seq >= 10 ? (per_seq - 10) % 5 : 0, ==, 0);
-  int64_t n_labels = per_seq >= 10 ? (per_seq - 10) / 5 + 1 : 0;
-  p.S = p.B * (2 * n_labels + 3);
   fbw_run(p);
 }
 
@@ -816,7 +891,7 @@ DEV_FUNC inline Float vit_candidate(int64_t t, int64_t e, int64_t n_batch, int64
   Float pv = val_t[from[e]];
   if (!(pv > -(Float)INFINITY)) return -(Float)INFINITY;
   Float v = pv + w[e] + am[(t * n_batch + seq[e]) * n_classes + emis[e]];
-  return v > -(Float)INFINITY ? v : -(Float)INFINITY;  // NaN counts as impossible
+  return v > -(Float)INFINITY ? v : -(Float)INFINITY;  // NaN: impossible here; its sequence is marked NaN
 }
 
 DEF_KERNEL void vit_max(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
@@ -840,13 +915,14 @@ DEF_KERNEL void vit_arg(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_c
   }
 }
 
+// NaN sequences get score NaN and the alignment 0.
 DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states, int64_t n_edges,
                               const int32_t* from, const int32_t* emis, const int32_t* end, const int32_t* seq_len,
-                              const Float* val, const int32_t* idx, int32_t* out, Float* score) {
+                              const int32_t* nan, const Float* val, const int32_t* idx, int32_t* out, Float* score) {
   FSA_LOOP(b, n_batch) {
     int64_t len = seq_len[b];
     int32_t cur = end[b];
-    Float sc = val[len * n_states + cur];
+    Float sc = nan[b] ? (Float)NAN_F : val[len * n_states + cur];
     score[b] = sc;
     for (int64_t t = n_time - 1; t >= 0; --t) {
       int32_t label = 0;
@@ -862,49 +938,148 @@ DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states,
   }
 }
 
+enum { VIT_SCAN = 0, VIT_LOGITS = 1, VIT_LOGPROBS = 2 };
+
+// One block per row (t, b) with t < seq_len[b]: a NaN marks sequence b in `nan`.  VIT_LOGITS / VIT_LOGPROBS
+// record a +inf (infinitely likely) entry; VIT_LOGITS writes the row's log-softmax into lp (all -inf for a row
+// of -inf logits).
+DEF_KERNEL void vit_rows(int mode, int64_t n_rows, int64_t n_batch, int64_t n_classes, const Float* x,
+                         const int32_t* seq_len, Float* lp, int32_t* nan, FsaCheck* check) {
+  DEF_SHARED(double, sh);
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const int64_t b = r % n_batch, t = r / n_batch;
+    if (t >= seq_len[b]) continue;
+    const Float* row = x + r * n_classes;
+    double m = -INFINITY, n_nan = 0.0;
+    for (int64_t d = tid; d < n_classes; d += nt) {
+      double v = (double)row[d];
+      if (v > m) m = v;
+      if (v != v) n_nan += 1.0;
+    }
+    m = block_max(sh, m);  // the same in every thread of the block
+    n_nan = block_sum(sh, n_nan);
+    if (n_nan > 0.0) {
+      if (tid == 0) nan[b] = 1;
+      continue;
+    }
+    if (mode == VIT_SCAN) continue;
+    if (m == INFINITY) {
+      if (tid == 0) {
+        int64_t d = 0;
+        while (d + 1 < n_classes && !((double)row[d] == INFINITY)) ++d;
+        fsa_fail(check, FSA_CHECK_SCORE_INFINITE, t, b, d, (double)row[d]);
+      }
+      continue;
+    }
+    if (mode != VIT_LOGITS) continue;
+    double sum = 0.0;
+    if (m > -INFINITY)
+      for (int64_t d = tid; d < n_classes; d += nt) sum += exp((double)row[d] - m);
+    sum = block_sum(sh, sum);
+    const double lse = m + log(sum);
+    for (int64_t d = tid; d < n_classes; d += nt)
+      lp[r * n_classes + d] = m > -INFINITY ? (Float)((double)row[d] - lse) : -(Float)INFINITY;
+  }
+}
+
+static void vit_row_pass(int mode, int64_t T, int64_t B, int64_t D, const Float* x, const int32_t* seq_len, Float* lp,
+                         int32_t* nan, FsaCheck* check) {
+  const int64_t n_rows = T * B;
+  if (n_rows == 0) return;
+  start_dev_kernel2(vit_rows, std::min<int64_t>(n_rows, 65535), FSA_ROW_THREADS, FSA_ROW_THREADS * sizeof(double),
+                    (mode, n_rows, B, D, x, seq_len, lp, nan, check));
+}
+
+DEF_KERNEL void fsa_mark_nan_weights(int64_t n_edges, const int32_t* seq, const Float* w, int32_t* nan) {
+  FSA_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
+}
+
+struct VitProblem {
+  int64_t T, B, D, E, S;
+  const Float* am;  // +log scores (T, B, D)
+  const int32_t *from, *to, *emis, *seq;
+  const Float* w;
+  const int32_t *start, *end;
+  const int32_t* seq_len;  // checked lengths
+  const int32_t* nan;      // (B,) NaN sequences
+  int32_t* align;          // (T, B)
+  Float* score;            // (B,)
+};
+
+static void vit_run(FsaScratch& scratch, const VitProblem& p) {
+  const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
+  if (B == 0) return;
+  Float* val = scratch.get<Float>((T + 1) * S);
+  int32_t* idx = scratch.get<int32_t>((T + 1) * S);
+  start_dev_kernel(vit_init, ((T + 1) * S, val, idx));
+  start_dev_kernel(vit_set_start, (B, p.start, val));
+  for (int64_t t = 0; t < T; ++t) {
+    const Float* v_t = val + t * S;
+    Float* v_next = val + (t + 1) * S;
+    start_dev_kernel(vit_max, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next));
+    start_dev_kernel(vit_arg, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next,
+                               idx + (t + 1) * S));
+  }
+  start_dev_kernel(vit_backtrack, (T, B, S, E, p.from, p.emis, p.end, p.seq_len, p.nan, val, idx, p.align, p.score));
+  HANDLE_LAST_ERROR();
+}
+
 // inputs: am_scores (T,B,D) +log, am_seq_len (B), edges (4,E), weights (E), start_end_states (2,B), n_states
 // outputs: output (T,B) int32, scores (B)
 static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 2);
   Ndarray *am = inputs[0], *lens = inputs[1], *edges = inputs[2], *weights = inputs[3], *se = inputs[4];
-  int64_t n_states = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
-  assert_cmp(n_states, >=, 0);
-  int64_t T = Ndarray_DIMS(am)[0], B = Ndarray_DIMS(am)[1], D = Ndarray_DIMS(am)[2];
-  fsa_check_edges_shape(edges, weights, 4);
-  int64_t E = Ndarray_DIMS(edges)[1];
-  assert_cmp(Ndarray_DIMS(lens)[0], ==, B);
-  assert_cmp(Ndarray_DIMS(se)[0], ==, 2);
-  assert_cmp(Ndarray_DIMS(se)[1], ==, B);
+  FsaTerms terms = fsa_terms("fast_viterbi", "am_scores");
+  terms.lens = "am_seq_len";
+  terms.n_states = "the largest state index + 1";
+  VitProblem p;
+  p.T = Ndarray_DIMS(am)[0];
+  p.B = Ndarray_DIMS(am)[1];
+  p.D = Ndarray_DIMS(am)[2];
+  p.S = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
+  terms.T = p.T;
+  terms.B = p.B;
+  terms.D = p.D;
+  terms.S = p.S;
+  fsa_require(p.S >= 0, terms, "n_states must be >= 0");
+  fsa_check_edges_shape(edges, weights, 4, terms);
+  p.E = Ndarray_DIMS(edges)[1];
+  std::ostringstream s;
+  s << "(B = " << p.B << ",)";
+  fsa_check_shape(lens, "am_seq_len", {p.B}, s.str().c_str(), terms);
+  s.str("");
+  s << "(2, B = " << p.B << ")";
+  fsa_check_shape(se, "start_end_states", {2, p.B}, s.str().c_str(), terms);
   const int32_t* e = Ndarray_DEV_DATA_int32(edges);
-  const int32_t *from = e, *to = e + E, *emis = e + 2 * E, *seq = e + 3 * E;
-  const int32_t* start = Ndarray_DEV_DATA_int32(se);
-  const int32_t* end = start + B;
+  p.from = e;
+  p.to = e + p.E;
+  p.emis = e + 2 * p.E;
+  p.seq = e + 3 * p.E;
+  p.start = Ndarray_DEV_DATA_int32(se);
+  p.end = p.start + p.B;
+  p.w = Ndarray_DEV_DATA(weights);
+  p.am = Ndarray_DEV_DATA(am);
   FsaScratch scratch;
-  int32_t* seq_len = scratch.get<int32_t>(B);
-  start_dev_kernel(fsa_check_edges, (E, from, to, emis, seq, n_states, D, B, (int32_t*)0));
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(fsa_check_seqs, (T, B, start, n_states, (const Float*)0, Ndarray_DEV_DATA_int32(lens), seq_len,
-                                    (int32_t*)0));
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(fsa_check_ends, (B, (const int32_t*)0, end, n_states, B, (int32_t*)0));
-  HANDLE_LAST_ERROR();
-  if (B == 0) return;
-  Float* val = scratch.get<Float>((T + 1) * n_states);
-  int32_t* idx = scratch.get<int32_t>((T + 1) * n_states);
-  start_dev_kernel(vit_init, ((T + 1) * n_states, val, idx));
-  start_dev_kernel(vit_set_start, (B, start, val));
-  const Float* w = Ndarray_DEV_DATA(weights);
-  const Float* a = Ndarray_DEV_DATA(am);
-  for (int64_t t = 0; t < T; ++t) {
-    const Float* v_t = val + t * n_states;
-    Float* v_next = val + (t + 1) * n_states;
-    start_dev_kernel(vit_max, (t, E, B, D, from, to, emis, seq, seq_len, w, a, v_t, v_next));
-    start_dev_kernel(vit_arg, (t, E, B, D, from, to, emis, seq, seq_len, w, a, v_t, v_next, idx + (t + 1) * n_states));
-  }
-  start_dev_kernel(vit_backtrack, (T, B, n_states, E, from, emis, end, seq_len, val, idx,
-                                   Ndarray_DEV_DATA_int32(*outputs[0]), Ndarray_DEV_DATA(*outputs[1])));
-  HANDLE_LAST_ERROR();
+  int32_t* seq_len = scratch.get<int32_t>(p.B);
+  int32_t* nan = scratch.get<int32_t>(p.B);
+  FsaCheck* check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(nan, 0, p.B * sizeof(int32_t));
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  start_dev_kernel(fsa_check_edges, (p.E, p.from, p.to, p.emis, p.seq, p.S, p.D, p.B, (int32_t*)0, check));
+  start_dev_kernel(fsa_check_seqs, (p.T, p.B, p.start, p.S, (const Float*)0, Ndarray_DEV_DATA_int32(lens), seq_len,
+                                    (int32_t*)0, check));
+  start_dev_kernel(fsa_check_ends, (p.B, (const int32_t*)0, p.end, p.S, p.B, (int32_t*)0, check));
+  fsa_raise_check(check, terms);
+  if (p.B == 0) return;
+  vit_row_pass(VIT_SCAN, p.T, p.B, p.D, p.am, seq_len, (Float*)0, nan, check);
+  start_dev_kernel(fsa_mark_nan_weights, (p.E, p.seq, p.w, nan));
+  p.seq_len = seq_len;
+  p.nan = nan;
+  p.align = Ndarray_DEV_DATA_int32(*outputs[0]);
+  p.score = Ndarray_DEV_DATA(*outputs[1]);
+  vit_run(scratch, p);
 }
 
 // ---------------------------------------------------------------- CTC automaton
@@ -912,14 +1087,13 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 // 2k blank (k = 0..L), 2k+1 label k, 2L+1 dummy, 2L+2 end.  5(N-1)+10 edge slots per
 // sequence; the end state is entered by consuming the last frame, so every CTC
 // alignment is exactly one path; unused slots are dummy -> dummy (never reach the end).
+// An edge that cannot be used (a skip between two equal labels) goes to the dummy
+// state with the blank as emission.  The lengths must be checked (ctc_check_inputs).
 DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per_seq, const int32_t* targets,
                               const int32_t* seq_lens, int32_t blank, bool label_loop, int32_t* edges,
                               int32_t* start_end) {
   FSA_LOOP(b, n_batch) {
     int32_t L = seq_lens[b];
-    int32_t target_length = L;
-    assert_cmp(target_length, >=, 0);
-    assert_cmp(target_length, <=, n_labels_max);
     int64_t E = n_batch * per_seq;
     int32_t off = (int32_t)((2 * n_labels_max + 3) * b);
     int32_t dummy = 2 * L + 1, end = 2 * L + 2;
@@ -943,7 +1117,7 @@ DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per
     }
     if (L >= 2) {
       bool skip_ok = y[L - 2] != y[L - 1] || !label_loop;
-      put(2 * L - 3, skip_ok ? end : dummy, y[L - 1]);
+      if (skip_ok) put(2 * L - 3, end, y[L - 1]); else put(2 * L - 3, dummy, blank);
     }
     if (L >= 1) {
       int32_t bl = 2 * L - 2, lab = 2 * L - 1;
@@ -963,6 +1137,47 @@ DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per
   }
 }
 
+// Frame lengths in [0, T] (if given), label lengths in [0, N], labels in [0, D) (if n_classes >= 0).
+DEF_KERNEL void ctc_check_inputs(int64_t n_batch, int64_t n_time, int64_t n_labels, int64_t n_classes,
+                                 const int32_t* lens, const int32_t* tlens, const int32_t* targets, FsaCheck* check) {
+  FSA_LOOP(b, n_batch) {
+    if (lens && (lens[b] < 0 || lens[b] > n_time)) fsa_fail(check, FSA_CHECK_LEN, 0, b, 0, lens[b]);
+    int32_t L = tlens[b];
+    if (L < 0 || L > n_labels) {
+      fsa_fail(check, FSA_CHECK_TARGET_LEN, 0, b, 0, L);
+      continue;
+    }
+    if (n_classes < 0) continue;
+    for (int32_t k = 0; k < L; ++k) {
+      int32_t y = targets[b * n_labels + k];
+      if (y < 0 || y >= n_classes) {
+        fsa_fail(check, FSA_CHECK_LABEL, 0, b, k, y);
+        break;
+      }
+    }
+  }
+}
+
+// The CTC automaton of targets (B, N) with lengths tlens into edges (4, E) and start_end (2, B), after checking
+// the lengths (and the labels against n_classes >= 0, and lens against n_time if lens is given).
+static void ctc_fsa_checked_build(const FsaTerms& terms, int64_t B, int64_t N, int64_t n_time, int64_t n_classes,
+                                  const int32_t* lens, const int32_t* targets, const int32_t* tlens, int32_t blank,
+                                  bool label_loop, int32_t* edges, int32_t* start_end) {
+  FsaScratch scratch;
+  FsaCheck* check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  start_dev_kernel(ctc_check_inputs, (B, n_time, N, n_classes, lens, tlens, targets, check));
+  fsa_raise_check(check, terms);
+  start_dev_kernel(ctc_fsa_build, (B, N, 5 * (N - 1) + 10, targets, tlens, blank, label_loop, edges, start_end));
+  HANDLE_LAST_ERROR();
+}
+
+static void ctc_fsa_check_size(int64_t B, int64_t N, const FsaTerms& terms) {
+  std::ostringstream s;
+  s << "the CTC automaton of " << B << " sequences of up to N = " << N << " labels has more than 2^31 - 1 states";
+  fsa_require(B * (2 * N + 3) <= (int64_t)std::numeric_limits<int32_t>::max(), terms, s.str());
+}
+
 // inputs: targets (B,N), seq_lens (B), blank_idx (host), weights (E) [shape only], label_loop (host)
 // outputs: edges (4,E), start_end_states (2,B)
 static void ctc_fsa_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
@@ -972,14 +1187,175 @@ static void ctc_fsa_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray***
   int32_t blank = Ndarray_DEV_DATA_int32_scalar(inputs[2]);
   bool label_loop = Ndarray_DEV_DATA_int32_scalar(inputs[4]) != 0;
   int64_t B = Ndarray_DIMS(targets)[0], N = Ndarray_DIMS(targets)[1];
-  assert_cmp(Ndarray_DIMS(lens)[0], ==, B);
+  FsaTerms terms = fsa_terms("get_ctc_fsa_fast_bw", "");
+  terms.targets = "targets";
+  terms.target_lens = "seq_lens";
+  terms.B = B;
+  terms.N = N;
+  std::ostringstream s;
+  s << "(B = " << B << ",)";
+  fsa_check_shape(lens, "seq_lens", {B}, s.str().c_str(), terms);
   int64_t per_seq = 5 * (N - 1) + 10;
-  assert_cmp(Ndarray_DIMS(weights)[0], ==, B * per_seq);
-  int64_t n_states_total = B * (2 * N + 3);
-  assert_cmp(n_states_total, <=, (int64_t)std::numeric_limits<int32_t>::max());
-  start_dev_kernel(ctc_fsa_build, (B, N, per_seq, Ndarray_DEV_DATA_int32(targets), Ndarray_DEV_DATA_int32(lens),
-                                   blank, label_loop, Ndarray_DEV_DATA_int32(*outputs[0]),
-                                   Ndarray_DEV_DATA_int32(*outputs[1])));
+  s.str("");
+  s << "(B * (5 * (N - 1) + 10) = " << B * per_seq << ",)";
+  fsa_check_shape(weights, "weights", {B * per_seq}, s.str().c_str(), terms);
+  ctc_fsa_check_size(B, N, terms);
+  ctc_fsa_checked_build(terms, B, N, 0, -1, (const int32_t*)0, Ndarray_DEV_DATA_int32(targets),
+                        Ndarray_DEV_DATA_int32(lens), blank, label_loop, Ndarray_DEV_DATA_int32(*outputs[0]),
+                        Ndarray_DEV_DATA_int32(*outputs[1]));
+}
+
+// ---------------------------------------------------------------- CTC losses (fused)
+// A sequence with an empty target over zero frames has the empty alignment, of probability 1: loss 0 (its
+// gradient is 0: it has no valid frame).
+DEF_KERNEL void ctc_empty_loss(int64_t n_batch, const int32_t* lens, const int32_t* tlens, Float* loss) {
+  FSA_LOOP(b, n_batch) if (lens[b] == 0 && tlens[b] == 0) loss[b] = Float(0);
+}
+
+// Viterbi: the loss is minus the best alignment's log-probability (inf without an alignment, NaN for NaN
+// sequences); the gradient w.r.t. the logits is softmax - onehot(alignment) (-onehot for log-probabilities) on
+// valid frames of sequences with an alignment, NaN on valid frames of NaN sequences, else 0.
+DEF_KERNEL void ctc_vit_loss(int64_t n_batch, int64_t n_classes, const int32_t* lens, const int32_t* nan,
+                             const int32_t* align, const Float* score, const Float* lp, Float* loss) {
+  FSA_LOOP(b, n_batch) {
+    if (nan[b]) {
+      loss[b] = (Float)NAN_F;
+      continue;
+    }
+    if (!(score[b] > -(Float)INFINITY)) {
+      loss[b] = (Float)INFINITY;
+      continue;
+    }
+    double s = 0.0;
+    for (int64_t t = 0; t < lens[b]; ++t) s += (double)lp[(t * n_batch + b) * n_classes + align[t * n_batch + b]];
+    loss[b] = (Float)(-s);
+  }
+}
+
+DEF_KERNEL void ctc_vit_grad(int mode, int64_t n_time, int64_t n_batch, int64_t n_classes, const int32_t* lens,
+                             const int32_t* nan, const int32_t* align, const Float* score, const Float* lp,
+                             Float* grad) {
+  FSA_LOOP(i, n_time * n_batch * n_classes) {
+    int64_t d = i % n_classes, b = (i / n_classes) % n_batch, t = i / (n_classes * n_batch);
+    Float g = Float(0);
+    if (t < lens[b]) {
+      if (nan[b])
+        g = (Float)NAN_F;
+      else if (score[b] > -(Float)INFINITY)
+        g = (mode == VIT_LOGITS ? (Float)exp((double)lp[i]) : Float(0)) - (d == align[t * n_batch + b] ? 1 : 0);
+    }
+    grad[i] = g;
+  }
+}
+
+// inputs: logits (T,B,D), logits_seq_lens (B), targets (B,N), targets_seq_lens (B), blank_index (host; negative
+//         counts from the end), label_loop (host), logits_normalized (host)
+// outputs: loss (B), grad (T,B,D)
+static void ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs, bool viterbi) {
+  assert_cmp(n_inputs, ==, 7);
+  assert_cmp(n_outputs, ==, 2);
+  Ndarray *logits = inputs[0], *lens = inputs[1], *targets = inputs[2], *tlens = inputs[3];
+  const int64_t blank_index = Ndarray_DEV_DATA_int32_scalar(inputs[4]);
+  const bool label_loop = Ndarray_DEV_DATA_int32_scalar(inputs[5]) != 0;
+  const bool normalized = Ndarray_DEV_DATA_int32_scalar(inputs[6]) != 0;
+  const int64_t T = Ndarray_DIMS(logits)[0], B = Ndarray_DIMS(logits)[1], D = Ndarray_DIMS(logits)[2];
+  const int64_t N = Ndarray_DIMS(targets)[1];
+  FsaTerms terms = fsa_terms(viterbi ? "ctc_loss_viterbi" : "ctc_loss", "logits");
+  terms.lens = "logits_seq_lens";
+  terms.targets = "targets";
+  terms.target_lens = "targets_seq_lens";
+  terms.T = T;
+  terms.B = B;
+  terms.D = D;
+  terms.N = N;
+  std::ostringstream s;
+  s << "(B = " << B << ",) (B = logits.shape[1])";
+  fsa_check_shape(lens, "logits_seq_lens", {B}, s.str().c_str(), terms);
+  fsa_check_shape(tlens, "targets_seq_lens", {B}, s.str().c_str(), terms);
+  s.str("");
+  s << "(B = " << B << ", N) (B = logits.shape[1])";
+  fsa_check_shape(targets, "targets", {B, -1}, s.str().c_str(), terms);
+  s.str("");
+  s << "blank_index = " << blank_index << " is out of range [-D, D) for D = " << D << " classes (logits.shape[2])";
+  fsa_require(B == 0 || (blank_index >= -D && blank_index < D), terms, s.str());
+  const int32_t blank = (int32_t)(blank_index < 0 ? blank_index + D : blank_index);
+  ctc_fsa_check_size(B, N, terms);
+
+  const int64_t per_seq = 5 * (N - 1) + 10, E = B * per_seq, S = B * (2 * N + 3);
+  FsaScratch scratch;
+  int32_t* edges = scratch.get<int32_t>(4 * E);
+  int32_t* start_end = scratch.get<int32_t>(2 * B);
+  Float* weights = scratch.get<Float>(E);
+  Ndarray_memset(weights, 0, E * sizeof(Float));
+  const int32_t* d_lens = Ndarray_DEV_DATA_int32(lens);
+  const int32_t* d_tlens = Ndarray_DEV_DATA_int32(tlens);
+  ctc_fsa_checked_build(terms, B, N, T, D, d_lens, Ndarray_DEV_DATA_int32(targets), d_tlens, blank, label_loop, edges,
+                        start_end);
+  Float* loss = Ndarray_DEV_DATA(*outputs[0]);
+  Float* grad = Ndarray_DEV_DATA(*outputs[1]);
+  if (!viterbi) {
+    FbwProblem p;
+    p.mode = normalized ? FBW_LOGPROBS : FBW_LOGITS;
+    p.T = T;
+    p.B = B;
+    p.D = D;
+    p.E = E;
+    p.S = S;
+    p.am = Ndarray_DEV_DATA(logits);
+    p.from = edges;
+    p.to = edges + E;
+    p.emis = edges + 2 * E;
+    p.seq = edges + 3 * E;
+    p.w = weights;
+    p.start = start_end;
+    p.n_end = B;
+    p.end_pairs = 0;
+    p.end_simple = start_end + B;
+    p.end_w = 0;
+    p.index = 0;
+    p.lens = d_lens;
+    p.out = grad;
+    p.sums = 0;
+    p.loss = loss;
+    p.terms = terms;
+    fbw_run(p);
+    start_dev_kernel(ctc_empty_loss, (B, d_lens, d_tlens, loss));
+    HANDLE_LAST_ERROR();
+    return;
+  }
+  if (B == 0) return;
+  int32_t* nan = scratch.get<int32_t>(B);
+  FsaCheck* check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(nan, 0, B * sizeof(int32_t));
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  const int mode = normalized ? VIT_LOGPROBS : VIT_LOGITS;
+  Float* lp = normalized ? Ndarray_DEV_DATA(logits) : scratch.get<Float>(T * B * D);
+  vit_row_pass(mode, T, B, D, Ndarray_DEV_DATA(logits), d_lens, lp, nan, check);
+  fsa_raise_check(check, terms);
+  int32_t* align = scratch.get<int32_t>(T * B);
+  Float* score = scratch.get<Float>(B);
+  VitProblem v;
+  v.T = T;
+  v.B = B;
+  v.D = D;
+  v.E = E;
+  v.S = S;
+  v.am = lp;
+  v.from = edges;
+  v.to = edges + E;
+  v.emis = edges + 2 * E;
+  v.seq = edges + 3 * E;
+  v.w = weights;
+  v.start = start_end;
+  v.end = start_end + B;
+  v.seq_len = d_lens;
+  v.nan = nan;
+  v.align = align;
+  v.score = score;
+  vit_run(scratch, v);
+  start_dev_kernel(ctc_vit_loss, (B, D, d_lens, nan, align, score, lp, loss));
+  start_dev_kernel(ctc_vit_grad, (mode, T, B, D, d_lens, nan, align, score, lp, grad));
+  start_dev_kernel(ctc_empty_loss, (B, d_lens, d_tlens, loss));
   HANDLE_LAST_ERROR();
 }
 

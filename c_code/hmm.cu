@@ -12,12 +12,16 @@
 // CPU: one fused loop per sequence (small K-length vector loops, exp vectorised by hand).
 // CUDA: one launch per step with a cuBLAS GEMM over the batch; the log-space fallback runs
 // one thread per sequence on both.
-
-#define HMM_LOOP(i, n) \
-  for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
+//
+// A sequence with no frame has probability 1 (log-likelihood 0, gradient 0).  A NaN log-emission on a valid
+// frame of sequence b makes its log-likelihood NaN (status 3) and its emission gradient NaN on its valid frames;
+// a NaN in the shared parameters does so for every sequence with a frame.  The gradients of the shared
+// parameters are NaN when any sequence is.  +inf log-probabilities raise.
+//
+// FSA_LOOP, fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
 
 #define HMM_TINY 1e-280
-enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2 };
+enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
 
 // Scratch memory that is freed on every exit path (errors are exceptions).
 struct HmmScratch {
@@ -32,38 +36,25 @@ struct HmmScratch {
   }
 };
 
-DEF_KERNEL void hmm_check_mask(int64_t n_time, int64_t n_batch, const Float* mask, int32_t* seq_len) {
-  HMM_LOOP(b, n_batch) {
-    int32_t len = 0;
-    bool ended = false;
-    for (int64_t t = 0; t < n_time; ++t) {
-      Float m = mask[t * n_batch + b];
-      bool mask_is_0_or_1 = m == Float(0) || m == Float(1);
-      assert_cmp(mask_is_0_or_1, ==, true);
-      if (m == Float(1)) {
-        bool mask_is_a_prefix_mask = !ended;
-        assert_cmp(mask_is_a_prefix_mask, ==, true);
-        ++len;
-      } else {
-        ended = true;
-      }
-    }
-    seq_len[b] = len;
-  }
-}
-
-// *out = max of x[0..n) (-inf if all -inf); NaN / +inf raise.
-DEV_FUNC inline void hmm_checked_max(const Float* x, int64_t n, double* out) {
+// *out = max of x[0..n) over the non-NaN entries (-inf if none); returns whether x has a NaN.  A +inf
+// entry i is recorded in `check` (if given) by report(i), and *out is then -inf.
+template <typename Report>
+DEV_FUNC inline bool hmm_checked_max(const Float* x, int64_t n, double* out, FsaCheck* check, Report report) {
   double m = -INFINITY;
-  *out = m;
-  bool log_probability_is_not_nan_or_plus_inf = true;
+  bool has_nan = false;
   for (int64_t i = 0; i < n; ++i) {
     double v = (double)x[i];
-    log_probability_is_not_nan_or_plus_inf &= !(v != v) && v < INFINITY;
+    has_nan |= v != v;
     m = v > m ? v : m;
   }
+  if (m == INFINITY) {
+    int64_t i = 0;
+    while (i + 1 < n && !((double)x[i] == INFINITY)) ++i;
+    if (check) report(check, i);
+    m = -INFINITY;
+  }
   *out = m;
-  assert_cmp(log_probability_is_not_nan_or_plus_inf, ==, true);
+  return has_nan;
 }
 
 // out[i] = exp(x[i] - m) (0 everywhere if m = -inf).
@@ -92,16 +83,22 @@ DEV_FUNC inline double hmm_lse2(const X* x, const Y* y, int64_t n) {
   return m + log(s);
 }
 
-// A, pi, f: shifted exps; consts = [log-shift of A, of pi, of f].  AT = A transposed.
+struct HmmParamReport {
+  int q;
+  DEV_FUNC void operator()(FsaCheck* c, int64_t i) const { fsa_fail(c, FSA_CHECK_PARAM_PLUS_INF, q, i, 0, INFINITY); }
+};
+
+// A, pi, f: shifted exps; consts = [log-shift of A, of pi, of f, 1 if any of them has a NaN].  AT = A transposed.
 DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Float* lf, double* A, double* AT,
-                         double* pi, double* f, double* consts) {
-  HMM_LOOP(i, 1) {
+                         double* pi, double* f, double* consts, FsaCheck* check) {
+  FSA_LOOP(i, 1) {
     const Float* src[3] = {lA, lpi, lf};
     double* dst[3] = {A, pi, f};
     int64_t n[3] = {K * K, K, K};
+    consts[3] = 0.0;
     for (int q = 0; q < 3; ++q) {
       double m;
-      hmm_checked_max(src[q], n[q], &m);
+      if (hmm_checked_max(src[q], n[q], &m, check, HmmParamReport{q})) consts[3] = 1.0;
       hmm_exp_row(src[q], n[q], m, dst[q]);
       consts[q] = m > -INFINITY ? m : 0.0;
     }
@@ -116,6 +113,14 @@ struct HmmParams {
   const int32_t* seq_len;
   const double *A, *AT, *pi, *f, *consts;
   double *alpha, *c, *status;
+  FsaCheck* check;
+};
+
+struct HmmEmissionReport {
+  int64_t t, b;
+  DEV_FUNC void operator()(FsaCheck* c, int64_t k) const {
+    fsa_fail(c, FSA_CHECK_SCORE_INFINITE, t, b, k, INFINITY);
+  }
 };
 
 // ---------------------------------------------------------------- log-space fallback
@@ -145,8 +150,22 @@ DEV_FUNC double hmm_log_forward_seq(const HmmParams& p, int64_t b) {
 }
 
 DEF_KERNEL void hmm_log_forward(HmmParams p, double* ll) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     if (p.status[b] != HMM_LOG_SPACE) continue;
+    // the scaled pass stopped early: the frames after it may hold a NaN
+    const Float* le_b = p.le + b * p.K;
+    bool has_nan = false;
+    for (int64_t t = 0; t < p.seq_len[b] && !has_nan; ++t) {
+      for (int64_t k = 0; k < p.K; ++k) {
+        double v = (double)le_b[t * p.B * p.K + k];
+        has_nan |= v != v;
+        if (v == INFINITY) fsa_fail(p.check, FSA_CHECK_SCORE_INFINITE, t, b, k, v);
+      }
+    }
+    if (has_nan) {
+      p.status[b] = HMM_NAN;
+      continue;
+    }
     double v = hmm_log_forward_seq(p, b);
     ll[b] = v;
     if (!(v > -INFINITY)) p.status[b] = HMM_NO_PATH;
@@ -192,44 +211,32 @@ DEV_FUNC void hmm_log_backward_seq(const HmmParams& p, int64_t b, double g, doub
 
 DEF_KERNEL void hmm_log_backward(HmmParams p, const Float* g, double* lb, Float* dle, double* dA, double* dpi,
                                  double* df) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     if (p.status[b] != HMM_LOG_SPACE || p.seq_len[b] == 0) continue;
     hmm_log_backward_seq(p, b, (double)g[b], lb + b * 2 * p.K, dle, dA, dpi, df);
   }
 }
 
-// Sequences of length 0: log p = log sum pi f (log space), gradient pi f / p.
-DEF_KERNEL void hmm_empty_fw(HmmParams p, double* ll) {
-  HMM_LOOP(b, p.B) {
-    if (p.seq_len[b] != 0) continue;
-    ll[b] = hmm_lse2(p.lpi, p.lf, p.K);
-    p.status[b] = ll[b] > -INFINITY ? HMM_SCALED : HMM_NO_PATH;
-  }
-}
-
-DEF_KERNEL void hmm_empty_bw(HmmParams p, const Float* g, double* dpi, double* df) {
-  HMM_LOOP(b, p.B) {
-    if (p.seq_len[b] != 0 || p.status[b] == HMM_NO_PATH) continue;
-    double z = hmm_lse2(p.lpi, p.lf, p.K);
-    for (int64_t k = 0; k < p.K; ++k) {
-      double gam = (double)g[b] * exp((double)p.lpi[k] + (double)p.lf[k] - z);
-      elem_atomic_add(dpi + k, gam);
-      elem_atomic_add(df + k, gam);
-    }
+// Sequences of length 0: the empty series has probability 1 (no state, so neither pi nor f applies); NaN in the
+// shared parameters makes every other sequence NaN.
+DEF_KERNEL void hmm_init_status(HmmParams p, double* ll) {
+  FSA_LOOP(b, p.B) {
+    ll[b] = 0.0;
+    p.status[b] = p.seq_len[b] > 0 && p.consts[3] != 0.0 ? HMM_NAN : HMM_SCALED;
   }
 }
 
 // ---------------------------------------------------------------- scaled forward
-// Step t of sequence b given pred = alpha_{t-1} A (or pi): E_t, alpha_t, c_t; false if the
-// step mass underflowed.
+// Step t of sequence b given pred = alpha_{t-1} A (or pi): E_t, alpha_t, c_t.  Returns the sequence's new
+// status: HMM_SCALED, HMM_LOG_SPACE if the step mass underflowed, HMM_NAN for a NaN emission.
 // Et: K scratch for E_t.
-DEV_FUNC inline bool hmm_fwd_step(const HmmParams& p, int64_t t, int64_t b, const double* __restrict__ pred,
-                                  double* __restrict__ Et, double* ll) {
+DEV_FUNC inline int hmm_fwd_step(const HmmParams& p, int64_t t, int64_t b, const double* __restrict__ pred,
+                                 double* __restrict__ Et, double* ll) {
   const int64_t B = p.B, K = p.K, tb = t * B + b;
   const Float* et = p.le + tb * K;
   double* __restrict__ at = p.alpha + tb * K;
   double m;
-  hmm_checked_max(et, K, &m);
+  if (hmm_checked_max(et, K, &m, p.check, HmmEmissionReport{t, b})) return HMM_NAN;
   hmm_exp_row(et, K, m, Et);
   double s0 = 0.0, s1 = 0.0;
   int64_t k = 0;
@@ -245,14 +252,14 @@ DEV_FUNC inline bool hmm_fwd_step(const HmmParams& p, int64_t t, int64_t b, cons
   }
   double s = s0 + s1;
   p.c[tb] = s;
-  if (!(s >= HMM_TINY)) return false;
+  if (!(s >= HMM_TINY)) return HMM_LOG_SPACE;
   double inv = 1.0 / s;
 #if !CUDA
 #pragma GCC ivdep
 #endif
   for (k = 0; k < K; ++k) at[k] *= inv;
   *ll += log(s) + m + (t == 0 ? p.consts[1] : p.consts[0]);
-  return true;
+  return HMM_SCALED;
 }
 
 DEV_FUNC inline void hmm_fwd_final(const HmmParams& p, int64_t b, double* ll) {
@@ -319,7 +326,7 @@ static void hmm_forward_cpu(HmmScratch& scratch, const HmmParams& p, double* ll)
     for (int64_t b = 0; b < B; ++b) {
       if (t >= p.seq_len[b] || p.status[b] != HMM_SCALED) continue;
       if (t > 0) hmm_matvec(p.alpha + ((t - 1) * B + b) * K, K, Ap, Kp, pred);
-      if (!hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred, Et, ll + b)) p.status[b] = HMM_LOG_SPACE;
+      p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred, Et, ll + b);
     }
   }
   for (int64_t b = 0; b < B; ++b)
@@ -327,14 +334,14 @@ static void hmm_forward_cpu(HmmScratch& scratch, const HmmParams& p, double* ll)
 }
 #else
 DEF_KERNEL void hmm_fwd_step_kernel(HmmParams p, int64_t t, const double* pred, double* E, double* ll) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     if (t >= p.seq_len[b] || p.status[b] != HMM_SCALED) continue;
-    if (!hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred + b * p.K, E + b * p.K, ll + b)) p.status[b] = HMM_LOG_SPACE;
+    p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred + b * p.K, E + b * p.K, ll + b);
   }
 }
 
 DEF_KERNEL void hmm_fwd_final_kernel(HmmParams p, double* ll) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     if (p.seq_len[b] > 0 && p.status[b] == HMM_SCALED) hmm_fwd_final(p, b, ll);
   }
 }
@@ -352,18 +359,42 @@ static void hmm_forward_cuda(HmmScratch& scratch, const HmmParams& p, double* ll
 }
 #endif
 
+static FsaTerms hmm_terms(const HmmParams& p) {
+  FsaTerms t;
+  memset(&t, 0, sizeof(t));
+  t.fn = "hmm_log_likelihood";
+  t.scores = "log_emissions";
+  t.mask = "mask";
+  t.T = p.T;
+  t.B = p.B;
+  t.D = p.K;
+  return t;
+}
+
+// `a` has shape `want`, else a ValueError in the user's terms.
+static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char* name, int64_t d0, int64_t d1,
+                            const char* want) {
+  bool ok = a->dims[0] == d0 && (a->ndim < 2 || a->dims[1] == d1);
+  if (ok) return;
+  std::ostringstream s;
+  s << name << " must have shape " << want << ", got (" << a->dims[0];
+  if (a->ndim > 1) s << ", " << a->dims[1];
+  s << (a->ndim == 1 ? ",)" : ")") << " (log_emissions has shape (" << terms.T << ", " << terms.B << ", " << terms.D
+    << "))";
+  fsa_require(false, terms, s.str());
+}
+
 static HmmParams hmm_setup(HmmScratch& scratch, Ndarray** inputs) {
   Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
   HmmParams p;
   p.T = Ndarray_DIMS(le)[0];
   p.B = Ndarray_DIMS(le)[1];
   p.K = Ndarray_DIMS(le)[2];
-  assert_cmp(Ndarray_DIMS(lA)[0], ==, p.K);
-  assert_cmp(Ndarray_DIMS(lA)[1], ==, p.K);
-  assert_cmp(Ndarray_DIMS(lpi)[0], ==, p.K);
-  assert_cmp(Ndarray_DIMS(lf)[0], ==, p.K);
-  assert_cmp(Ndarray_DIMS(mask)[0], ==, p.T);
-  assert_cmp(Ndarray_DIMS(mask)[1], ==, p.B);
+  const FsaTerms terms = hmm_terms(p);
+  hmm_check_shape(terms, lA, "log_transitions", p.K, p.K, "(K, K)");
+  hmm_check_shape(terms, lpi, "log_initial", p.K, 0, "(K,)");
+  hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
+  hmm_check_shape(terms, mask, "mask", p.T, p.B, "(T, B)");
   p.le = Ndarray_DEV_DATA(le);
   p.lA = Ndarray_DEV_DATA(lA);
   p.lpi = Ndarray_DEV_DATA(lpi);
@@ -373,11 +404,12 @@ static HmmParams hmm_setup(HmmScratch& scratch, Ndarray** inputs) {
   double* AT = scratch.get<double>(p.K * p.K);
   double* pi = scratch.get<double>(p.K);
   double* f = scratch.get<double>(p.K);
-  double* consts = scratch.get<double>(3);
-  start_dev_kernel(hmm_check_mask, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len));
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts));
-  HANDLE_LAST_ERROR();
+  double* consts = scratch.get<double>(4);
+  p.check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(p.check, 0, sizeof(FsaCheck));
+  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
+  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts, p.check));
+  fsa_raise_check(p.check, terms);
   p.seq_len = seq_len;
   p.A = A;
   p.AT = AT;
@@ -388,7 +420,9 @@ static HmmParams hmm_setup(HmmScratch& scratch, Ndarray** inputs) {
 }
 
 DEF_KERNEL void hmm_store_ll(int64_t n_batch, const double* ll, const double* status, Float* out) {
-  HMM_LOOP(b, n_batch) out[b] = status[b] == HMM_NO_PATH ? (Float)-INFINITY : (Float)ll[b];
+  FSA_LOOP(b, n_batch) {
+    out[b] = status[b] == HMM_NO_PATH ? (Float)-INFINITY : status[b] == HMM_NAN ? (Float)NAN_F : (Float)ll[b];
+  }
 }
 
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
@@ -403,15 +437,15 @@ static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
   p.c = (double*)(*outputs[2])->data;
   p.status = (double*)(*outputs[3])->data;  // zero-filled: HMM_SCALED
   double* ll = scratch.get<double>(p.B);
-  Ndarray_memset(ll, 0, p.B * sizeof(double));
+  start_dev_kernel(hmm_init_status, (p, ll));
 #if CUDA
   hmm_forward_cuda(scratch, p, ll);
 #else
   hmm_forward_cpu(scratch, p, ll);
 #endif
-  HANDLE_LAST_ERROR();
-  start_dev_kernel(hmm_empty_fw, (p, ll));
+  fsa_raise_check(p.check, hmm_terms(p));  // +inf log-emissions
   start_dev_kernel(hmm_log_forward, (p, ll));
+  fsa_raise_check(p.check, hmm_terms(p));
   start_dev_kernel(hmm_store_ll, (p.B, ll, p.status, Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
 }
@@ -468,7 +502,7 @@ static void hmm_backward_cpu(HmmScratch& scratch, const HmmParams& p, const Floa
         continue;
       }
       double m;
-      hmm_checked_max(p.le + tb * K, K, &m);
+      hmm_checked_max(p.le + tb * K, K, &m, (FsaCheck*)0, HmmEmissionReport{t, b});
       hmm_exp_row(p.le + tb * K, K, m, Et);
       double* __restrict__ v = Vbuf + n_rows * K;
       double* __restrict__ X = Xbuf + n_rows * K;
@@ -495,7 +529,7 @@ static void hmm_backward_cpu(HmmScratch& scratch, const HmmParams& p, const Floa
 #else
 DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* beta, double* z, Float* dle, double* dpi,
                              double* df) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     const int64_t K = p.K, len = p.seq_len[b], tb = t * p.B + b;
     double* bb = beta + b * K;
     z[b] = 0.0;
@@ -519,12 +553,12 @@ DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* bet
 // v = E_t beta_t; X = alpha_{t-1} g / (c_t z_t) (both 0 for rows not in the scaled pass at t).
 DEF_KERNEL void hmm_bw_rows(HmmParams p, int64_t t, const Float* g, const double* beta, const double* z, double* v,
                             double* X) {
-  HMM_LOOP(b, p.B) {
+  FSA_LOOP(b, p.B) {
     const int64_t K = p.K, tb = t * p.B + b;
     bool ok = t < p.seq_len[b] && p.status[b] == HMM_SCALED && z[b] > 0.0;
     double r = ok ? (double)g[b] / (p.c[tb] * z[b]) : 0.0;
     double m = -INFINITY;
-    if (ok) hmm_checked_max(p.le + tb * K, K, &m);
+    if (ok) hmm_checked_max(p.le + tb * K, K, &m, (FsaCheck*)0, HmmEmissionReport{t, b});
     for (int64_t k = 0; k < K; ++k) {
       v[b * K + k] = ok ? fsa_exp((double)p.le[tb * K + k] - m) * beta[b * K + k] : 0.0;
       X[b * K + k] = ok ? p.alpha[(tb - p.B) * K + k] * r : 0.0;
@@ -533,7 +567,7 @@ DEF_KERNEL void hmm_bw_rows(HmmParams p, int64_t t, const Float* g, const double
 }
 
 DEF_KERNEL void hmm_bw_norm(int64_t n_batch, int64_t K, double* beta) {
-  HMM_LOOP(b, n_batch) {
+  FSA_LOOP(b, n_batch) {
     double* bb = beta + b * K;
     double s = 0.0;
     for (int64_t k = 0; k < K; ++k) s += bb[k];
@@ -561,13 +595,28 @@ static void hmm_backward_cuda(HmmScratch& scratch, const HmmParams& p, const Flo
 }
 #endif
 
+// NaN sequences: NaN emission gradient on their valid frames; any_nan[0] = 1 if there is one.
+DEF_KERNEL void hmm_bw_nan(HmmParams p, Float* dle, int32_t* any_nan) {
+  const int64_t n = p.T * p.B * p.K;
+  FSA_LOOP(i, n + 1) {
+    if (i == n) {
+      any_nan[0] = 0;
+      for (int64_t b = 0; b < p.B; ++b) any_nan[0] |= p.status[b] == HMM_NAN;
+      continue;
+    }
+    int64_t b = (i / p.K) % p.B, t = i / (p.K * p.B);
+    if (p.status[b] == HMM_NAN && t < p.seq_len[b]) dle[i] = (Float)NAN_F;
+  }
+}
+
 DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const double* dA_log, const double* dpi,
-                             const double* df, Float* dA, Float* dpi_out, Float* df_out) {
-  HMM_LOOP(i, K * K) {
-    dA[i] = (Float)(U[i] * A[i] + dA_log[i]);
+                             const double* df, const int32_t* any_nan, Float* dA, Float* dpi_out, Float* df_out) {
+  FSA_LOOP(i, K * K) {
+    const Float nan = (Float)NAN_F;
+    dA[i] = any_nan[0] ? nan : (Float)(U[i] * A[i] + dA_log[i]);
     if (i < K) {
-      dpi_out[i] = (Float)dpi[i];
-      df_out[i] = (Float)df[i];
+      dpi_out[i] = any_nan[0] ? nan : (Float)dpi[i];
+      df_out[i] = any_nan[0] ? nan : (Float)df[i];
     }
   }
 }
@@ -609,8 +658,9 @@ static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
 #endif
   HANDLE_LAST_ERROR();
   start_dev_kernel(hmm_log_backward, (p, g, scratch.get<double>(B * 2 * K), dle, dA_log, dpi, df));
-  start_dev_kernel(hmm_empty_bw, (p, g, dpi, df));
-  start_dev_kernel(hmm_bw_store, (K, U, p.A, dA_log, dpi, df, Ndarray_DEV_DATA(*outputs[1]),
+  int32_t* any_nan = scratch.get<int32_t>(1);
+  start_dev_kernel(hmm_bw_nan, (p, dle, any_nan));
+  start_dev_kernel(hmm_bw_store, (K, U, p.A, dA_log, dpi, df, any_nan, Ndarray_DEV_DATA(*outputs[1]),
                                   Ndarray_DEV_DATA(*outputs[2]), Ndarray_DEV_DATA(*outputs[3])));
   HANDLE_LAST_ERROR();
 }

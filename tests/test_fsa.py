@@ -90,10 +90,47 @@ def test_ctc_fsa_does_not_write_weights_and_checks_input():
     weights = np.full(2 * 15, 7.0, dtype=np.float32)
     f(np.ones((2, 2), np.int32), np.array([2, 1], np.int32), weights)
     np.testing.assert_array_equal(weights, 7.0)
-    with pytest.raises(ValueError, match="target_length"):
+    with pytest.raises(ValueError, match=r"get_ctc_fsa_fast_bw: seq_lens\[0\] = 3 exceeds the number of labels "
+                                         r"N = 2 \(targets.shape\[1\]\)"):
         f(np.ones((2, 2), np.int32), np.array([3, 1], np.int32), weights)  # length > N
-    with pytest.raises(ValueError, match="GetCtcFsaFastBwOp"):
+    with pytest.raises(ValueError, match=r"get_ctc_fsa_fast_bw: seq_lens\[1\] = -1 is negative"):
+        f(np.ones((2, 2), np.int32), np.array([2, -1], np.int32), weights)
+    with pytest.raises(ValueError, match=r"GetCtcFsaFastBwOp.*get_ctc_fsa_fast_bw: weights must have shape "
+                                         r"\(B \* \(5 \* \(N - 1\) \+ 10\) = 30,\), got \(29,\)"):
         f(np.ones((2, 2), np.int32), np.array([2, 1], np.int32), weights[:-1])  # E mismatch
+
+
+# Targets with repeated labels, for the exact edge lists (the seed's slot layout).
+SEED_CASES = [
+    ([[0, 0]], [2], 1),
+    ([[1, 1, 1], [2, 1, 1], [0, 2, 2], [1, 0, 2]], [3, 3, 2, 0], 3),
+    ([[4, 4, 2, 2, 4], [3, 3, 3, 3, 3]], [5, 4], 0),
+    ([[2], [0], [1]], [1, 0, 1], 3),
+    (np.zeros((2, 0), np.int32), [0, 0], 2),
+]
+
+
+@pytest.mark.parametrize("label_loop", [True, False])
+@pytest.mark.parametrize("case", range(len(SEED_CASES)))
+def test_ctc_fsa_edge_list_is_the_seeds(case, label_loop):
+    """The edge list, slot for slot, as the seed lays it out (repeated labels: every edge that cannot be used,
+    among them both edges of a label state into the dummy state, has the blank as emission)."""
+    targets, tlens, blank = SEED_CASES[case]
+    targets = np.asarray(targets, np.int32).reshape(len(tlens), -1)
+    edges, weights, se = ctc_graph(targets, tlens, blank, label_loop)
+    want_edges, want_se = ref.ctc_fsa_seed_slots(targets, tlens, blank, label_loop)
+    np.testing.assert_array_equal(edges, want_edges)
+    np.testing.assert_array_equal(se, want_se)
+    np.testing.assert_array_equal(weights, 0)
+
+
+def test_ctc_fsa_repeated_label_edges_into_the_dummy():
+    """targets [0, 0], blank 1: states 0 b, 1 label, 2 b, 3 label, 4 b, 5 dummy, 6 end; both edges from the
+    first label state into the dummy state emit the blank."""
+    edges, _, se = ctc_graph([[0, 0]], [2], blank=1)
+    into_dummy = [tuple(e) for e in edges.T if e[1] == 5 and e[0] != 5]
+    assert into_dummy == [(1, 5, 1, 0), (1, 5, 1, 0)]
+    np.testing.assert_array_equal(se, [[0], [6]])
 
 
 # ------------------------------------------------------------------ FastBaumWelch
@@ -163,19 +200,41 @@ def test_fast_bw_bad_input(mode):
     a, e, w, s, i = pt.tensor3(), pt.imatrix(), pt.vector(), pt.imatrix(), pt.matrix()
     small = pytensor.function([a, e, w, s, i], list(fsa.fast_baum_welch(a, e, w, s, i, pt.zeros((2, 3)))),
                               mode=mode)
-    with pytest.raises(ValueError, match="edge_(from|to)_state < n_states"):
+    fn = "FastBaumWelchOp.*fast_baum_welch: "
+    with pytest.raises(ValueError, match=fn + r"edges\[1, (\d+)\] = 3 \(the to state of edge \1\) is out of range "
+                                              r"\[0, 3\) \(S = state_buffer.shape\[1\]\)"):
         small(am, edges, weights, se, m)  # state buffer of 3 states
-    with pytest.raises(ValueError, match="edge_emission < n_classes"):
+    with pytest.raises(ValueError, match=fn + r"edges\[2, (\d+)\] = 2 \(the emission of edge \1\) is out of range "
+                                              r"\[0, D = 2\) \(D = am_scores.shape\[2\]\)"):
         f(np.zeros((5, 1, 2)), edges, weights, se, m)  # label 2 >= D
-    with pytest.raises(ValueError, match="prefix"):
+    bad = edges.copy()
+    bad[3, 4] = 1
+    with pytest.raises(ValueError, match=fn + r"edges\[3, 4\] = 1 \(the sequence of edge 4\) is out of range "
+                                              r"\[0, B = 1\)"):
+        f(am, bad, weights, se, m)
+    with pytest.raises(ValueError, match=fn + r"float_idx\[:, 0\] is not a prefix mask \(1 at frame 2 after a 0\)"):
         f(am, edges, weights, se, np.array([[1], [0], [1], [1], [1]], float))
-    with pytest.raises(ValueError, match="0_or_1"):
+    with pytest.raises(ValueError, match=fn + r"float_idx\[0, 0\] = 0.5 is not 0 or 1"):
         f(am, edges, weights, se, m * 0.5)
-    with pytest.raises(ValueError, match="FastBaumWelchOp"):
+    with pytest.raises(ValueError, match=fn + r"start_end_states must have shape \(2, B = 2\), got \(2, 1\)"):
         f(np.zeros((5, 2, 3)), edges, weights, se, mask_of([5, 5], 5))  # B mismatch
+    with pytest.raises(ValueError, match=fn + r"weights has shape \(14,\); it needs one entry per edge"):
+        f(am, edges, weights[:-1], se, m)
+    with pytest.raises(ValueError, match=fn + r"start_end_states\[1, 0\] = -3 \(an end state\) is out of range"):
+        f(am, edges, weights, np.array([[0], [-3]], np.int32), m)
+    with pytest.raises(ValueError, match=fn + r"start_end_states\[0, 0\] = -1 \(a start state\) is out of range"):
+        f(am, edges, weights, np.array([[-1], [6]], np.int32), m)
+    w_inf = weights.copy()
+    w_inf[2] = -np.inf
+    with pytest.raises(ValueError, match=fn + r"weights\[2\] = -inf"):
+        f(am, edges, w_inf, se, m)
+    am_inf = am.copy()
+    am_inf[3, 0, 1] = -np.inf
+    with pytest.raises(ValueError, match=fn + r"am_scores\[3, 0, 1\] = -inf is infinitely likely"):
+        f(am_inf, edges, weights, se, m)
     e2, w2, se2 = ctc_graph([[1, 2], [1, 2]], [2, 2], blank=0)
     e2[1, -1] = se2[0, 0]  # an edge of sequence 1 into a state of sequence 0
-    with pytest.raises(ValueError, match="seq_owning"):
+    with pytest.raises(ValueError, match=fn + r"state 0 is used by sequences 0 and 1"):
         f(np.zeros((5, 2, 3)), e2, w2, se2, mask_of([5, 5], 5))
 
 
@@ -276,13 +335,15 @@ def test_fast_viterbi_ties_and_errors():
     want_a, want_s = ref.viterbi_brute(am, edges, weights, se, lens)
     np.testing.assert_array_equal(got_s, want_s)
     np.testing.assert_array_equal(got_a, want_a)
-    with pytest.raises(ValueError, match="seq_length <= n_time"):
+    with pytest.raises(ValueError, match=r"fast_viterbi: am_seq_len\[0\] = 5 exceeds the number of frames T = 4"):
         f(am, np.array([5, 3], np.int32))
+    with pytest.raises(ValueError, match=r"fast_viterbi: am_seq_len\[1\] = -2 is negative"):
+        f(am, np.array([4, -2], np.int32))
     e, w = pt.imatrix(), pt.vector()
     g = pytensor.function([a, s, e, w], list(fsa.fast_viterbi(a, s, e, w, se)))
     bad = edges.copy()
     bad[2, 0] = D
-    with pytest.raises(ValueError, match="edge_emission < n_classes"):
+    with pytest.raises(ValueError, match=r"fast_viterbi: edges\[2, 0\] = 2 \(the emission of edge 0\)"):
         g(am, lens, bad, weights)
 
 
@@ -402,25 +463,191 @@ def test_ctc_loss_viterbi():
         np.testing.assert_allclose(g[:, b], want, atol=1e-10)
 
 
-def test_ctc_loss_bad_input():
+@pytest.mark.parametrize("fn", ["ctc_loss", "ctc_loss_viterbi"])
+def test_ctc_loss_bad_input(mode, fn):
+    """Errors name the function and the argument as the user passed it."""
     x = pt.tensor3("x")
-    t, tl, l_ = pt.imatrix("t"), pt.ivector("tl"), pt.ivector("l")
-    f = pytensor.function([x, t, tl, l_], fsa.ctc_loss(x, l_, t, tl))
+    t, tl, l_, bl = pt.imatrix("t"), pt.ivector("tl"), pt.ivector("l"), pt.iscalar("blank")
+    loss_fn = getattr(fsa, fn)
+    f = pytensor.function([x, t, tl, l_, bl], loss_fn(x, l_, t, tl, blank_index=bl), mode=mode)
     logits = np.zeros((4, 2, 3))
-    ok = (np.array([[0, 1], [1, 1]], np.int32), np.array([2, 1], np.int32), np.array([4, 3], np.int32))
+    ok = (np.array([[0, 1], [1, 1]], np.int32), np.array([2, 1], np.int32), np.array([4, 3], np.int32), np.int32(2))
     assert np.isfinite(f(logits, *ok)).all()
-    with pytest.raises(ValueError, match="edge_emission < n_classes"):
-        f(logits, np.array([[0, 3], [1, 1]], np.int32), ok[1], ok[2])  # label 3 >= D
-    with pytest.raises(ValueError, match="seq_length <= n_time"):
-        f(logits, ok[0], ok[1], np.array([5, 3], np.int32))
-    with pytest.raises(ValueError, match="target_length"):
-        f(logits, ok[0], np.array([3, 1], np.int32), ok[2])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"{fn}: targets\[0, 1\] = 3 is out of range \[0, D = 3\) "
+                                         rf"\(D = logits.shape\[2\]\)"):
+        f(logits, np.array([[0, 3], [1, 1]], np.int32), *ok[1:])  # label 3 >= D
+    with pytest.raises(ValueError, match=rf"{fn}: logits_seq_lens\[0\] = 5 exceeds the number of frames T = 4 "
+                                         rf"\(logits.shape\[0\]\)"):
+        f(logits, ok[0], ok[1], np.array([5, 3], np.int32), ok[3])
+    with pytest.raises(ValueError, match=rf"{fn}: logits_seq_lens\[1\] = -1 is negative"):
+        f(logits, ok[0], ok[1], np.array([4, -1], np.int32), ok[3])
+    with pytest.raises(ValueError, match=rf"{fn}: targets_seq_lens\[0\] = 3 exceeds the number of labels N = 2 "
+                                         rf"\(targets.shape\[1\]\)"):
+        f(logits, ok[0], np.array([3, 1], np.int32), *ok[2:])
+    with pytest.raises(ValueError, match=rf"{fn}: blank_index = 3 is out of range \[-D, D\) for D = 3"):
+        f(logits, *ok[:3], np.int32(3))
+    with pytest.raises(ValueError, match=rf"{fn}: blank_index = -4 is out of range"):
+        f(logits, *ok[:3], np.int32(-4))
+    with pytest.raises(ValueError, match=rf"{fn}: logits_seq_lens must have shape \(B = 3,\)"):
         f(np.zeros((4, 3, 3)), *ok)  # B mismatch
-    with pytest.raises(TypeError):
-        fsa.ctc_loss(x, l_, pt.matrix(), tl)
-    with pytest.raises(ValueError):
-        fsa.ctc_loss(pt.matrix(), l_, t, tl)
+    with pytest.raises(ValueError, match=rf"{fn}: blank_index = 5 is out of range \[-D, D\) for D = 3"):
+        loss_fn(pt.tensor3(shape=(None, None, 3)), l_, t, tl, blank_index=5)
+    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+        loss_fn(x, l_, pt.matrix(), tl)
+    with pytest.raises(ValueError, match="logits must have ndim 3"):
+        loss_fn(pt.matrix(), l_, t, tl)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("normalized", [False, True])
+def test_ctc_loss_nan_gives_nan_for_its_sequence(mode, dtype, normalized):
+    """A NaN logit on a valid frame: that sequence's loss and its gradient on its valid frames are NaN (also with
+    zero_infinity, which only maps inf to 0); a NaN on a padded frame changes nothing; the other sequences
+    equal Graves' recursion."""
+    rng = np.random.default_rng(17)
+    T, B, D = 6, 4, 4
+    targets, tlens = np.array([[1, 2], [3, 3], [1, 0], [2, 1]]), np.array([2, 2, 1, 2])
+    lens = np.array([6, 5, 4, 6])
+    logits = rng.normal(size=(T, B, D)) * 2
+    if normalized:
+        logits = ref.log_softmax(logits)
+    bad = logits.copy()
+    bad[2, 1, 3] = np.nan  # valid frame of sequence 1
+    bad[5, 2, 0] = np.nan  # padded frame of sequence 2
+    x = pt.tensor3("x", dtype=dtype)
+    outs = []
+    for z in (False, True):
+        loss = fsa.ctc_loss(x, lens, targets, tlens, blank_index=0, logits_normalized=normalized, zero_infinity=z)
+        outs += [loss, pytensor.grad(loss.sum(), x)]
+    l0, g0, l1, g1 = pytensor.function([x], outs, mode=mode)(bad.astype(dtype))
+    nll, grad = ref.ctc_graves(logits.astype(dtype).astype(np.float64), lens, targets, tlens, 0,
+                               normalized=normalized)
+    rtol, atol = tol(dtype)
+    others = [0, 2, 3]
+    valid = mask_of(lens, T).astype(bool)
+    for lo, g in ((l0, g0), (l1, g1)):
+        assert np.isnan(lo[1])
+        np.testing.assert_allclose(lo[others], nll[others], rtol=rtol, atol=atol)
+        assert np.isnan(g[valid[:, 1], 1]).all() and np.all(g[~valid[:, 1], 1] == 0)
+        np.testing.assert_allclose(g[:, others], grad[:, others], rtol=rtol * 10, atol=atol * 10)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ctc_loss_viterbi_nan_gives_nan_for_its_sequence(mode, dtype):
+    rng = np.random.default_rng(18)
+    T, B, D = 5, 3, 4
+    targets, tlens, lens = np.array([[1, 2], [3, 3], [1, 0]]), np.array([2, 2, 1]), np.array([5, 5, 4])
+    logits = (rng.normal(size=(T, B, D)) * 2).astype(dtype)
+    bad = logits.copy()
+    bad[3, 0, 2] = np.nan
+    x = pt.tensor3("x", dtype=dtype)
+    loss = fsa.ctc_loss_viterbi(x, lens, targets, tlens, blank_index=0, zero_infinity=True)
+    f = pytensor.function([x], [loss, pytensor.grad(loss.sum(), x)], mode=mode)
+    lo, g = f(bad)
+    lo_ok, g_ok = f(logits)
+    assert np.isnan(lo[0]) and np.isnan(g[:, 0]).all()
+    np.testing.assert_array_equal(lo[1:], lo_ok[1:])
+    np.testing.assert_array_equal(g[:, 1:], g_ok[:, 1:])
+    assert np.isfinite(lo_ok).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ctc_empty_target_over_zero_frames(mode, dtype):
+    """T_b = 0 with an empty target: the empty alignment, loss 0, gradient 0; T_b = 0 with a label: inf (0 with
+    zero_infinity); a whole batch with T = 0 likewise.  Both losses, logits or log-probabilities."""
+    rng = np.random.default_rng(19)
+    T, D = 4, 3
+    targets, tlens, lens = np.array([[1, 2], [0, 0], [1, 0], [2, 0]]), np.array([2, 0, 1, 0]), np.array([4, 0, 0, 3])
+    logits = (rng.normal(size=(T, 4, D))).astype(dtype)
+    x = pt.tensor3("x", dtype=dtype)
+    for loss_fn in (fsa.ctc_loss, fsa.ctc_loss_viterbi):
+        for normalized in (False, True):
+            loss = loss_fn(x, lens, targets, tlens, blank_index=0, logits_normalized=normalized)
+            lz = loss_fn(x, lens, targets, tlens, blank_index=0, logits_normalized=normalized, zero_infinity=True)
+            f = pytensor.function([x], [loss, lz, pytensor.grad(lz.sum(), x)], mode=mode)
+            lo, lo_z, g = f(logits)
+            assert lo[1] == 0 and lo[2] == np.inf and lo_z[2] == 0 and np.isfinite(lo[[0, 3]]).all()
+            assert np.all(g[:, 1] == 0) and np.all(g[:, 2] == 0)
+            if loss_fn is fsa.ctc_loss:
+                nll, _ = ref.ctc_graves(logits.astype(np.float64), lens, targets, tlens, 0)
+                if not normalized:
+                    np.testing.assert_allclose(lo, nll, rtol=tol(dtype)[0])
+            lens0 = np.zeros(4, np.int32)
+            l_empty = loss_fn(x, lens0, targets, np.array([0, 0, 1, 0]), blank_index=0)
+            out = pytensor.function([x], [l_empty, pytensor.grad(pt.switch(pt.isinf(l_empty), 0, l_empty).sum(), x)],
+                                    mode=mode)(np.zeros((0, 4, D), dtype))
+            np.testing.assert_array_equal(out[0], [0, 0, np.inf, 0])
+            assert out[1].shape == (0, 4, D)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fast_bw_and_viterbi_nan(mode, dtype):
+    """FastBaumWelch: a NaN score on a valid frame or a NaN weight of one of its edges makes that sequence's
+    outputs NaN on its valid frames; others unaffected.  Viterbi: score NaN, alignment 0."""
+    rng = np.random.default_rng(20)
+    T, D = 5, 4
+    edges, weights, se = ctc_graph([[1, 2], [3, 3], [1, 0]], [2, 2, 1], blank=0)
+    lens = np.array([5, 5, 4])
+    am = -ref.log_softmax(rng.normal(size=(T, 3, D)) * 2)
+    f = fbw_function(dtype, mode)
+    bad = am.copy()
+    bad[1, 0, 3] = np.nan
+    bad[4, 2, 1] = np.nan  # padded frame of sequence 2
+    out, sums = f(bad.astype(dtype), edges, weights.astype(dtype), se, mask_of(lens, T).astype(dtype))
+    out_ok, sums_ok = f(am.astype(dtype), edges, weights.astype(dtype), se, mask_of(lens, T).astype(dtype))
+    assert np.isnan(out[:, 0]).all() and np.isnan(sums[:, 0]).all()
+    np.testing.assert_array_equal(out[:, 1:], out_ok[:, 1:])
+    np.testing.assert_array_equal(sums[:, 1:], sums_ok[:, 1:])
+    w_nan = weights.astype(dtype)
+    w_nan[np.flatnonzero(edges[3] == 1)[3]] = np.nan
+    out, sums = f(am.astype(dtype), edges, w_nan, se, mask_of(lens, T).astype(dtype))
+    assert np.isnan(out[:, 1]).all() and np.isnan(sums[:, 1]).all()
+    np.testing.assert_array_equal(out[:, [0, 2]], out_ok[:, [0, 2]])
+    # Viterbi (+log scores)
+    a, s = pt.tensor3(dtype=dtype), pt.ivector()
+    g = pytensor.function([a, s], list(fsa.fast_viterbi(a, s, edges, weights.astype(dtype), se)), mode=mode)
+    al, sc = g((-bad).astype(dtype), lens.astype(np.int32))
+    al_ok, sc_ok = g((-am).astype(dtype), lens.astype(np.int32))
+    assert np.isnan(sc[0]) and np.all(al[:, 0] == 0)
+    np.testing.assert_array_equal(sc[1:], sc_ok[1:])
+    np.testing.assert_array_equal(al[:, 1:], al_ok[:, 1:])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_hmm_nan_and_empty_series(mode, dtype):
+    """A NaN log-emission on a valid frame: that sequence's log-likelihood and its emission gradient on its valid
+    frames are NaN, the shared gradients too; other sequences unaffected.  A NaN transition: every sequence with
+    a frame is NaN.  The empty series has log-likelihood 0 and gradient 0."""
+    rng = np.random.default_rng(22)
+    T, B, K = 5, 4, 3
+    le, lA, lpi, lf = hmm_data(rng, T, B, K)
+    lens = np.array([5, 3, 0, 4])
+    xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype)]
+    ll = fsa.hmm_log_likelihood(*xs, mask=mask_of(lens, T).astype(dtype))
+    f = pytensor.function(xs, [ll] + pytensor.grad(ll.sum(), xs), mode=mode)
+    cast = [v.astype(dtype) for v in (le, lA, lpi, lf)]
+    bad = cast[0].copy()
+    bad[2, 1, 0] = np.nan
+    bad[4, 1, 2] = np.nan  # padded frame of sequence 1
+    v, d_e, d_A, d_pi, d_f = f(bad, *cast[1:])
+    want = ref.hmm_forward(cast[0].astype(np.float64), lA, lpi, lf, lens)
+    rtol, atol = tol(dtype)
+    assert np.isnan(v[1]) and v[2] == 0
+    np.testing.assert_allclose(v[[0, 3]], want[[0, 3]], rtol=rtol * 10, atol=atol * 10)
+    assert np.isnan(d_e[:3, 1]).all() and np.all(d_e[3:, 1] == 0) and np.all(d_e[:, 2] == 0)
+    assert np.isfinite(d_e[:, [0, 3]]).all()
+    assert np.isnan(d_A).all() and np.isnan(d_pi).all() and np.isnan(d_f).all()
+    A_nan = cast[1].copy()
+    A_nan[0, 1] = np.nan
+    v, d_e, *_ = f(cast[0], A_nan, *cast[2:])
+    assert np.isnan(v[[0, 1, 3]]).all() and v[2] == 0 and np.all(d_e[:, 2] == 0)
+    # the empty series alone and a whole batch with T = 0
+    x = pt.tensor3(dtype=dtype)
+    ll0 = fsa.hmm_log_likelihood(x, *cast[1:])
+    g0 = pytensor.function([x], [ll0] + pytensor.grad(ll0.sum(), [x]), mode=mode)
+    v0, d0 = g0(np.zeros((0, 2, K), dtype))
+    np.testing.assert_array_equal(v0, [0.0, 0.0])
+    assert d0.shape == (0, 2, K)
 
 
 # ------------------------------------------------------------------ HMM
@@ -447,9 +674,8 @@ def test_hmm_against_reference(mode, dtype):
     gamma, xi = ref.hmm_posteriors(le, lA, lpi, lf, lens)
     want_pi = np.einsum("b,bk->k", up[lens > 0], gamma[0, lens > 0])
     want_f = sum(up[b] * gamma[lens[b] - 1, b] for b in range(B) if lens[b] > 0)
-    p0 = np.exp(lpi + lf - ref.hmm_forward(le, lA, lpi, lf, lens)[3])  # the empty sequence
     want = [ref.hmm_forward(le, lA, lpi, lf, lens), gamma * up[None, :, None], np.einsum("b,bij->ij", up, xi),
-            want_pi + up[3] * p0, want_f + up[3] * p0]
+            want_pi, want_f]  # the empty sequence: log-likelihood 0, no gradient
     rtol, atol = tol(dtype)
     for name, g, w in zip(["ll", "d_e", "d_A", "d_pi", "d_f"], got, want):
         assert g.dtype == dtype
@@ -507,16 +733,29 @@ def test_hmm_log_space_fallback(mode):
     assert np.all(d_e[:, 2] == 0)  # the impossible sequence contributes nothing
 
 
-def test_hmm_bad_input():
-    x, m = pt.tensor3(), pt.matrix()
-    f = pytensor.function([x, m], fsa.hmm_log_likelihood(x, np.zeros((2, 2)), np.zeros(2), mask=m))
-    with pytest.raises(ValueError, match="prefix"):
-        f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [1.0]]))
-    with pytest.raises(ValueError, match="HmmForwardBackwardOp"):
-        f(np.zeros((3, 1, 3)), np.ones((3, 1)))  # K mismatch
-    with pytest.raises(ValueError, match="nan_or_plus_inf"):
-        f(np.full((3, 1, 2), np.nan), np.ones((3, 1)))
-    assert f(np.zeros((0, 2, 2)), np.zeros((0, 2))).shape == (2,)
+def test_hmm_bad_input(mode):
+    x, m, lA = pt.tensor3(), pt.matrix(), pt.matrix()
+    f = pytensor.function([x, m, lA], fsa.hmm_log_likelihood(x, lA, np.zeros(2), mask=m), mode=mode)
+    A = np.zeros((2, 2))
+    fn = "HmmForwardBackwardOp.*hmm_log_likelihood: "
+    with pytest.raises(ValueError, match=fn + r"mask\[:, 0\] is not a prefix mask \(1 at frame 2 after a 0\)"):
+        f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [1.0]]), A)
+    with pytest.raises(ValueError, match=fn + r"mask\[1, 0\] = 0.5 is not 0 or 1"):
+        f(np.zeros((3, 1, 2)), np.array([[1.0], [0.5], [0.0]]), A)
+    with pytest.raises(ValueError, match=fn + r"log_transitions must have shape \(K, K\), got \(2, 2\) "
+                                              r"\(log_emissions has shape \(3, 1, 3\)\)"):
+        f(np.zeros((3, 1, 3)), np.ones((3, 1)), A)  # K mismatch
+    with pytest.raises(ValueError, match=fn + r"mask must have shape \(T, B\), got \(2, 1\)"):
+        f(np.zeros((3, 1, 2)), np.ones((2, 1)), A)
+    le = np.zeros((3, 1, 2))
+    le[2, 0, 1] = np.inf
+    with pytest.raises(ValueError, match=fn + r"log_emissions\[2, 0, 1\] = inf is infinitely likely"):
+        f(le, np.ones((3, 1)), A)
+    A_inf = A.copy()
+    A_inf[1, 0] = np.inf
+    with pytest.raises(ValueError, match=fn + r"log_transitions.flat\[2\] = inf"):
+        f(np.zeros((3, 1, 2)), np.ones((3, 1)), A_inf)
+    np.testing.assert_array_equal(f(np.zeros((0, 2, 2)), np.zeros((0, 2)), A), [0.0, 0.0])
 
 
 # ------------------------------------------------------------------ shapes, nvcc
@@ -541,7 +780,7 @@ def test_infer_shape():
 def test_fsa_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     for cls in (fsa.FastBaumWelchOp, fsa.MultiEndFastBaumWelchOp, fsa.SegmentFastBaumWelchOp, fsa.FastViterbiOp,
-                fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.HmmForwardBackwardOp):
+                fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.CtcViterbiLossOp, fsa.HmmForwardBackwardOp):
         op = cls.make_op()
         for o in [op] + ([op.grad_op()] if op.c_bw_code else []):
             path = ptnative.build.build(o.variant("float32", device="cuda"))

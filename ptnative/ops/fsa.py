@@ -12,7 +12,8 @@ start state to its end state.
 * :class:`SegmentFastBaumWelchOp`: segmental forward-backward with length models.
 * :class:`FastViterbiOp`: the best path (``+log`` space) and its score.
 * :class:`GetCtcFsaFastBwOp`: the CTC (or RNA) automaton of a batch of label sequences.
-* :class:`CtcFsaLossOp`: fused CTC loss and its gradient (used by :func:`ctc_loss`).
+* :class:`CtcFsaLossOp`, :class:`CtcViterbiLossOp`: fused CTC losses and their gradients
+  (used by :func:`ctc_loss` and :func:`ctc_loss_viterbi`).
 * :class:`HmmForwardBackwardOp`: the log-likelihood of a dense K-state HMM and its
   gradients (used by :func:`hmm_log_likelihood`).
 
@@ -26,15 +27,14 @@ from __future__ import annotations
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
-from pytensor.tensor.special import log_softmax
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
 
-# support code is joined in sorted key order: the shared exp ("a_exp") comes first
-_EXP = read_kernel_file("fsa_exp.cu")
-_FSA = {"a_exp": _EXP, "fsa": read_kernel_file("fsa.cu")}
-_HMM = {"a_exp": _EXP, "hmm": read_kernel_file("hmm.cu")}
+# support code is joined in sorted key order: the shared part ("a_common") comes first
+_COMMON = read_kernel_file("fsa_common.cu")
+_FSA = {"a_common": _COMMON, "fsa": read_kernel_file("fsa.cu")}
+_HMM = {"a_common": _COMMON, "hmm": read_kernel_file("hmm.cu")}
 
 
 def _hidden(name, shape):
@@ -76,11 +76,14 @@ class FastBaumWelchOp(NativeOpGenBase):
       * ``sums`` (T, B): ``-log p(x_b)`` on every valid frame of a sequence with a path,
         0 on padded frames and for sequences without a path.
 
-    Errors (``ValueError``): states outside ``[0, S)``, emission indices outside
-    ``[0, D)``, sequence indices outside ``[0, B)``, a state used by two sequences,
-    a non-0/1 or non-prefix ``index``, shape mismatches, ``-inf`` scores or weights.
-    NaN scores or weights count as impossible.  Computed in double with per-frame
-    scaling (exact up to rounding; the per-frame dynamic range is ~700 nats).
+    Errors (``ValueError``, naming :func:`fast_baum_welch` and the argument): states outside
+    ``[0, S)``, emission indices outside ``[0, D)``, sequence indices outside ``[0, B)``, a
+    state used by two sequences, a non-0/1 or non-prefix ``index``, shape mismatches,
+    ``-inf`` scores or weights.  A NaN score on a valid frame of sequence b, or a NaN weight
+    of one of its edges, makes b's outputs NaN on its valid frames (the other sequences are
+    unaffected).  A sequence with ``T_b = 0`` has no valid frame (nothing is output for it).
+    Computed in double with per-frame scaling (exact up to rounding; the per-frame dynamic
+    range is ~700 nats).
     """
 
     in_info = (
@@ -204,8 +207,10 @@ class FastViterbiOp(NativeOpGenBase):
     Outputs: ``output`` (T, B) int32, the emission of the best path per frame
     (0 on frames ``t >= am_seq_len[b]`` and for sequences without a path);
     ``scores`` (B,), the best path's score (``-inf`` without a path).  Among equal
-    scores the backtrace takes, at every frame, the lowest edge index.  Errors as in
-    :class:`FastBaumWelchOp` (states must be ``< n_states``).
+    scores the backtrace takes, at every frame, the lowest edge index.  A NaN score on a
+    valid frame of sequence b (or a NaN weight of one of its edges) gives b the score NaN
+    and the alignment 0.  Errors as in :class:`FastBaumWelchOp` (states must be
+    ``< n_states``), naming :func:`fast_viterbi`.
     """
 
     in_info = (
@@ -238,7 +243,10 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     alignment is one path.  ``label_loop=1`` gives CTC (labels repeat, a repeated
     label needs a blank in between); 0 gives the RNA topology (each label is emitted
     on exactly one frame).  Edge slots ``[b E / B, (b + 1) E / B)`` belong to b;
-    unused ones are dummy self-loops (they never reach the end).
+    unused ones are dummy self-loops (they never reach the end).  The edge list is the
+    seed's, slot for slot: an edge that cannot be used (the skip between two equal labels,
+    and with ``label_loop=0`` a label's repetition) leads into the dummy state, with the
+    blank as emission for the skips.
     """
 
     in_info = (
@@ -275,23 +283,29 @@ class _LossWithGradOp(NativeOp):
 
 
 class CtcFsaLossOp(NativeOpGenBase):
-    """Fused CTC loss over a FastBaumWelch automaton (from :class:`GetCtcFsaFastBwOp`).
+    """Fused CTC loss: the CTC automaton of the targets (as :class:`GetCtcFsaFastBwOp`
+    builds it) and forward-backward over it, in one kernel (used by :func:`ctc_loss`).
 
-    Inputs: ``logits`` (T, B, D), ``edges`` (4, E), ``weights`` (E,) ``-log``,
-    ``start_end_states`` (2, B), ``seq_lens`` (B,) int32 (frames of each sequence),
-    ``logits_normalized`` () int32.  Outputs: ``loss`` (B,) ``-log p(targets | x)``
-    (``inf`` without a path) and ``grad`` (T, B, D) its derivative w.r.t. ``logits``:
-    ``softmax(logits) - posterior`` (``-posterior`` if ``logits_normalized``, the
-    logits then being log-probabilities), 0 on padded frames.  The gradient of a
-    cost w.r.t. ``logits`` is ``d cost / d loss[b] * grad[:, b]``.
+    Inputs: ``logits`` (T, B, D), ``logits_seq_lens`` (B,) int32 (frames of each
+    sequence, in ``[0, T]``), ``targets`` (B, N) int32, ``targets_seq_lens`` (B,) int32 in
+    ``[0, N]``, and host int32 scalars ``blank_index`` (in ``[-D, D)``; negative counts
+    from the end), ``label_loop``, ``logits_normalized``.  Outputs: ``loss`` (B,)
+    ``-log p(targets | x)`` (``inf`` without a path, 0 for an empty target over zero
+    frames) and ``grad`` (T, B, D) its derivative w.r.t. ``logits``:
+    ``softmax(logits) - posterior`` (``-posterior`` if ``logits_normalized``, the logits
+    then being log-probabilities), 0 on padded frames.  A NaN logit on a valid frame of
+    sequence b gives b the loss NaN and the gradient NaN on its valid frames.  The gradient
+    of a cost w.r.t. ``logits`` is ``d cost / d loss[b] * grad[:, b]``.  Bad lengths,
+    labels or blank raise ``ValueError`` naming :func:`ctc_loss` and the argument.
     """
 
     in_info = (
         _arr("logits", 3, disc=False),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1),
-        _arr("start_end_states", 2, "int32", (2, None)),
-        _arr("seq_lens", 1, "int32"),
+        _arr("logits_seq_lens", 1, "int32"),
+        _arr("targets", 2, "int32"),
+        _arr("targets_seq_lens", 1, "int32"),
+        _host_scalar("blank_index"),
+        _host_scalar("label_loop"),
         _host_scalar("logits_normalized"),
     )
     out_info = (
@@ -299,8 +313,27 @@ class CtcFsaLossOp(NativeOpGenBase):
         {"name": "grad", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
     )
     c_extra_support_code = _FSA
-    c_fw_code = "fsa_ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (2,)
+    c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs, false);"
+    code_version = (3,)
+    op_class = _LossWithGradOp
+
+
+class CtcViterbiLossOp(NativeOpGenBase):
+    """Fused CTC loss of the best alignment only (used by :func:`ctc_loss_viterbi`).
+
+    Inputs as :class:`CtcFsaLossOp`.  Outputs: ``loss`` (B,), minus the log-probability
+    of the best alignment (``inf`` without one, 0 for an empty target over zero frames),
+    and ``grad`` (T, B, D): ``softmax(logits) - onehot(best alignment)`` on valid frames
+    (``-onehot`` if ``logits_normalized``), 0 on padded frames and for sequences without an
+    alignment.  Among equal alignments the one :func:`fast_viterbi` picks (lowest edge index
+    per frame).  NaN and errors as in :class:`CtcFsaLossOp`, naming :func:`ctc_loss_viterbi`.
+    """
+
+    in_info = CtcFsaLossOp.in_info
+    out_info = CtcFsaLossOp.out_info
+    c_extra_support_code = _FSA
+    c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs, true);"
+    code_version = (3,)
     op_class = _LossWithGradOp
 
 
@@ -313,7 +346,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     op; they feed the gradient op so that it does not repeat the forward pass): the scaled
     forward vectors ``alpha`` (T, B, K), the per-step normalisers ``scales`` (T, B), and
     ``status`` (B,): 0 scaled pass, 1 recomputed
-    in log space (``alpha`` then holds log-alphas), 2 no path.
+    in log space (``alpha`` then holds log-alphas), 2 no path, 3 NaN.
     """
 
     in_info = (
@@ -334,7 +367,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     c_extra_support_code = _HMM
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (3,)
+    code_version = (4,)
 
 
 # ---------------------------------------------------------------------------------------- functional API
@@ -462,18 +495,27 @@ def fast_viterbi(am_scores, am_seq_len, edges, weights, start_end_states):
     return alignment, scores
 
 
-def _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens, blank_index, label_loop):
+def _ctc_op_call(op_class, fn, logits, logits_seq_lens, targets, targets_seq_lens, blank_index, label_loop,
+                 logits_normalized, zero_infinity):
+    """The fused CTC op ``op_class`` on checked arguments; ``zero_infinity`` maps an infinite loss to 0."""
     logits = _as_float(logits, "logits", 3)
     logits_seq_lens = _as_int(logits_seq_lens, "logits_seq_lens", 1)
     targets = _as_int(targets, "targets", 2)
     targets_seq_lens = _as_int(targets_seq_lens, "targets_seq_lens", 1)
-    if isinstance(blank_index, int | np.integer):
-        blank_index = int(blank_index)
-        blank = logits.shape[2] + blank_index if blank_index < 0 else pt.constant(np.int32(blank_index))
+    if isinstance(blank_index, bool) or not isinstance(blank_index, int | np.integer):
+        blank = _as_int(blank_index, "blank_index", 0)
     else:
-        blank = blank_index
-    edges, weights, start_end_states = get_ctc_fsa_fast_bw(targets, targets_seq_lens, blank, label_loop)
-    return logits, logits_seq_lens, edges, weights, start_end_states
+        n_classes = logits.type.shape[2]
+        if n_classes is not None and not -n_classes <= blank_index < n_classes:
+            raise ValueError(f"{fn}: blank_index = {blank_index} is out of range [-D, D) for D = {n_classes} "
+                             "classes (logits.shape[2])")
+        blank = pt.constant(np.int32(blank_index))
+    loss, _ = op_class.make_op()(logits, logits_seq_lens, targets, targets_seq_lens, blank,
+                                 _bool_scalar(label_loop, "label_loop"), _bool_scalar(logits_normalized,
+                                                                                      "logits_normalized"))
+    if zero_infinity:
+        loss = pt.switch(pt.isinf(loss), pt.zeros_like(loss), loss)
+    return loss
 
 
 def ctc_loss(logits, logits_seq_lens, targets, targets_seq_lens, blank_index=-1, label_loop=True,
@@ -500,16 +542,22 @@ def ctc_loss(logits, logits_seq_lens, targets, targets_seq_lens, blank_index=-1,
     (B,) tensor, ``-log p(targets_b | logits_b)``.  Its gradient w.r.t. ``logits`` is
     ``softmax - posterior`` (``-posterior`` when ``logits_normalized``) on valid frames,
     0 on padded frames, times the upstream gradient of each sequence.  Sequences without
-    a path (loss ``inf``) get the gradient ``softmax`` unless ``zero_infinity``.
-    Invalid lengths, labels or blank outside ``[0, D)`` raise ``ValueError`` when evaluated.
+    a path (loss ``inf``) get the gradient ``softmax`` unless ``zero_infinity``.  An empty
+    target over zero frames has loss 0 (the empty alignment has probability 1).  A NaN in
+    ``logits`` on a valid frame of sequence b gives b the loss NaN and the gradient NaN on
+    its valid frames, also with ``zero_infinity`` (which only maps ``inf`` to 0); the other
+    sequences are unaffected.
+
+    Raises
+    ------
+    ValueError
+        Naming ``ctc_loss`` and the argument, when evaluated: ``logits_seq_lens[b]`` outside
+        ``[0, T]``, ``targets_seq_lens[b]`` outside ``[0, N]``, a label ``targets[b, k]``
+        (``k < targets_seq_lens[b]``) outside ``[0, D)``, ``blank_index`` outside ``[-D, D)``
+        (at graph build when D and the index are known), batch sizes that differ.
     """
-    logits, lens, edges, weights, start_end_states = _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens,
-                                                                 blank_index, label_loop)
-    loss, _ = CtcFsaLossOp.make_op()(logits, edges, weights, start_end_states, lens,
-                                     pt.constant(np.int32(bool(logits_normalized))))
-    if zero_infinity:
-        loss = pt.switch(pt.isinf(loss), pt.zeros_like(loss), loss)
-    return loss
+    return _ctc_op_call(CtcFsaLossOp, "ctc_loss", logits, logits_seq_lens, targets, targets_seq_lens, blank_index,
+                        label_loop, logits_normalized, zero_infinity)
 
 
 def ctc_loss_viterbi(logits, logits_seq_lens, targets, targets_seq_lens, blank_index=-1, label_loop=True,
@@ -518,20 +566,13 @@ def ctc_loss_viterbi(logits, logits_seq_lens, targets, targets_seq_lens, blank_i
 
     Same parameters as :func:`ctc_loss`.  The gradient w.r.t. ``logits`` is
     ``softmax - onehot(best alignment)`` (``-onehot`` when ``logits_normalized``) on valid
-    frames, 0 on padded frames.  Without a path the loss is ``inf`` with gradient 0, or 0
-    with ``zero_infinity``.
+    frames, 0 on padded frames, times the upstream gradient of each sequence.  Without a
+    path the loss is ``inf`` with gradient 0, or 0 with ``zero_infinity``; an empty target
+    over zero frames has loss 0.  NaN and errors as in :func:`ctc_loss` (naming
+    ``ctc_loss_viterbi``).  One fused kernel (:class:`CtcViterbiLossOp`).
     """
-    logits, lens, edges, weights, start_end_states = _ctc_common(logits, logits_seq_lens, targets, targets_seq_lens,
-                                                                 blank_index, label_loop)
-    log_probs = logits if logits_normalized else log_softmax(logits, axis=-1)
-    alignment, score = fast_viterbi(log_probs, lens, edges, weights, start_end_states)
-    n_time, n_classes = logits.shape[0], logits.shape[2]
-    mask = pt.lt(pt.arange(n_time)[:, None], lens[None, :])
-    onehot = pt.eq(alignment[:, :, None], pt.arange(n_classes)[None, None, :]) & mask[:, :, None]
-    path_nll = -pt.sum(pt.switch(onehot, log_probs, pt.zeros_like(log_probs)), axis=(0, 2))
-    no_path = pt.isinf(score)
-    fill = pt.zeros_like(path_nll) if zero_infinity else pt.fill(path_nll, np.inf).astype(path_nll.dtype)
-    return pt.switch(no_path, fill, path_nll)
+    return _ctc_op_call(CtcViterbiLossOp, "ctc_loss_viterbi", logits, logits_seq_lens, targets, targets_seq_lens,
+                        blank_index, label_loop, logits_normalized, zero_infinity)
 
 
 def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
@@ -546,7 +587,7 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     log_initial : (K,) float, ``log pi``.
     log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
     mask : (T, B), optional, 0/1 prefix mask (default: all frames valid); a sequence with
-        ``T_b = 0`` has ``log sum_k pi(k) f(k)``.
+        ``T_b = 0`` (the empty series) has log-likelihood 0 and gradient 0.
 
     Returns
     -------
@@ -554,8 +595,13 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     log-probability input: emission gradients are the state posteriors, transition
     gradients the expected transition counts (summed over the batch, weighted by the
     upstream gradient), initial/final gradients the posteriors of the first/last state.
-    Computed with per-step scaling in double (stable at any T); a non-0/1 or non-prefix
-    mask and shape mismatches raise ``ValueError`` when evaluated.
+    Computed with per-step scaling in double (stable at any T).  A NaN log-emission on a
+    valid frame of sequence b gives b the log-likelihood NaN and the emission gradient NaN
+    on its valid frames; a NaN in ``log_transitions``, ``log_initial`` or ``log_final``
+    does so for every sequence with a frame; the gradients of those three are NaN when any
+    sequence is.  ``-inf`` entries are impossible events.  ``+inf`` entries, a non-0/1 or
+    non-prefix mask and shape mismatches raise ``ValueError`` (naming ``hmm_log_likelihood``
+    and the argument) when evaluated.
     """
     log_emissions = _as_float(log_emissions, "log_emissions", 3)
     dtype = log_emissions.dtype
@@ -574,6 +620,6 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
 
 __all__ = [
     "FastBaumWelchOp", "MultiEndFastBaumWelchOp", "SegmentFastBaumWelchOp", "FastViterbiOp", "GetCtcFsaFastBwOp",
-    "CtcFsaLossOp", "HmmForwardBackwardOp", "get_ctc_fsa_fast_bw", "fast_baum_welch", "fast_viterbi", "ctc_loss",
+    "CtcFsaLossOp", "CtcViterbiLossOp", "HmmForwardBackwardOp", "get_ctc_fsa_fast_bw", "fast_baum_welch", "fast_viterbi", "ctc_loss",
     "ctc_loss_viterbi", "hmm_log_likelihood",
 ]

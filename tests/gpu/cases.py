@@ -34,8 +34,8 @@ from ptnative.device import resolve
 from ptnative.ops.chunking import Chunking, UnChunking, n_chunks
 from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp, NextEditDistanceRowOp,
                                         OptimalCompletionEditDistanceOp, OptimalCompletionEditDistancePerSuccessorOp)
-from ptnative.ops.fsa import (CtcFsaLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp, HmmForwardBackwardOp,
-                              MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
+from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
+                              HmmForwardBackwardOp, MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -281,7 +281,8 @@ def _ctc_targets(rng, B, N, D, blank):
 
 
 def _ctc_loss(g, dtype, size):
-    """GetCtcFsaFastBwOp (CTC and RNA topologies) feeding CtcFsaLossOp, with the gradient w.r.t. the logits."""
+    """GetCtcFsaFastBwOp (CTC and RNA topologies), and the fused CTC losses (CtcFsaLossOp, CtcViterbiLossOp, which
+    build the same automaton themselves), with the gradient w.r.t. the logits."""
     T, B, D, N = size
     rng = np.random.default_rng(T + D)
     targets, tlens = _ctc_targets(rng, B, N, D, blank=0)
@@ -294,9 +295,11 @@ def _ctc_loss(g, dtype, size):
     outs, losses = [], []
     for loop in (1, 0):
         edges, se = g.op(GetCtcFsaFastBwOp)(tg, tl, i32(0), weights, i32(loop))
-        loss, grad = g.op(CtcFsaLossOp)(logits, edges, weights, se, ln, i32(0))
-        outs += [edges, se, loss, grad]
-        losses.append(loss)
+        outs += [edges, se]
+        for loss_op in (CtcFsaLossOp, CtcViterbiLossOp):
+            loss, grad = g.op(loss_op)(logits, ln, tg, tl, i32(0), i32(loop), i32(0))
+            outs += [loss, grad]
+            losses.append(loss)
     # the impossible sequence's loss is inf; its gradient (softmax) is finite
     return [logits, tg, tl, ln], outs + g.grads(losses, [logits]), values
 
@@ -463,7 +466,7 @@ CASES = [
                                              NextEditDistanceReduceOp], _edit_distance,
           [(6, 9, 11, 4), (48, 200, 150, 5)], dtypes=INT_ONLY, representative=True),
     # automata
-    _case("ctc_loss", "fsa", [GetCtcFsaFastBwOp, CtcFsaLossOp], _ctc_loss, [(12, 6, 7, 4), (80, 48, 40, 25)],
+    _case("ctc_loss", "fsa", [GetCtcFsaFastBwOp, CtcFsaLossOp, CtcViterbiLossOp], _ctc_loss, [(12, 6, 7, 4), (80, 48, 40, 25)],
           rtol32=1e-3, representative=True),
     _case("fast_bw", "fsa", [FastBaumWelchOp], _fast_bw, [(8, 4, 5, 5, 14), (64, 40, 20, 12, 40)], rtol32=1e-3),
     _case("multi_end_fast_bw", "fsa", [MultiEndFastBaumWelchOp], _multi_end_fast_bw,

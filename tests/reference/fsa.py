@@ -121,6 +121,52 @@ def viterbi_brute(am_scores, edges, weights, start_end, lens):
 
 
 # ------------------------------------------------------------------ CTC
+def ctc_fsa_seed_slots(targets, tlens, blank, label_loop=True):
+    """The CTC automaton's edge list (4, E) and start/end states (2, B), slot by slot as the seed's
+    GetCtcFsaFastBwOp lays them out (written from its description): per sequence 5 (N - 1) + 10 slots, states
+    offset (2N + 3) b, local states 2k blank, 2k + 1 label k, 2L + 1 dummy, 2L + 2 end.  A slot that is not
+    used is dummy -> dummy with the blank."""
+    targets = np.asarray(targets)
+    B, N = targets.shape
+    per_seq = 5 * (N - 1) + 10
+    edges = np.zeros((4, B * per_seq), np.int64)
+    start_end = np.zeros((2, B), np.int64)
+    for b in range(B):
+        L, off, y = int(tlens[b]), (2 * N + 3) * b, [int(v) for v in targets[b]]
+        dummy, end = 2 * L + 1, 2 * L + 2
+        slots = []
+
+        def label_state_edges(k, nxt):
+            """The 3 (or, for the second-last label, 4) edges out of label state 2k + 1."""
+            own = 2 * k + 1
+            skip = y[k] != y[k + 1] or not label_loop
+            return [(own, own if label_loop else dummy, y[k]), (own, own + 1, blank),
+                    (own, nxt, y[k + 1]) if skip else (own, dummy, blank)]
+
+        if L == 0:
+            slots = [(0, 0, blank), (0, end, blank)]
+        elif L == 1:
+            slots = [(0, 0, blank), (0, 1, y[0]), (0, end, y[0]),
+                     (1, 1 if label_loop else dummy, y[0]), (1, 2, blank), (1, end if label_loop else dummy, y[0]),
+                     (1, end, blank),
+                     (2, 2, blank), (2, end, blank)]
+        else:
+            for k in range(L - 1):
+                slots += [(2 * k, 2 * k, blank), (2 * k, 2 * k + 1, y[k])] + label_state_edges(k, 2 * k + 3)
+            slots.append(label_state_edges(L - 2, end)[2])  # second-last label: skip to the end
+            last_blank, last_label = 2 * L - 2, 2 * L - 1
+            slots += [(last_blank, last_blank, blank), (last_blank, last_label, y[L - 1]),
+                      (last_blank, end, y[L - 1]),
+                      (last_label, last_label if label_loop else dummy, y[L - 1]), (last_label, 2 * L, blank),
+                      (last_label, end if label_loop else dummy, y[L - 1]), (last_label, end, blank),
+                      (2 * L, 2 * L, blank), (2 * L, end, blank)]
+        slots += [(dummy, dummy, blank)] * (per_seq - len(slots))
+        for i, (fr, to, em) in enumerate(slots):
+            edges[:, b * per_seq + i] = (off + fr, off + to, em, b)
+        start_end[:, b] = (off, off + end)
+    return edges, start_end
+
+
 def ctc_collapse(path, blank):
     out = []
     prev = None
@@ -142,8 +188,9 @@ def log_softmax(x, axis=-1):
 def ctc_graves(logits, lens, targets, tlens, blank, normalized=False):
     """Graves' alpha-beta over the extended label sequence (log space, float64).
 
-    Returns ``nll`` (B,) (inf without a path) and ``grad`` (T, B, D) = d nll / d logits
-    (0 on padded frames; ``softmax`` on valid frames of sequences without a path)."""
+    Returns ``nll`` (B,) (inf without a path; 0 for an empty target over zero frames) and
+    ``grad`` (T, B, D) = d nll / d logits (0 on padded frames; ``softmax`` on valid frames of
+    sequences without a path)."""
     logits = np.asarray(logits, dtype=np.float64)
     T, B, D = logits.shape
     lp = logits if normalized else log_softmax(logits)
@@ -182,7 +229,7 @@ def ctc_graves(logits, lens, targets, tlens, blank, normalized=False):
                     lb[t, s] = v + lp[t, b, ext[s]]
             logp = np.logaddexp(la[L - 1, S - 1], la[L - 1, S - 2]) if S > 1 else la[L - 1, S - 1]
         else:
-            logp = -np.inf
+            logp = 0.0 if U == 0 else -np.inf  # zero frames: only the empty alignment of an empty target
         soft = np.exp(lp[:L, b]) if not normalized else np.zeros((L, D))
         if logp == -np.inf:
             grad[:L, b] = soft
@@ -199,7 +246,7 @@ def ctc_graves(logits, lens, targets, tlens, blank, normalized=False):
 
 # ------------------------------------------------------------------ HMM
 def hmm_forward(log_e, log_A, log_pi, log_f=None, lens=None):
-    """Log-space forward algorithm (float64): log p(x_b) per sequence."""
+    """Log-space forward algorithm (float64): log p(x_b) per sequence (0 for the empty series)."""
     log_e = np.asarray(log_e, dtype=np.float64)
     T, B, K = log_e.shape
     log_f = np.zeros(K) if log_f is None else np.asarray(log_f, dtype=np.float64)
@@ -207,8 +254,7 @@ def hmm_forward(log_e, log_A, log_pi, log_f=None, lens=None):
     out = np.zeros(B)
     for b in range(B):
         L = int(lens[b])
-        if L == 0:
-            out[b] = logsumexp(log_pi + log_f)
+        if L == 0:  # no state at all: probability 1
             continue
         la = log_pi + log_e[0, b]
         for t in range(1, L):
