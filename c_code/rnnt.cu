@@ -78,9 +78,10 @@ DEV_FUNC inline double rnnt_beta_at(const RnntConf& c, const double* W, const do
   return n ? rnnt_lse_n(v, n) : RNNT_NEG_INF;
 }
 
-// log p(labels | acts) from the alphas (-inf for T_b = 0).
+// log p(labels | acts) from the alphas.  T_b = 0: the empty alignment (probability 1) if there is no label,
+// else none.
 DEV_FUNC inline double rnnt_loglik(const RnntConf& c, const double* W, const double* A, int64_t Tb, int64_t Ub) {
-  if (Tb <= 0) return RNNT_NEG_INF;
+  if (Tb <= 0) return Ub == 1 ? 0.0 : RNNT_NEG_INF;
   const int64_t U1 = c.U1, u = Ub - 1;
   double v[RNNT_MAX_BIG_BLANKS + 1];
   int n = 0;
@@ -420,7 +421,13 @@ static double rnnt_cpu_sequence(const RnntConf& c, Float* G, const int32_t* y, i
 }
 #endif
 
-static void rnnt_value_error(const std::string& msg) { ptn::raise(PTN_STATUS_VALUE, msg); }
+// The function the user called, for the messages: params[3] when given (see rnnt.py's RNNT_FUNCTIONS).
+static const char* rnnt_function_name(const Ndarray* params) {
+  static const char* names[] = {"multiblank_rnnt_loss", "rnnt_loss", "multiblank_rnnt_lattice"};
+  if (params->dims[0] < 4) return "MultiBlankRnntLoss";
+  double code = ((const double*)params->data)[3];
+  return code >= 0 && code < 3 && code == (double)(int)code ? names[(int)code] : "MultiBlankRnntLoss";
+}
 
 // inputs: acts (B,T,U+1,K) [grads is its buffer], labels (B,U'), act_lens (B,), label_lens (B,),
 //         durations (n_big,) host, blank () host, params (3,) float64 host = [sigma, fastemit_lambda, clamp];
@@ -439,6 +446,9 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   Ndarray* betas = *outputs[4];
   Ndarray* lognorm = *outputs[5];
   const double* params = (const double*)inputs[6]->data;
+  const std::string fn = std::string(rnnt_function_name(inputs[6])) + ": ";
+  auto rnnt_value_error = [&fn](const std::string& msg) { ptn::raise(PTN_STATUS_VALUE, fn + msg); };
+  if (inputs[6]->dims[0] < 3) rnnt_value_error("params must hold [sigma, fastemit_lambda, clamp]");
 
   RnntConf c;
   c.B = Ndarray_DIMS(grads)[0];
@@ -508,7 +518,6 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   const int32_t* llen = Ndarray_DEV_DATA_int32(label_lens);
   const int32_t* lab = Ndarray_DEV_DATA_int32(labels);
 #endif
-  int64_t max_t = 0, max_u = 0;
   for (int64_t b = 0; b < c.B; ++b) {
     if (alen[b] < 0 || alen[b] > c.T) {
       err << "act_lens[" << b << "] = " << alen[b] << " is out of range [0, " << c.T << "] (acts.shape[1])";
@@ -527,13 +536,6 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
         rnnt_value_error(err.str());
       }
     }
-    max_t = std::max<int64_t>(max_t, alen[b]);
-    max_u = std::max<int64_t>(max_u, llen[b]);
-  }
-  if (c.B > 0 && (max_t != c.T || max_u + 1 != c.U1)) {
-    err << "acts has shape (B, " << c.T << ", " << c.U1 << ", K); expected (B, max(act_lens) = " << max_t
-        << ", max(label_lens) + 1 = " << max_u + 1 << ", K)";
-    rnnt_value_error(err.str());
   }
   if (c.B == 0) return;
   const int64_t cells = c.T * c.U1;

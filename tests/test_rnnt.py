@@ -193,20 +193,19 @@ def test_runtime_errors(mode):
     f(acts, labels, act_lens, label_lens)
     bad_labels = labels.copy()
     bad_labels[0, 0] = 6
-    with pytest.raises(ValueError, match=r"MultiBlankRnntLoss.*labels\[0, 0\] = 6 is out of range"):
+    fn = "multiblank_rnnt_lattice: "
+    with pytest.raises(ValueError, match=r"MultiBlankRnntLoss.*" + fn + r"labels\[0, 0\] = 6 is out of range"):
         f(acts, bad_labels, act_lens, label_lens)
-    with pytest.raises(ValueError, match=r"act_lens\[1\] = 7 is out of range"):
+    with pytest.raises(ValueError, match=fn + r"act_lens\[1\] = 7 is out of range \[0, 5\] \(acts.shape\[1\]\)"):
         f(acts, labels, np.array([5, 7], np.int32), label_lens)
-    with pytest.raises(ValueError, match=r"label_lens\[0\] = -1 is out of range"):
+    with pytest.raises(ValueError, match=fn + r"label_lens\[0\] = -1 is out of range"):
         f(acts, labels, act_lens, np.array([-1, 2], np.int32))
-    with pytest.raises(ValueError, match=r"expected \(B, max\(act_lens\) = 4"):
-        f(acts, labels, np.array([4, 4], np.int32), label_lens)
-    with pytest.raises(ValueError, match=r"max\(label_lens\) \+ 1 = 2"):
-        f(acts, labels, act_lens, np.array([1, 0], np.int32))
-    with pytest.raises(ValueError, match="batch sizes differ"):
+    with pytest.raises(ValueError, match=fn + "batch sizes differ"):
         f(acts, labels[:1], act_lens, label_lens)
-    with pytest.raises(ValueError, match=r"blank = 3 is out of range for K = 3"):
+    with pytest.raises(ValueError, match=fn + r"blank = 3 is out of range for K = 3"):
         f(np.ascontiguousarray(acts[..., :3]), labels, act_lens, label_lens)
+    # lengths below the padded shape are fine (see test_padding_beyond_the_longest_sequence)
+    f(acts, labels, np.array([4, 4], np.int32), np.array([1, 0], np.int32))
 
 
 def test_empty_batch_time_and_zero_labels(mode):
@@ -214,12 +213,16 @@ def test_empty_batch_time_and_zero_labels(mode):
     # empty batch
     out = f(np.zeros((0, 4, 3, 5)), np.zeros((0, 2), np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
     assert [o.shape for o in out] == [(0,), (0, 4, 3, 5), (0,), (0, 4, 3), (0, 4, 3), (0, 4, 3), (0, 4, 3, 5)]
-    # empty time: loglik -inf, cost +inf, gradient 0
+    # empty time, no labels: the empty alignment, loglik 0, cost 0, gradient 0
     out = f(np.zeros((2, 0, 1, 5)), np.zeros((2, 0), np.int32), np.zeros(2, np.int32), np.zeros(2, np.int32))
-    np.testing.assert_array_equal(out[0], [np.inf, np.inf])
-    np.testing.assert_array_equal(out[2], [-np.inf, -np.inf])
+    np.testing.assert_array_equal(out[0], [0.0, 0.0])
+    np.testing.assert_array_equal(out[2], [0.0, 0.0])
     assert out[1].shape == (2, 0, 1, 5) and out[-1].shape == (2, 0, 1, 5)
-    # all label lengths 0 (U + 1 = 1), one sequence without frames (cost inf, gradient 0)
+    # empty time with a label: impossible (loglik -inf, cost inf); gradient 0
+    out = f(np.zeros((2, 0, 2, 5)), np.zeros((2, 1), np.int32), np.zeros(2, np.int32), np.array([1, 0], np.int32))
+    np.testing.assert_array_equal(out[0], [np.inf, 0.0])
+    np.testing.assert_array_equal(out[2], [-np.inf, 0.0])
+    # all label lengths 0 (U + 1 = 1), one sequence without frames (cost 0, gradient 0)
     rng = np.random.default_rng(0)
     acts = rng.normal(size=(3, 5, 1, 5))
     labels, act_lens, label_lens = np.zeros((3, 0), np.int32), np.array([5, 0, 3], np.int32), np.zeros(3, np.int32)
@@ -227,8 +230,110 @@ def test_empty_batch_time_and_zero_labels(mode):
     ref = shared_reference(acts, labels, act_lens, label_lens)
     for name, o, r in zip(RnntLattice._fields, out, ref):
         np.testing.assert_allclose(o, r, rtol=1e-10, atol=1e-12, err_msg=name)
-    assert out[0][1] == np.inf and np.isfinite(out[0][[0, 2]]).all()
+    assert out[0][1] == 0 and out[2][1] == 0 and np.isfinite(out[0][[0, 2]]).all()
+    assert np.all(out[-1][1] == 0)
     np.testing.assert_allclose(out[-1], ref[1] / 3, atol=1e-12)
+
+
+def pad_acts(acts, extra_t, extra_u, rng):
+    """acts (B, T, U+1, K) padded with random logits to (B, T + extra_t, U+1 + extra_u, K)."""
+    B, T, U1, K = acts.shape
+    padded = rng.normal(size=(B, T + extra_t, U1 + extra_u, K)) * 3
+    padded[:, :T, :U1] = acts
+    return padded.astype(acts.dtype)
+
+
+def check_nan_sequence(got, ref, nan_b, act_lens, label_lens, shape):
+    """The lattice outputs `got` (padded to `shape`) equal the tight reference `ref`, except that sequence
+    nan_b has cost / loglik NaN and gradient NaN on its valid cells (0 elsewhere)."""
+    B, T, U1, K = shape
+    valid = ((np.arange(T)[None, :, None] < np.asarray(act_lens)[:, None, None])
+             & (np.arange(U1)[None, None, :] <= np.asarray(label_lens)[:, None, None]))
+    others = np.arange(B) != nan_b
+    assert np.isnan(got[0][nan_b]) and np.isnan(got[2][nan_b])
+    np.testing.assert_allclose(got[0][others], ref[0][others], rtol=1e-10)
+    grads = got[1]
+    assert np.isnan(grads[nan_b][valid[nan_b]]).all()
+    assert np.all(grads[nan_b][~valid[nan_b]] == 0)
+    T0, U0 = ref[1].shape[1:3]
+    np.testing.assert_allclose(grads[others][:, :T0, :U0], ref[1][others], rtol=1e-9, atol=1e-12)
+    assert np.all(grads[others][:, T0:] == 0) and np.all(grads[others][:, :, U0:] == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_padding_beyond_the_longest_sequence(mode, dtype):
+    """acts padded beyond max(act_lens) and max(label_lens) (batch shards, buckets) give the results of the
+    tight padding; the extra cells get 0.  Standard and multi-blank, symbolic and constant lengths."""
+    rng = np.random.default_rng(21)
+    for blank, durations, sigma in ((0, (), 0.0), (5, (2, 3), 0.05)):
+        K = 8
+        acts, labels, act_lens, label_lens = rnnt_data(3, 6, 3, K, blank, len(durations), dtype, seed=5)
+        padded = pad_acts(acts, 3, 2, rng)
+        x = pt.tensor4("acts", dtype=dtype)
+        al, ll = pt.ivector("act_lens"), pt.ivector("label_lens")
+        for lens in ((al, ll), (act_lens, label_lens)):
+            if durations:
+                loss = multiblank_rnnt_loss(x, labels, *lens, blank, durations, sigma=sigma)
+            else:
+                loss = rnnt_loss(x, labels, *lens, blank=blank)
+            ins = [x] + [v for v in lens if isinstance(v, pt.TensorVariable)]
+            f = pytensor.function(ins, [loss, pytensor.grad(loss.sum(), x)], mode=mode)
+            vals = [padded] + ([act_lens, label_lens] if lens[0] is al else [])
+            cost, grad = f(*vals)
+            ref_cost, ref_grad = batch_lattice(acts, labels, act_lens, label_lens, blank, durations, sigma)[:2]
+            rtol, atol = tol(dtype)
+            np.testing.assert_allclose(cost, ref_cost, rtol=rtol, atol=atol)
+            np.testing.assert_allclose(grad[:, :6, :4], ref_grad, rtol=rtol * 10, atol=atol * 10)
+            assert np.all(grad[:, 6:] == 0) and np.all(grad[:, :, 4:] == 0)
+            assert cost.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nan_logit_gives_nan_for_its_sequence(mode, dtype):
+    """A NaN logit in a valid cell: that sequence's cost and its gradient on its valid cells are NaN; the other
+    sequences are unaffected; a NaN in a padded cell changes nothing."""
+    acts, labels, act_lens, label_lens = rnnt_data(3, 5, 2, 7, 6, 1, dtype, seed=12)
+    act_lens[2] = 3
+    x = pt.tensor4("acts", dtype=dtype)
+    for fn in ("rnnt_loss", "multiblank_rnnt_loss"):
+        durations = () if fn == "rnnt_loss" else (2,)
+        lat = _lattice_for(fn, x, labels, act_lens, label_lens, durations)
+        f = pytensor.function([x], list(lat), mode=mode)
+        bad = acts.copy()
+        bad[1, 1, 0, 3] = np.nan
+        bad[2, 4, 0, 0] = np.nan  # padded frame of sequence 2
+        got = f(bad)
+        ref = batch_lattice(acts, labels, act_lens, label_lens, 6, durations)
+        rtol, atol = tol(dtype)
+        assert np.isnan(got[0][1]) and np.isnan(got[2][1])
+        np.testing.assert_allclose(got[0][[0, 2]], ref[0][[0, 2]], rtol=rtol, atol=atol)
+        valid = (np.arange(5)[:, None] < act_lens[1]) & (np.arange(3)[None, :] <= label_lens[1])
+        assert np.isnan(got[1][1][valid]).all() and np.all(got[1][1][~valid] == 0)
+        np.testing.assert_allclose(got[1][[0, 2]], ref[1][[0, 2]], rtol=rtol * 10, atol=atol * 10)
+
+
+def _lattice_for(fn, x, labels, act_lens, label_lens, durations):
+    from ptnative.ops.rnnt import _lattice
+    return _lattice(fn, x, labels, act_lens, label_lens, 6, durations, 0.0, 0.0, -1.0)
+
+
+@pytest.mark.parametrize("fn", ["rnnt_loss", "multiblank_rnnt_loss"])
+def test_runtime_errors_name_the_function(mode, fn):
+    acts, labels, act_lens, label_lens = rnnt_data(2, 5, 2, 6, 5, 1, "float64", seed=6)
+    x, al, ll, lab = pt.tensor4("acts"), pt.ivector("al"), pt.ivector("ll"), pt.imatrix("lab")
+    if fn == "rnnt_loss":
+        loss = rnnt_loss(x, lab, al, ll, blank=5)
+    else:
+        loss = multiblank_rnnt_loss(x, lab, al, ll, 5, (2,))
+    f = pytensor.function([x, lab, al, ll], loss, mode=mode)
+    with pytest.raises(ValueError, match=rf"{fn}: act_lens\[1\] = 6 is out of range \[0, 5\] \(acts.shape\[1\]\)"):
+        f(acts, labels, np.array([5, 6], np.int32), label_lens)
+    with pytest.raises(ValueError, match=rf"{fn}: label_lens\[1\] = 3 is out of range \[0, 2\]"):
+        f(acts, labels, act_lens, np.array([2, 3], np.int32))
+    bad = labels.copy()
+    bad[0, 1] = -1
+    with pytest.raises(ValueError, match=rf"{fn}: labels\[0, 1\] = -1 is out of range \[0, 6\)"):
+        f(acts, bad, act_lens, label_lens)
 
 
 def test_graph_time_validation_errors():
@@ -259,10 +364,11 @@ def test_graph_time_validation_errors():
         call(blank=0)
     with pytest.raises(ValueError, match="blank = 6 must satisfy"):
         call(acts=pt.tensor4(shape=(2, 5, 3, 6)), blank=6)
-    with pytest.raises(ValueError, match=r"acts.shape\[1\] = 4 must equal max\(act_lens\) = 5"):
+    with pytest.raises(ValueError, match=r"multiblank_rnnt_loss: max\(act_lens\) = 5 exceeds acts.shape\[1\] = 4"):
         call(acts=pt.tensor4(shape=(2, 4, 3, 6)))
-    with pytest.raises(ValueError, match=r"acts.shape\[2\] = 4 must equal max\(label_lens\) \+ 1 = 3"):
-        call(acts=pt.tensor4(shape=(2, 5, 4, 6)))
+    with pytest.raises(ValueError, match=r"max\(label_lens\) \+ 1 = 3 exceeds acts.shape\[2\] = 2"):
+        call(acts=pt.tensor4(shape=(2, 5, 2, 6)))
+    call(acts=pt.tensor4(shape=(2, 6, 4, 6)))  # padding beyond the longest sequence is fine
     bad = labels.copy()
     bad[0, 1] = 9
     with pytest.raises(ValueError, match=r"labels\[0, 1\] = 9 is out of range \[0, 6\)"):
@@ -271,8 +377,10 @@ def test_graph_time_validation_errors():
         call(labels=labels.astype(np.float32))
     with pytest.raises(ValueError, match="act_lens must be 1-D"):
         call(act_lens=act_lens[None])
-    with pytest.raises(TypeError, match="blank must be an int"):
+    with pytest.raises(TypeError, match="rnnt_loss: blank must be an int"):
         rnnt_loss(x, labels, act_lens, label_lens, blank=0.0)
+    with pytest.raises(ValueError, match=r"^rnnt_loss: acts must be 4-D"):
+        rnnt_loss(pt.tensor3(), labels, act_lens, label_lens)
     # the op itself rejects bad hyper-parameters at run time too
     op = MultiBlankRnntLoss.make_op()
     outs = op(x, labels, act_lens, label_lens, np.array([1], np.int32), np.int32(5), np.zeros(3))
@@ -345,7 +453,15 @@ def test_wavefront_kernels_emulated_on_cpu():
         ref = batch_lattice(*data, b, durations, sigma, lam, clamp)
         for name, g, r in zip(RnntLattice._fields, got, ref):
             np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12, err_msg=name)
-    # empty time and label_len = 0
+    # empty time and label_len = 0: the empty alignment
     got = f(np.zeros((2, 0, 1, 4)), np.zeros((2, 0), np.int32), np.zeros(2, np.int32), np.zeros(2, np.int32),
             np.array([2], np.int32), np.int32(3), np.zeros(3))
-    np.testing.assert_array_equal(got[0], [np.inf, np.inf])
+    np.testing.assert_array_equal(got[0], [0.0, 0.0])
+    # padding beyond the longest sequence, and a NaN logit, through the wavefront form
+    acts, labels, act_lens, label_lens = rnnt_data(3, 5, 2, 6, 5, 1, "float64", seed=3)
+    padded = pad_acts(acts, 2, 3, np.random.default_rng(4))
+    padded[1, 0, 0, 2] = np.nan
+    args = (np.array([2], np.int32), np.int32(5), np.array([0.05, 0.1, -1.0]))
+    got = f(padded, labels, act_lens, label_lens, *args)
+    ref = batch_lattice(acts, labels, act_lens, label_lens, 5, (2,), 0.05, 0.1)
+    check_nan_sequence(got, ref, 1, act_lens, label_lens, padded.shape)

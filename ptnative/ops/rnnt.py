@@ -29,6 +29,8 @@ __all__ = ["MultiBlankRnntLoss", "RnntLossOp", "RnntLattice", "multiblank_rnnt_l
 
 #: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS).
 MAX_BIG_BLANKS = 32
+#: The functions, by the code they pass as ``params[3]`` (the kernel names them in its messages).
+RNNT_FUNCTIONS = ("multiblank_rnnt_loss", "rnnt_loss", "multiblank_rnnt_lattice")
 REDUCTIONS = ("none", "sum", "mean")
 
 
@@ -64,7 +66,8 @@ class MultiBlankRnntLoss(NativeOpGenBase):
       * ``act_lens`` (B,) int32, ``label_lens`` (B,) int32;
       * ``durations`` (n_big,) int32 (host), big blank i has class ``blank - 1 - i``;
       * ``blank`` () int32 (host);
-      * ``params`` (3,) float64 (host): ``[sigma, fastemit_lambda, clamp]``.
+      * ``params`` (3,) or (4,) float64 (host): ``[sigma, fastemit_lambda, clamp]`` and optionally the
+        index of the calling function in :data:`RNNT_FUNCTIONS` (for the error messages).
 
     Outputs:
       * ``costs`` (B,) ``-(1 + lambda) * loglik``;
@@ -73,7 +76,10 @@ class MultiBlankRnntLoss(NativeOpGenBase):
       * ``alphas``, ``betas`` (B, T, U+1) (0 on padding); ``lognorm`` (B, T, U+1) the log-softmax
         denominator ``logsumexp_k acts`` (0 on padding).
 
-    Bad lengths, labels, blank indices, durations or parameters raise ``ValueError``.
+    ``acts`` may be padded beyond the longest sequence (``T >= max(act_lens)``,
+    ``U + 1 >= max(label_lens) + 1``, as batch sharding or bucketing produce): the result is
+    that of the tight padding, with 0 in the extra cells.  Bad lengths, labels, blank indices,
+    durations or parameters raise ``ValueError`` naming the function and the argument.
     """
 
     in_info = (
@@ -87,7 +93,7 @@ class MultiBlankRnntLoss(NativeOpGenBase):
         {"name": "durations", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
          "host_memory": True, "gradient": "disconnected"},
         {"name": "blank", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"},
-        {"name": "params", "ndim": 1, "shape": (3,), "dtype": "float64", "need_contiguous": True,
+        {"name": "params", "ndim": 1, "shape": (None,), "dtype": "float64", "need_contiguous": True,
          "host_memory": True, "gradient": "disconnected"},
     )
     out_info = (
@@ -101,7 +107,7 @@ class MultiBlankRnntLoss(NativeOpGenBase):
     c_extra_support_code = {"rnnt": read_kernel_file("rnnt.cu")}
     c_fw_code = "rnnt_multiblank_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = None  # the gradient is the `grads` output (RnntLossOp.pullback)
-    code_version = (1,)
+    code_version = (2,)
     op_class = RnntLossOp
 
 
@@ -119,21 +125,21 @@ def _constant_value(v):
     return np.asarray(v.data) if isinstance(v, TensorConstant) else None
 
 
-def _real(name, value):
+def _real(fn, name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        raise TypeError(f"{fn}: {name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise ValueError(f"{fn}: {name} must be finite, got {value}")
     return value
 
 
-def _int_tensor(name, x, ndim):
+def _int_tensor(fn, name, x, ndim):
     v = pt.as_tensor_variable(x)
     if v.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got ndim {v.ndim} ({v.type})")
+        raise ValueError(f"{fn}: {name} must be {ndim}-D, got ndim {v.ndim} ({v.type})")
     if not (v.dtype.startswith(("int", "uint"))):
-        raise TypeError(f"{name} must have an integer dtype, got {v.dtype}")
+        raise TypeError(f"{fn}: {name} must have an integer dtype, got {v.dtype}")
     return v if v.dtype == "int32" else pt.cast(v, "int32")
 
 
@@ -142,67 +148,74 @@ def multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank
     """All outputs of the multi-blank RNN-T op, as an :data:`RnntLattice`
     ``(costs, grads, loglik, alphas, betas, lognorm)``; arguments as in
     :func:`multiblank_rnnt_loss`.  Only ``costs`` is differentiable."""
+    return _lattice("multiblank_rnnt_lattice", acts, labels, act_lens, label_lens, blank, big_blank_durations,
+                    sigma, fastemit_lambda, clamp)
+
+
+def _lattice(fn, acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma, fastemit_lambda, clamp):
+    """The lattice for the user function ``fn`` (one of :data:`RNNT_FUNCTIONS`), whose name the errors carry."""
     acts = pt.as_tensor_variable(acts)
     if acts.ndim != 4:
-        raise ValueError(f"acts must be 4-D (B, T, U+1, K), got ndim {acts.ndim} ({acts.type})")
+        raise ValueError(f"{fn}: acts must be 4-D (B, T, U+1, K), got ndim {acts.ndim} ({acts.type})")
     if not acts.dtype.startswith("float"):
-        raise TypeError(f"acts must be floating point, got {acts.dtype}")
-    labels = _int_tensor("labels", labels, 2)
-    act_lens = _int_tensor("act_lens", act_lens, 1)
-    label_lens = _int_tensor("label_lens", label_lens, 1)
+        raise TypeError(f"{fn}: acts must be floating point, got {acts.dtype}")
+    labels = _int_tensor(fn, "labels", labels, 2)
+    act_lens = _int_tensor(fn, "act_lens", act_lens, 1)
+    label_lens = _int_tensor(fn, "label_lens", label_lens, 1)
 
     if isinstance(blank, bool) or not isinstance(blank, numbers.Integral):
-        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+        raise TypeError(f"{fn}: blank must be an int, got {type(blank).__name__}")
     blank = int(blank)
     if isinstance(big_blank_durations, numbers.Integral | str | bytes):
-        raise TypeError("big_blank_durations must be a sequence of ints")
+        raise TypeError(f"{fn}: big_blank_durations must be a sequence of ints")
     durations = []
     for d in big_blank_durations:
         if isinstance(d, bool) or not isinstance(d, numbers.Integral):
-            raise TypeError(f"big_blank_durations must hold ints, got {d!r}")
+            raise TypeError(f"{fn}: big_blank_durations must hold ints, got {d!r}")
         if d < 2:
-            raise ValueError(f"big blank durations must be >= 2 (a duration of 1 is the standard blank), got {d}")
+            raise ValueError(f"{fn}: big blank durations must be >= 2 (a duration of 1 is the standard blank), "
+                             f"got {d}")
         durations.append(int(d))
     if len(durations) > MAX_BIG_BLANKS:
-        raise ValueError(f"at most {MAX_BIG_BLANKS} big blanks are supported, got {len(durations)}")
+        raise ValueError(f"{fn}: at most {MAX_BIG_BLANKS} big blanks are supported, got {len(durations)}")
     K = acts.type.shape[3]
     if blank < len(durations) or (K is not None and blank >= K):
-        raise ValueError(f"blank = {blank} must satisfy {len(durations)} <= blank < K = {K} "
+        raise ValueError(f"{fn}: blank = {blank} must satisfy {len(durations)} <= blank < K = {K} "
                          f"(big blank i has class blank - 1 - i)")
-    sigma = _real("sigma", sigma)
-    fastemit_lambda = _real("fastemit_lambda", fastemit_lambda)
+    sigma = _real(fn, "sigma", sigma)
+    fastemit_lambda = _real(fn, "fastemit_lambda", fastemit_lambda)
     if fastemit_lambda < 0:
-        raise ValueError(f"fastemit_lambda must be >= 0, got {fastemit_lambda}")
-    clamp = _real("clamp", clamp)
+        raise ValueError(f"{fn}: fastemit_lambda must be >= 0, got {fastemit_lambda}")
+    clamp = _real(fn, "clamp", clamp)
     if clamp < 0 and clamp != -1.0:
-        raise ValueError(f"clamp must be >= 0 (0 or -1: no clamping), got {clamp}")
+        raise ValueError(f"{fn}: clamp must be >= 0 (0 or -1: no clamping), got {clamp}")
 
     # Checks on values known now (the kernel repeats them at run time).
     B, T, U1, _ = acts.type.shape
     al, ll, lab = _constant_value(act_lens), _constant_value(label_lens), _constant_value(labels)
     for name, v in (("act_lens", al), ("label_lens", ll)):
         if v is not None and v.size and v.min() < 0:
-            raise ValueError(f"{name} must be >= 0, got {v.min()}")
-    if al is not None and al.size and T is not None and al.max() != T:
-        raise ValueError(f"acts.shape[1] = {T} must equal max(act_lens) = {al.max()}")
-    if ll is not None and ll.size and U1 is not None and ll.max() + 1 != U1:
-        raise ValueError(f"acts.shape[2] = {U1} must equal max(label_lens) + 1 = {ll.max() + 1}")
+            raise ValueError(f"{fn}: {name} must be >= 0, got {v.min()}")
+    if al is not None and al.size and T is not None and al.max() > T:
+        raise ValueError(f"{fn}: max(act_lens) = {al.max()} exceeds acts.shape[1] = {T}")
+    if ll is not None and ll.size and U1 is not None and ll.max() + 1 > U1:
+        raise ValueError(f"{fn}: max(label_lens) + 1 = {ll.max() + 1} exceeds acts.shape[2] = {U1}")
     if lab is not None and ll is not None and lab.shape[0] == ll.shape[0]:
         if ll.size and ll.max() > lab.shape[1]:
-            raise ValueError(f"labels has {lab.shape[1]} columns, fewer than max(label_lens) = {ll.max()}")
+            raise ValueError(f"{fn}: labels has {lab.shape[1]} columns, fewer than max(label_lens) = {ll.max()}")
         valid = np.arange(lab.shape[1])[None, :] < ll[:, None]
         bad = valid & ((lab < 0) | (lab >= (K if K is not None else np.iinfo(np.int32).max)))
         if bad.any():
             b, u = np.argwhere(bad)[0]
-            raise ValueError(f"labels[{b}, {u}] = {lab[b, u]} is out of range [0, {K})")
+            raise ValueError(f"{fn}: labels[{b}, {u}] = {lab[b, u]} is out of range [0, {K})")
     for name, v in (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens)):
         nb = v.type.shape[0]
         if B is not None and nb is not None and nb != B:
-            raise ValueError(f"{name} has batch size {nb}, acts has {B}")
+            raise ValueError(f"{fn}: {name} has batch size {nb}, acts has {B}")
 
+    params = [sigma, fastemit_lambda, clamp, RNNT_FUNCTIONS.index(fn)]
     outs = _op()(acts, labels, act_lens, label_lens, pt.constant(np.asarray(durations, dtype=np.int32)),
-                 pt.constant(np.int32(blank)), pt.constant(np.asarray([sigma, fastemit_lambda, clamp],
-                                                                      dtype=np.float64)))
+                 pt.constant(np.int32(blank)), pt.constant(np.asarray(params, dtype=np.float64)))
     return RnntLattice(*outs)
 
 
@@ -214,9 +227,9 @@ def _reduce(costs, reduction):
     return costs.mean()
 
 
-def _check_reduction(reduction):
+def _check_reduction(fn, reduction):
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        raise ValueError(f"{fn}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
 def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma=0.0,
@@ -227,8 +240,9 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
     ----------
     acts : tensor (B, T, U+1, K), float32 or float64
         Joint-network logits; ``K = V + 1 + len(big_blank_durations)``.  One
-        log-softmax runs over all K classes.  ``T == max(act_lens)`` and
-        ``U + 1 == max(label_lens) + 1`` are required.
+        log-softmax runs over all K classes.  ``T >= max(act_lens)`` and
+        ``U >= max(label_lens)``: padding beyond the longest sequence (batch
+        sharding, bucketing) gives the result of the tight padding.
     labels : int tensor (B, U') with U' >= max(label_lens), zero-padded
         Entries before ``label_lens[b]`` must lie in ``[0, K)``.
     act_lens, label_lens : int tensors (B,)
@@ -255,15 +269,19 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
     The cost tensor, dtype of acts.  ``pytensor.grad(loss, acts)`` is the
     kernel's gradient (computed in the forward pass) times the upstream
     gradient; padded positions (t >= act_lens[b] or u > label_lens[b]) get 0.
-    A sequence with ``act_lens[b] == 0`` has loglik -inf, cost +inf and zero
-    gradient.
+    A sequence with ``act_lens[b] == 0`` has no frame: loglik 0 and cost 0
+    if it has no label (the empty alignment), else loglik -inf and cost +inf;
+    its gradient is 0.  A NaN logit in a valid cell of sequence b makes b's
+    cost NaN and its gradient NaN on its valid cells; other sequences are
+    unaffected.
 
     Raises
     ------
     ValueError
-        acts not 4-D; shapes that contradict known lengths; labels out of
-        range; durations < 2; a bad blank, clamp, lambda, sigma or reduction
-        (at graph build when known, else when run).
+        acts not 4-D; lengths beyond acts' shape; labels out of range;
+        durations < 2; a bad blank, clamp, lambda, sigma or reduction (at
+        graph build when known, else when run).  Messages name the function
+        (``rnnt_loss``, ``multiblank_rnnt_loss``) and the argument.
     TypeError
         Non-integer labels / lengths / blank / durations, non-float acts,
         non-numeric hyper-parameters.
@@ -274,9 +292,9 @@ def multiblank_rnnt_loss(acts, labels, act_lens, label_lens, blank, big_blank_du
     ...                             big_blank_durations=(2, 4), sigma=0.05, reduction="mean")
     >>> g = pytensor.grad(loss, acts)
     """
-    _check_reduction(reduction)
-    lat = multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma=sigma,
-                                  fastemit_lambda=fastemit_lambda, clamp=clamp)
+    _check_reduction("multiblank_rnnt_loss", reduction)
+    lat = _lattice("multiblank_rnnt_loss", acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma,
+                   fastemit_lambda, clamp)
     return _reduce(lat.costs, reduction)
 
 
@@ -290,7 +308,6 @@ def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, fastemit_lambda=0.0, 
     >>> loss = rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="sum")
     >>> g = pytensor.grad(loss, acts)
     """
-    _check_reduction(reduction)
-    lat = multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, (), sigma=0.0,
-                                  fastemit_lambda=fastemit_lambda, clamp=clamp)
+    _check_reduction("rnnt_loss", reduction)
+    lat = _lattice("rnnt_loss", acts, labels, act_lens, label_lens, blank, (), 0.0, fastemit_lambda, clamp)
     return _reduce(lat.costs, reduction)

@@ -44,9 +44,10 @@ def sequence_lattice(acts, labels, T, U, blank, durations=(), sigma=0.0, fastemi
     acts = np.asarray(acts, dtype=np.float64)[:T, :U + 1]
     K = acts.shape[-1]
     logp, lognorm = log_softmax(acts)
-    if T == 0:
-        return dict(loglik=-np.inf, cost=np.inf, alphas=np.zeros((0, U + 1)), betas=np.zeros((0, U + 1)),
-                    lognorm=lognorm, grads=np.zeros((0, U + 1, K)))
+    if T == 0:  # no frame: only the empty alignment of an empty label sequence (probability 1)
+        loglik = 0.0 if U == 0 else -np.inf
+        return dict(loglik=loglik, cost=-(1.0 + fastemit_lambda) * loglik, alphas=np.zeros((0, U + 1)),
+                    betas=np.zeros((0, U + 1)), lognorm=lognorm, grads=np.zeros((0, U + 1, K)))
     arcs = lattice_arcs(T, U, labels, blank, durations)
     w = {(src, k, dst): logp[src][k] - sigma for src, k, dst, _ in arcs}
     # alphas: nodes in lexicographic (t, u) order are topologically sorted.
@@ -128,4 +129,6 @@ def brute_force_loglik(acts, labels, T, U, blank, durations=(), sigma=0.0):
 
     if T > 0:
         walk(0, 0, 0.0)
+    elif U == 0:
+        totals.append(0.0)  # the empty alignment
     return np.logaddexp.reduce(totals) if totals else -np.inf
