@@ -23,30 +23,47 @@
 
 DEV_FUNC inline int64_t ptn_ed_min(int64_t x, int64_t y) { return x < y ? x : y; }
 
-// ------------------------------------------------------------------ host-side shape checks
-static void ptn_ed_check_pairs(Ndarray* a, Ndarray* a_len, Ndarray* b, Ndarray* b_len) {
+// ------------------------------------------------------------------ host-side checks
+// Failed checks are ValueErrors that name the function (fn) and the argument as the user passed it.
+[[noreturn]] static void ptn_ed_fail(const char* fn, const std::string& msg) {
+  ptn::raise(PTN_STATUS_VALUE, std::string(fn) + ": " + msg);
+}
+
+// x.shape[0] == n_batch (the batch size of `ref`).
+static void ptn_ed_check_batch(const char* fn, const Ndarray* x, const char* name, int64_t n_batch, const char* ref) {
+  if (Ndarray_DIMS(x)[0] == n_batch) return;
+  std::ostringstream s;
+  s << name << " has batch size " << Ndarray_DIMS(x)[0] << ", " << ref << " has " << n_batch;
+  ptn_ed_fail(fn, s.str());
+}
+
+static void ptn_ed_check_pairs(const char* fn, Ndarray* a, Ndarray* a_len, Ndarray* b, Ndarray* b_len) {
   int64_t n_batch = Ndarray_DIMS(a)[0];
-  assert_cmp(Ndarray_NDIM(a), ==, 2);
-  assert_cmp(Ndarray_NDIM(b), ==, 2);
-  assert_cmp(Ndarray_DIMS(a_len)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(b)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(b_len)[0], ==, n_batch);
+  ptn_ed_check_batch(fn, a_len, "a_len", n_batch, "a");
+  ptn_ed_check_batch(fn, b, "b", n_batch, "a");
+  ptn_ed_check_batch(fn, b_len, "b_len", n_batch, "a");
+}
+
+// len[i] in [0, max_len = seq.shape[1]]; on CUDA the lengths are copied to the host for the check.
+static void ptn_ed_check_lengths(const char* fn, const char* name, const char* seq, int64_t n, const int32_t* len,
+                                 int64_t max_len) {
+#if CUDA
+  std::vector<int32_t> host(n);
+  Ndarray_copy_to_host(host.data(), len, n * sizeof(int32_t));
+  const int32_t* l = host.data();
+#else
+  const int32_t* l = len;
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    if (l[i] >= 0 && l[i] <= max_len) continue;
+    std::ostringstream s;
+    s << name << "[" << i << "] = " << l[i] << " is out of range [0, " << max_len << "] (" << seq << ".shape[1])";
+    ptn_ed_fail(fn, s.str());
+  }
 }
 
 #if CUDA
 // ================================================================== CUDA
-DEF_KERNEL void ptn_ed_check_lengths_kernel(int64_t n, const int32_t* len, int64_t max_len) {
-  for (int64_t idx = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-    int64_t l = len[idx];
-    assert_cmp(l, >=, 0);
-    assert_cmp(l, <=, max_len);
-  }
-}
-
-static void ptn_ed_check_lengths(int64_t n, const int32_t* len, int64_t max_len) {
-  start_dev_kernel(ptn_ed_check_lengths_kernel, (n, len, max_len));
-  HANDLE_LAST_ERROR();
-}
 
 DEF_KERNEL void ptn_ed_fill_kernel(int64_t n, int32_t* x, int32_t v) {
   for (int64_t idx = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x)
@@ -263,14 +280,6 @@ inline void label_range(const int32_t* x, int64_t n_batch, int64_t T, const int3
   }
 }
 
-inline void check_lengths(int64_t n, const int32_t* len, int64_t max_len) {
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t l = len[i];
-    assert_cmp(l, >=, 0);
-    assert_cmp(l, <=, max_len);
-  }
-}
-
 // Per-thread scratch for the bit-parallel DP.
 struct Solver {
   LabelMap map;
@@ -394,19 +403,18 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
   assert_cmp(n_inputs, ==, 4);
   assert_cmp(n_outputs, ==, 1);
   Ndarray *a = inputs[0], *a_len = inputs[1], *b = inputs[2], *b_len = inputs[3];
-  ptn_ed_check_pairs(a, a_len, b, b_len);
+  const char* fn = optimal_completion ? "optimal_completion_edit_distance" : "edit_distance";
+  ptn_ed_check_pairs(fn, a, a_len, b, b_len);
   int64_t n_batch = Ndarray_DIMS(a)[0], Ta = Ndarray_DIMS(a)[1], Tb = Ndarray_DIMS(b)[1];
   const int32_t *pa = Ndarray_DEV_DATA_int32(a), *pla = Ndarray_DEV_DATA_int32(a_len);
   const int32_t *pb = Ndarray_DEV_DATA_int32(b), *plb = Ndarray_DEV_DATA_int32(b_len);
   int32_t* out = Ndarray_DEV_DATA_int32(*outputs[0]);
+  ptn_ed_check_lengths(fn, "a_len", "a", n_batch, pla, Ta);
+  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
 #if CUDA
-  ptn_ed_check_lengths(n_batch, pla, Ta);
-  ptn_ed_check_lengths(n_batch, plb, Tb);
   if (optimal_completion) start_dev_kernel(ptn_ed_fill_kernel, (n_batch, out, (int32_t)PTN_ED_INT32_MAX));
   ptn_ed_diagonal_sweep(n_batch, Ta, Tb, pa, pla, pb, plb, optimal_completion ? 1 : 0, out, (int32_t*)0);
 #else
-  ptn_ed::check_lengths(n_batch, pla, Ta);
-  ptn_ed::check_lengths(n_batch, plb, Tb);
   ptn_ed::Solver solver;
   int64_t lo = PTN_ED_INT32_MAX, hi = -int64_t(PTN_ED_INT32_MAX) - 1;
   ptn_ed::label_range(pa, n_batch, Ta, pla, lo, hi);
@@ -445,7 +453,8 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
   Ndarray *a = inputs[0], *a_len = inputs[1], *b = inputs[2], *b_len = inputs[3], *succ = inputs[4];
-  ptn_ed_check_pairs(a, a_len, b, b_len);
+  const char* fn = "optimal_completion_edit_distance_per_successor";
+  ptn_ed_check_pairs(fn, a, a_len, b, b_len);
   int64_t n_batch = Ndarray_DIMS(a)[0], Ta = Ndarray_DIMS(a)[1], Tb = Ndarray_DIMS(b)[1];
   int64_t n_succ = Ndarray_DIMS(succ)[0];
   Ndarray* output = *outputs[0];
@@ -455,9 +464,9 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
   const int32_t *pb = Ndarray_DEV_DATA_int32(b), *plb = Ndarray_DEV_DATA_int32(b_len);
   const int32_t* ps = Ndarray_DEV_DATA_int32(succ);
   int32_t* out = Ndarray_DEV_DATA_int32(output);
+  ptn_ed_check_lengths(fn, "a_len", "a", n_batch, pla, Ta);
+  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
 #if CUDA
-  ptn_ed_check_lengths(n_batch, pla, Ta);
-  ptn_ed_check_lengths(n_batch, plb, Tb);
   if (n_batch == 0) return;
   int32_t* rows = (int32_t*)device_malloc(n_batch * (Tb + 1) * sizeof(int32_t));
   ptn_ed_diagonal_sweep(n_batch, Ta, Tb, pa, pla, pb, plb, 2, (int32_t*)0, rows);
@@ -465,8 +474,6 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
   HANDLE_LAST_ERROR();
   device_free(rows);
 #else
-  ptn_ed::check_lengths(n_batch, pla, Ta);
-  ptn_ed::check_lengths(n_batch, plb, Tb);
   ptn_ed::Solver solver;
   int64_t lo = PTN_ED_INT32_MAX, hi = -int64_t(PTN_ED_INT32_MAX) - 1;
   ptn_ed::label_range(pa, n_batch, Ta, pla, lo, hi);
@@ -501,13 +508,19 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
 
 // ------------------------------------------------------------------ NextEditDistanceRowOp
 // inputs: last_row (B,Tb+1), a (B), a_n (B), a_ended (B), b (B,Tb), b_len (B); output (B,Tb+1).
-static void ptn_ed_check_next(Ndarray* last_row, Ndarray* a_n, Ndarray* a_ended, Ndarray* b, Ndarray* b_len) {
+static void ptn_ed_check_next(const char* fn, Ndarray* last_row, Ndarray* a_n, Ndarray* a_ended, Ndarray* b,
+                              Ndarray* b_len) {
   int64_t n_batch = Ndarray_DIMS(last_row)[0];
-  assert_cmp(Ndarray_DIMS(last_row)[1], ==, Ndarray_DIMS(b)[1] + 1);
-  assert_cmp(Ndarray_DIMS(a_n)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(a_ended)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(b)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(b_len)[0], ==, n_batch);
+  if (Ndarray_DIMS(last_row)[1] != Ndarray_DIMS(b)[1] + 1) {
+    std::ostringstream s;
+    s << "last_row has " << Ndarray_DIMS(last_row)[1] << " columns; it needs b.shape[1] + 1 = "
+      << Ndarray_DIMS(b)[1] + 1;
+    ptn_ed_fail(fn, s.str());
+  }
+  ptn_ed_check_batch(fn, a_n, "a_n", n_batch, "last_row");
+  ptn_ed_check_batch(fn, a_ended, "a_ended", n_batch, "last_row");
+  ptn_ed_check_batch(fn, b, "b", n_batch, "last_row");
+  ptn_ed_check_batch(fn, b_len, "b_len", n_batch, "last_row");
 }
 
 static void next_edit_distance_row_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
@@ -515,20 +528,20 @@ static void next_edit_distance_row_fw(int n_inputs, Ndarray** inputs, int n_outp
   assert_cmp(n_outputs, ==, 1);
   Ndarray *last_row = inputs[0], *a = inputs[1], *a_n = inputs[2], *a_ended = inputs[3], *b = inputs[4],
           *b_len = inputs[5];
-  ptn_ed_check_next(last_row, a_n, a_ended, b, b_len);
+  const char* fn = "next_edit_distance_row";
+  ptn_ed_check_next(fn, last_row, a_n, a_ended, b, b_len);
   int64_t n_batch = Ndarray_DIMS(last_row)[0], Tb = Ndarray_DIMS(b)[1];
-  assert_cmp(Ndarray_DIMS(a)[0], ==, n_batch);
+  ptn_ed_check_batch(fn, a, "a", n_batch, "last_row");
   const int32_t* last = Ndarray_DEV_DATA_int32(last_row);
   const int32_t *pa = Ndarray_DEV_DATA_int32(a), *pan = Ndarray_DEV_DATA_int32(a_n);
   const int32_t *pend = Ndarray_DEV_DATA_int32(a_ended), *pb = Ndarray_DEV_DATA_int32(b);
   const int32_t* plb = Ndarray_DEV_DATA_int32(b_len);
   int32_t* next = Ndarray_DEV_DATA_int32(*outputs[0]);
+  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
 #if CUDA
-  ptn_ed_check_lengths(n_batch, plb, Tb);
   start_dev_kernel(ptn_ed_next_row_kernel, (n_batch, Tb, last, pa, pan, pend, pb, plb, next));
   HANDLE_LAST_ERROR();
 #else
-  ptn_ed::check_lengths(n_batch, plb, Tb);
   for (int64_t bi = 0; bi < n_batch; ++bi) {
     const int32_t* l = last + bi * (Tb + 1);
     int32_t* o = next + bi * (Tb + 1);
@@ -567,12 +580,18 @@ static void next_edit_distance_reduce_fw(int n_inputs, Ndarray** inputs, int n_o
   assert_cmp(n_outputs, ==, 1);
   Ndarray *last_row = inputs[0], *a = inputs[1], *a_n = inputs[2], *a_ended = inputs[3], *b = inputs[4],
           *b_len = inputs[5];
-  ptn_ed_check_next(last_row, a_n, a_ended, b, b_len);
+  const char* fn = "next_edit_distance_reduce";
+  ptn_ed_check_next(fn, last_row, a_n, a_ended, b, b_len);
   bool optimal_completion = Ndarray_DEV_DATA_int32_scalar(inputs[6]) != 0;
   int32_t blank = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
   int64_t n_batch = Ndarray_DIMS(last_row)[0], Tb = Ndarray_DIMS(b)[1];
   int64_t a_batch = Ndarray_DIMS(a)[0], n_labels = Ndarray_DIMS(a)[1];
-  if (a_batch != 1) assert_cmp(a_batch, ==, n_batch);
+  if (a_batch != 1 && a_batch != n_batch) {
+    std::ostringstream s;
+    s << "a has batch size " << a_batch << "; it must be 1 (the same candidates for all) or B = " << n_batch
+      << " (last_row.shape[0])";
+    ptn_ed_fail(fn, s.str());
+  }
   Ndarray* output = *outputs[0];
   assert_cmp(Ndarray_DIMS(output)[0], ==, n_batch);
   assert_cmp(Ndarray_DIMS(output)[1], ==, n_labels);
@@ -581,13 +600,12 @@ static void next_edit_distance_reduce_fw(int n_inputs, Ndarray** inputs, int n_o
   const int32_t *pend = Ndarray_DEV_DATA_int32(a_ended), *pb = Ndarray_DEV_DATA_int32(b);
   const int32_t* plb = Ndarray_DEV_DATA_int32(b_len);
   int32_t* out = Ndarray_DEV_DATA_int32(output);
+  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
 #if CUDA
-  ptn_ed_check_lengths(n_batch, plb, Tb);
   start_dev_kernel(ptn_ed_next_reduce_kernel, (n_batch, n_labels, a_batch, Tb, last, pa, pan, pend, pb, plb,
                                                optimal_completion ? 1 : 0, blank, out));
   HANDLE_LAST_ERROR();
 #else
-  ptn_ed::check_lengths(n_batch, plb, Tb);
   int64_t lo = PTN_ED_INT32_MAX, hi = -int64_t(PTN_ED_INT32_MAX) - 1;
   ptn_ed::label_range(pb, n_batch, Tb, plb, lo, hi);
   ptn_ed::label_range(pa, 1, a_batch * n_labels, (const int32_t*)0, lo, hi);
