@@ -367,6 +367,28 @@ def test_other_modes_load_through_the_checks(mode, cached, foreign_lib, tmp_path
     assert_trusted_again(cached)
 
 
+def test_jax_mode_loads_through_the_checks(cached, foreign_lib, tmp_path):
+    """JAX mode loads its own library (the XLA FFI handler): built on the first run, replaced by links to foreign
+    code, rebuilt (never loaded) on the second."""
+    pytest.importorskip("jax")
+    rc, stdout, stderr, warned, _ = run_child(cached.parent, tmp_path, mode="JAX")
+    assert rc == 0, stderr
+    assert_correct(stdout)
+    libs = sorted(cached.parent.glob("*.so"))
+    assert any(lib != cached for lib in libs), "JAX mode built no library of its own"
+    for lib in libs:
+        _symlink_to_foreign(lib, foreign_lib)
+    rc, stdout, stderr, warned, foreign_ran = run_child(cached.parent, tmp_path, mode="JAX")
+    assert rc == 0, stderr
+    assert not foreign_ran
+    assert_correct(stdout)
+    assert warned and all("is a symbolic link" in w for w in warned), stderr
+    for lib in libs:
+        if not lib.is_symlink():
+            assert_trusted_again(lib)
+    assert any(not lib.is_symlink() and lib != cached for lib in libs)
+
+
 def test_concurrent_processes_build_once_and_agree(tmp_path):
     """Three processes start on an empty cache at once: one compiles, all load the same checked library."""
     cache_dir = tmp_path / "cache"
