@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ptnative
 from ptnative import build, cache
@@ -316,7 +318,12 @@ def test_tampered_library_is_rebuilt_never_loaded(tamper, reason, cached, foreig
     assert str(cached) in warned[0] and "it was not loaded and is being rebuilt" in warned[0]
     assert re.search(reason, warned[0]), warned[0]
     assert_trusted_again(cached)
-    # The next process finds a good library: no warning, no rebuild.
+
+
+def test_rebuilt_library_is_used_as_is_by_the_next_process(cached, foreign_lib, tmp_path):
+    _symlink_to_foreign(cached, foreign_lib)
+    rc, stdout, stderr, warned, _ = run_child(cached.parent, tmp_path)
+    assert rc == 0 and len(warned) == 1, stderr
     mtime = cached.stat().st_mtime_ns
     rc, stdout, stderr, warned, foreign_ran = run_child(cached.parent, tmp_path)
     assert (rc, warned, foreign_ran) == (0, [], False), stderr
@@ -659,3 +666,40 @@ def test_swapping_the_cache_directory_during_a_build_changes_nothing(tmp_path):
     assert_correct(stdout)
     assert warned == []
     assert "planted" not in (cache_dir / next(cache_dir.glob("*.so")).name.replace(".so", ".cpp")).read_text()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(header=st.binary(min_size=0, max_size=200), size=st.integers(0, 1 << 40))
+def test_elf_check_never_raises(header, size, tmp_path):
+    """Any file that starts with the ELF magic (and any size it claims to have) gets an answer, not an exception."""
+    path = tmp_path / "probe"
+    path.write_bytes(b"\x7fELF" + header)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        problem = cache.elf_problem(fd, size)
+        assert problem is None or isinstance(problem, str)
+    finally:
+        os.close(fd)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=70),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                         max_size=5), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=st.one_of(st.binary(max_size=300), json_values.map(lambda v: json.dumps(v).encode()),
+                        st.fixed_dictionaries({"format": json_values, "library": json_values, "size": json_values,
+                                               "sha256": json_values}).map(lambda v: json.dumps(v).encode())))
+def test_malformed_records_are_refused(record, tmp_path):
+    """Whatever the record holds, it is accepted only if well formed, and then only if it names this library."""
+    directory = tmp_path / "records"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    (directory / ("lib.so" + RECORD_SUFFIX)).write_bytes(record)
+    with cache.Directory(directory) as d:
+        try:
+            parsed = d.read_record("lib.so")
+        except cache.Untrusted as e:
+            assert "integrity record" in str(e)
+        else:
+            assert parsed["format"] == 1 and parsed["library"] == "lib.so" and type(parsed["size"]) is int
