@@ -34,6 +34,8 @@ def run_pickled(blob):
     return [np.asarray(r) for r in f(*data())]
 
 
+# When JAX ran earlier in this process it warns at every fork; the forked worker never touches JAX.
+@pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 @pytest.mark.parametrize("mode", [None, "FAST_COMPILE"], ids=["default", "FAST_COMPILE"])
 def test_compiled_function_pickles_and_runs_in_another_process(start_method, mode):
