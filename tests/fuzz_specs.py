@@ -251,7 +251,8 @@ def cases_for(spec):
             f = pytensor.function(variables, outs, mode=mode)
             got = f(*[v.copy() for v in values])
             for k, (g, e) in enumerate(zip(got, expected)):
-                assert g.shape == e.shape and g.dtype == e.dtype, f"output {k}: {g.shape} {g.dtype} vs {e.shape} {e.dtype}"
+                assert g.shape == e.shape and g.dtype == e.dtype, \
+                    f"output {k}: {g.shape} {g.dtype}, expected {e.shape} {e.dtype}"
                 np.testing.assert_array_equal(g, e, err_msg=f"output {k}")
             return f
 
