@@ -256,6 +256,7 @@ def test_every_family_has_a_page_linked_from_the_index():
     index = read(os.path.join("docs", "index.md"))
     for family in ops.FAMILIES:
         name = family.__name__.rpartition(".")[2]
-        assert os.path.exists(os.path.join(ROOT, "docs", f"{name}.md")), f"no docs/{name}.md for {family.__name__}"
-        assert f"({name}.md)" in index and f"`{family.__name__}`" in index, (
-            f"docs/index.md does not link {name}.md or name the module {family.__name__}")
+        page = os.path.join("docs", f"{name}.md")
+        assert os.path.exists(os.path.join(ROOT, page)), f"no {page} for the family module {family.__name__}"
+        assert f"({name}.md)" in index, f"docs/index.md does not link {name}.md"
+        assert f"`{family.__name__}`" in read(page), f"{page} does not name its module `{family.__name__}`"
