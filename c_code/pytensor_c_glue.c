@@ -6,7 +6,8 @@
  * address it asks ptnative for when the module is imported.  So no flag in pytensor.config.gcc__cxxflags (PyMC's
  * -fno-exceptions, a user's -ffast-math) can reach a kernel, and nothing here throws or needs a C++ runtime.
  *
- * ptnative/backends/c.py fills the sections below with plain substitutions:
+ * ptnative/backends/c.py fills the sections below (each starts with a "//@section <name>" line) with plain
+ * substitutions (ptnative.source.fill_glue):
  *   @NAME@        the node's name in the module (an identifier from PyTensor)
  *   @MAX_NDIM@, @STATUS_VALUE@   ptnative.source.MAX_NDIM and STATUS_VALUE
  *   @SYMBOL@, @LABEL@, @CHECK_MESSAGE@   C string literals made by ptnative.source.c_string_literal
@@ -14,7 +15,7 @@
  *   @INPUTS@, @OUTPUTS@, @FAIL@   PyTensor's names of the node's variables and its failure code
  */
 
-#section support_code
+//@section support_code
 #ifndef PTNATIVE_PYTENSOR_C_GLUE
 #define PTNATIVE_PYTENSOR_C_GLUE
 #include <stdint.h>
@@ -141,7 +142,7 @@ static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArr
 }
 #endif
 
-#section support_code_apply
+//@section support_code_apply
 static ptn_glue_entry_t @NAME@_entry = NULL;
 static const int @NAME@_ndim[] = @NDIM@;
 static const int @NAME@_contiguous[] = @CONTIGUOUS@;
@@ -157,11 +158,11 @@ static const ptn_glue_layout @NAME@_layout = {
   @LABEL@, @N_IN@, @N_OUT@, @NAME@_ndim, @NAME@_contiguous, @NAME@_source_of, @NAME@_destroys, @NAME@_typenum,
   @NAME@_out_dims, @N_CHECKS@, @NAME@_check_input, @NAME@_check_dim, @NAME@_check_size, @NAME@_check_message};
 
-#section init_code_apply
+//@section init_code_apply
 @NAME@_entry = ptn_glue_entry(@SYMBOL@);
 if (!@NAME@_entry) return NULL;
 
-#section code
+//@section code
 {
   PyArrayObject* ptn_in[@N_IN@ + 1] = {@INPUTS@};
   PyArrayObject* ptn_tmp[@N_IN@ + 1] = {NULL};

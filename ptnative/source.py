@@ -74,17 +74,42 @@ def c_name(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", name).strip("_")[:40] or "op"
 
 
-_LITERAL_SAFE = frozenset(range(0x20, 0x7F)) - {ord('"'), ord("\\"), ord("?")}
+_LITERAL_SAFE = frozenset(range(0x20, 0x7F)) - {ord('"'), ord("\\"), ord("?"), ord("@")}
 
 
 def c_string_literal(text: str) -> str:
     """``text`` as a C/C++ string literal (double quotes included) that means exactly its UTF-8 bytes.
 
-    Printable ASCII stays as is except ``"``, ``\\`` and ``?`` (no trigraph can form); every other byte, newlines
-    and non-ASCII included, is a three-digit octal escape, which never swallows the digits after it.  Use it for
-    every user string that ends up in generated C, and pass the result as an argument, never as a format."""
+    Printable ASCII stays as is except ``"``, ``\\``, ``?`` (no trigraph can form) and ``@`` (no glue placeholder
+    can form); every other byte, newlines and non-ASCII included, is a three-digit octal escape, which never
+    swallows the digits after it.  Use it for every user string that ends up in generated C, and pass the result as
+    an argument, never as a format."""
     data = text.encode("utf-8", "surrogatepass")
     return '"' + "".join(chr(b) if b in _LITERAL_SAFE else f"\\{b:03o}" for b in data) + '"'
+
+
+_GLUE_SECTION = re.compile(r"^//@section (\w+)[ \t]*\n", re.M)
+_GLUE_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
+
+
+@cache
+def glue_sections(filename: str) -> dict[str, str]:
+    """The named sections of a glue template in ``c_code/`` (each starts with a ``//@section <name>`` line; the
+    text before the first is the file's comment): ``{name: text}``."""
+    parts = _GLUE_SECTION.split(read_kernel_file(filename))
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def fill_glue(template: str, fields: dict[str, object]) -> str:
+    """``template`` with each ``@KEY@`` replaced by ``str(fields[KEY])`` in one pass (a value is never rescanned,
+    so a value holding ``@...@`` stays as it is).  Raises ``KeyError`` naming a placeholder without a field."""
+
+    def value(m):
+        if m.group(1) not in fields:
+            raise KeyError(f"glue template placeholder @{m.group(1)}@ has no value")
+        return str(fields[m.group(1)])
+
+    return _GLUE_PLACEHOLDER.sub(value, template)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import ptnative
 from ptnative import NativeOp
 from ptnative.backends import c as c_backend
 from ptnative.build import cxx
-from ptnative.source import c_string_literal
+from ptnative.source import c_string_literal, fill_glue, glue_sections
 
 #: Names that break C when pasted raw: format directives, quotes, backslashes, line ends, comment ends,
 #: trigraphs, placeholders of the glue template, non-ASCII (UTF-8 of 2, 3 and 4 bytes), a NUL-free control char.
@@ -43,8 +43,16 @@ def test_c_string_literal_is_plain_ascii():
         assert lit.startswith('"') and lit.endswith('"')
         inner = lit[1:-1]
         assert all(0x20 <= ord(ch) < 0x7F for ch in inner)
-        assert "??" not in inner
+        assert "??" not in inner and "@" not in inner
         assert '"' not in inner.replace("\\\\", "").replace('\\"', "")
+
+
+def test_fill_glue_is_one_pass():
+    """A value holding a placeholder is not filled again; a placeholder without a value is an error."""
+    assert fill_glue("a @X@ b @Y@", {"X": "@Y@", "Y": 1}) == "a @Y@ b 1"
+    with pytest.raises(KeyError, match="@Z@ has no value"):
+        fill_glue("@Z@", {})
+    assert set(glue_sections("pytensor_c_glue.c")) == {"support_code", "support_code_apply", "init_code_apply", "code"}
 
 
 FW = """

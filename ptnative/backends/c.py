@@ -6,21 +6,20 @@ build and the Numba and Python drivers do.  So flags in ``pytensor.config.gcc__c
 ``-fno-exceptions``; users add ``-ffast-math``) never reach a kernel, and each node's module compiles in a
 fraction of a second.
 
-The module's C text is ``c_code/pytensor_c_glue.c`` (named ``#section``s, filled by plain substitution).  At import
-the module asks :func:`entry_address` for the entry point's address.  PyTensor may import a module compiled by an
-earlier process without asking the op for its code, but it always computes the node's cache key in the current
-process first: :func:`cache_version` builds the library there and registers the variant under its symbol.
+The module's C text is ``c_code/pytensor_c_glue.c`` (sections that start with ``//@section <name>``, filled by
+plain substitution).  At import the module asks :func:`entry_address` for the entry point's address.  PyTensor may
+import a module compiled by an earlier process without asking the op for its code, but it always computes the
+node's cache key in the current process first: :func:`cache_version` builds the library there and registers the
+variant under its symbol.
 """
 
 from __future__ import annotations
 
 import ctypes
-import re
 import zlib
-from functools import cache
 
 from ..build import build, load
-from ..source import MAX_NDIM, STATUS_VALUE, Variant, c_string_literal, read_kernel_file
+from ..source import MAX_NDIM, STATUS_VALUE, Variant, c_string_literal, fill_glue, glue_sections, read_kernel_file
 
 GLUE_FILE = "pytensor_c_glue.c"
 #: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
@@ -28,28 +27,14 @@ TRAMPOLINE_VERSION = 1
 
 _NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_INT32", "int64": "NPY_INT64",
               "uint8": "NPY_UINT8"}
-_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 
 #: The variants whose C modules this process may import, by symbol (see :func:`prepare`).
 _prepared: dict[str, Variant] = {}
 
 
-@cache
-def glue_sections() -> dict[str, str]:
-    """The ``#section`` parts of ``c_code/pytensor_c_glue.c``, by name (text before the first one is a comment)."""
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in read_kernel_file(GLUE_FILE).splitlines(keepends=True):
-        if line.startswith("#section "):
-            current = sections.setdefault(line.split()[1], [])
-        elif current is not None:
-            current.append(line)
-    return {name: "".join(lines) for name, lines in sections.items()}
-
-
 def fill(section: str, fields: dict[str, object]) -> str:
-    """One glue section with every ``@KEY@`` replaced by ``fields[KEY]``, in one pass (values are not rescanned)."""
-    return _PLACEHOLDER.sub(lambda m: str(fields[m.group(1)]), glue_sections()[section])
+    """One section of ``c_code/pytensor_c_glue.c``, filled (see :func:`ptnative.source.fill_glue`)."""
+    return fill_glue(glue_sections(GLUE_FILE)[section], fields)
 
 
 def prepare(op, node) -> Variant:
