@@ -46,8 +46,10 @@ def run_pickled(blob):
     return [np.asarray(r) for r in f(*data())]
 
 
-# When JAX ran earlier in this process it warns at every fork; the forked worker never touches JAX.
+# JAX (when it ran earlier in this process) and Python >= 3.12 warn at every fork of a multi-threaded process, as
+# PyMC's forked chains do; whether the kernels (and their CPU threads) work in the forked worker is what is tested.
 @pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
+@pytest.mark.filterwarnings(r"ignore:This process .* is multi-threaded, use of fork\(\):DeprecationWarning")
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 @pytest.mark.parametrize("mode", [None, "C", "FAST_COMPILE"], ids=["default", "C", "FAST_COMPILE"])
 def test_compiled_function_pickles_and_runs_in_another_process(start_method, mode):
