@@ -115,7 +115,10 @@ def sample(model, sampler, draws, tune, chains, seed=0, mode=None, progressbar=F
     elif sampler == "nutpie":
         kwargs.update(nuts_sampler="nutpie", cores=chains)
     elif sampler.startswith("numpyro-"):
-        kwargs.update(nuts_sampler="numpyro", nuts_sampler_kwargs={"chain_method": sampler.split("-")[1]})
+        options = {"chain_method": sampler.split("-")[1]}
+        # PyMC >= 6 takes the JAX samplers' options as nuts={...}; PyMC 5 as nuts_sampler_kwargs={...}
+        kwargs.update({"nuts" if int(pm.__version__.split(".")[0]) >= 6 else "nuts_sampler_kwargs": options},
+                      nuts_sampler="numpyro")
     else:
         raise ValueError(f"sample: unknown sampler {sampler!r}; expected one of {', '.join(SAMPLERS)}")
     t0 = time.perf_counter()

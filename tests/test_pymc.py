@@ -3,7 +3,8 @@
 The likelihood and its gradient are checked against an independent numpy forward-backward pass (float64, log
 space) in every PyTensor mode the installed version has; the whole model's logp against PyMC's own prior terms
 plus that reference, and its gradient (through PyMC's transforms and ptnative's gradient op) against central
-differences; then short NUTS runs (one process, two spawned processes) must recover the
+differences; jax.value_and_grad of the jaxified model (what numpyro differentiates) against that dlogp; then
+short NUTS runs (one process, two spawned processes, numpyro with vectorised chains) must recover the
 simulated means.  Skipped where PyMC is absent.
 """
 
@@ -166,6 +167,43 @@ def test_nuts_recovers_the_means(sampler, chains):
             params = [np.asarray(post[n].values)[0, d] for n in ("mu", "sigma", "P")]
             np.testing.assert_allclose(np.asarray(ll["y"].values)[0, d].sum(), forward_backward(y, *params)[0],
                                        rtol=1e-10)
+
+
+def test_jax_value_and_grad_of_the_model(data):
+    """What PyMC's JAX samplers differentiate: the jaxified model logp under jax.value_and_grad (ptnative's
+    ops as jax.custom_vjp), also under jax.vmap over points, equals the model's dlogp (checked above)."""
+    jax = pytest.importorskip("jax")
+    from pymc.sampling.jax import get_jaxified_logp
+
+    y, _ = data
+    model = hmm_pymc.build_model(y)
+    names = [v.name for v in model.value_vars]
+    rng = np.random.default_rng(11)
+    points = [{k: v + rng.normal(0, 0.3, np.shape(v)) for k, v in model.initial_point().items()} for _ in range(3)]
+    logp = model.compile_logp(mode="FAST_COMPILE")
+    dlogp = model.compile_dlogp(mode="FAST_COMPILE")
+    with jax.enable_x64(True):
+        value_and_grad = jax.jit(jax.value_and_grad(get_jaxified_logp(model)))
+        batched = jax.jit(jax.vmap(jax.value_and_grad(get_jaxified_logp(model))))
+        stacked = batched([np.stack([p[n] for p in points]) for n in names])
+        for i, point in enumerate(points):
+            value, grads = value_and_grad([point[n] for n in names])
+            flat = np.concatenate([np.ravel(g) for g in grads])
+            np.testing.assert_allclose(value, logp(point), rtol=1e-10)
+            np.testing.assert_allclose(flat, dlogp(point), rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(stacked[0][i], value, rtol=1e-12)
+            np.testing.assert_allclose(np.concatenate([np.ravel(g[i]) for g in stacked[1]]), flat, rtol=1e-12,
+                                       atol=1e-12)
+
+
+def test_numpyro_recovers_the_means():
+    """pm.sample(nuts_sampler="numpyro"), chains vectorised with jax.vmap."""
+    pytest.importorskip("numpyro")
+    y, states, truth = hmm_pymc.simulate(n_steps=500, seed=1)
+    model = hmm_pymc.build_model(y)
+    idata, _ = hmm_pymc.sample(model, "numpyro-vectorized", draws=100, tune=300, chains=2, seed=2)
+    np.testing.assert_allclose(_posterior_mean(idata, "mu"), truth["mu"], atol=0.3)
+    np.testing.assert_allclose(_posterior_mean(idata, "sigma"), truth["sigma"], atol=0.3)
 
 
 def test_dist_rejects_a_batch_size():
