@@ -1,7 +1,8 @@
 """Cost and gradient on the CPU: PyTensor's default mode and JAX mode (``pytensor.grad`` in the graph), against
 JAX differentiating the jaxified graph (``jax.jit(jax.value_and_grad(...))``, each native op a ``custom_vjp``), as
-numpyro / blackjax / PyMC's JAX samplers do.  ``python bench/jax_grad.py [--quick]``; milliseconds, median of the
-timed calls (interleaved), and each row's ratio to the default mode."""
+numpyro / blackjax / PyMC's JAX samplers do; then ``jax.vmap`` over many problems against one call with the op's
+batch axis.  ``python bench/jax_grad.py [--quick]``; milliseconds, median of the timed calls (interleaved), and
+each row's ratio to the first of its table."""
 
 import argparse
 import os
@@ -56,6 +57,28 @@ def rows(inputs, cost, values, reps):
     return measure_interleaved(fns, reps=reps), err
 
 
+def vmap_rows(T, K, N, rng, reps):
+    """N HMM problems: ``jax.vmap`` over N calls (one FFI call per element) against one call with the op's batch
+    axis B=N; value and gradient w.r.t. the emissions."""
+    lA, lpi = np.log(rng.dirichlet(np.ones(K), size=K)), np.log(np.full(K, 1.0 / K))
+    emissions = rng.normal(size=(T, N, K))
+    fns = {}
+    for B in (1, N):
+        x = pt.tensor3("x", shape=(T, B, K))
+        fgraph = FunctionGraph([x], [ptnative.hmm_log_likelihood(x, lA, lpi).sum()], clone=True)
+        get_mode("JAX").optimizer.rewrite(fgraph)
+        f = jax_funcify(fgraph)
+        fns[B] = jax.value_and_grad(lambda v, f=f: f(v)[0])
+    per_element = jax.jit(jax.vmap(fns[1], in_axes=1, out_axes=(0, 1)))
+    batched = jax.jit(fns[N])
+    stacked = emissions[:, :, None, :]
+    got, want = per_element(stacked), batched(emissions)
+    err = float(np.max(np.abs(np.asarray(got[1])[:, :, 0] - want[1])))
+    return measure_interleaved({f"one call with B={N}": lambda: jax.block_until_ready(batched(emissions)),
+                                f"jax.vmap over {N} calls (B=1)": lambda: jax.block_until_ready(per_element(stacked))},
+                               reps=reps), err
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small shapes, few calls")
@@ -72,6 +95,12 @@ def main():
         print(f"\n{title} (cost + gradient; max |JAX - default| = {err:.1e})")
         for name, t in timings.items():
             print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
+    T, K, N = (60, 3, 4) if opts.quick else (500, 3, 16)
+    timings, err = vmap_rows(T, K, N, rng, reps)
+    print(f"\nhmm_log_likelihood T={T} K={K}, {N} problems (value + gradient; max |difference| = {err:.1e})")
+    base = timings[f"one call with B={N}"].median
+    for name, t in timings.items():
+        print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
 
 
 if __name__ == "__main__":
