@@ -168,3 +168,14 @@ def test_cached_c_module_in_a_fresh_process(tmp_path):
                              env=dict(os.environ), timeout=300)
         assert out.returncode == 0, out.stderr
         assert "[4. 4.]" in out.stdout
+
+
+@pytest.mark.parametrize("mode", ["C", "CVM"])
+def test_kernel_compile_error_in_c_modes(mode, tmp_path):
+    """A kernel that does not compile is ptnative's CompileError (with the compiler's output) in the C modes too,
+    raised while PyTensor computes the node's cache key, before any C module is built."""
+    op = NativeOp(({"ndim": 1},), ({"ndim": 1, "shape": ((0, 0),)},), f"/* {tmp_path.name} */ this is not C++;",
+                  name="BrokenInC")
+    x = pt.vector()
+    with pytest.raises(ptnative.CompileError, match=r"(?s)compiling ptn_BrokenInC_[0-9a-f]+ \(cpu\) failed.*error"):
+        pytensor.function([x], op(x), mode=mode)
