@@ -148,12 +148,13 @@ print("ok")
 
 
 def test_ffi_handler_template_escapes_the_op_name():
-    """The op name reaches the handler only as an escaped C string literal: quotes, backslashes, newlines and
-    non-ASCII characters compile and come back in the error message."""
-    from ptnative.backends.ffi_source import sections
+    """The op name reaches the handler only as an escaped C string literal: quotes, backslashes, newlines,
+    trigraphs, non-ASCII characters and placeholder-like text compile and come back in the error message."""
+    from ptnative.backends.ffi_source import HANDLER_FILE
+    from ptnative.source import glue_sections
 
-    assert "@NAME@" in sections()["handler"]
-    name = 'Odd "name" \\ with\nnewline ??= é'
+    assert "@NAME@" in glue_sections(HANDLER_FILE)["handler"]
+    name = 'Odd "name" \\ with\nnewline ??= é @SYM@ @NAME@'
     op = scale_op(name=name)
     x, w, k = pt.matrix(), pt.vector(), pt.iscalar()
     f = pytensor.function([x, w, k], op(x, w, k), mode="JAX")

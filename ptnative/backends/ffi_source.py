@@ -1,40 +1,17 @@
 """The translation unit of an op variant's XLA FFI handler, for JAX mode.
 
 The handler's C++ lives in ``c_code/xla_ffi_handler.cc`` (named ``//@section``\\ s); this module fills it with plain
-substitutions (the op's tables, symbol and name) and appends it to the variant's own translation unit (dialect,
-kernels, entry point; see :mod:`ptnative.source`).
+substitutions (the op's tables, symbol and name; :func:`ptnative.source.fill_glue`) and appends it to the variant's
+own translation unit (dialect, kernels, entry point; see :mod:`ptnative.source`).
 """
 
 from __future__ import annotations
 
-import re
-from functools import cache
-
 import numpy as np
 
-from ..source import Variant, c_string_literal, read_kernel_file
+from ..source import Variant, c_string_literal, fill_glue, glue_sections
 
 HANDLER_FILE = "xla_ffi_handler.cc"
-_SECTION = re.compile(r"^//@section (\w+)[ \t]*\n", re.M)
-_PLACEHOLDER = re.compile(r"@[A-Z_]+@")
-
-
-@cache
-def sections(filename: str = HANDLER_FILE) -> dict[str, str]:
-    """The named sections of a glue file in ``c_code/``: ``{name: text}`` (the text before the first is dropped)."""
-    parts = _SECTION.split(read_kernel_file(filename))
-    return dict(zip(parts[1::2], parts[2::2]))
-
-
-def fill(template: str, fields: dict[str, str]) -> str:
-    """``template`` with every ``@KEY@`` of ``fields`` replaced; an unknown ``@KEY@`` left over is an error."""
-    text = template
-    for key, value in fields.items():
-        text = text.replace(f"@{key}@", value)
-    left = sorted(set(_PLACEHOLDER.findall(text)))
-    if left:
-        raise ValueError(f"unfilled placeholders in a glue template: {', '.join(left)}")
-    return text
 
 
 def c_array(values) -> str:
@@ -52,7 +29,7 @@ def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant
     for i, info in enumerate(op.in_info):
         if info.get("want_inplace", -1) >= 0:
             source_of[info["want_inplace"]] = i
-    handler = fill(sections()["handler"], {
+    handler = fill_glue(glue_sections(HANDLER_FILE)["handler"], {
         "SYM": base.symbol,
         "N_IN": str(len(op.in_info)),
         "N_OUT": str(len(op.out_info)),
