@@ -9,7 +9,14 @@ before it (an exception coming back from a call would leave the caller's arrays
 pinned for good, numba/numba#1549).  The price: PyTensor does not cache a graph
 holding a native op across processes.  ``ptnative.config.numba_graph_cache = True``
 gives the op a cache key instead (graphs reused across processes; every failing
-call then pins the arrays the graph function holds at that moment)."""
+call then pins the arrays the graph function holds at that moment).
+
+There is no key without that leak: for a keyed node PyTensor's
+``numba_funcify_ensure_cache`` calls our function from a cached
+``def f(*args): return jitable_func(*args)`` (Numba refuses to inline a callee
+called with ``*args``), and the graph's own key puts the whole graph function
+behind the same kind of wrapper, which alone pins every graph input per failing
+call.  tests/test_leaks.py measures both sides of the trade."""
 
 from __future__ import annotations
 
