@@ -509,13 +509,6 @@ class CtcFsa(Harness):
             got = self(np.zeros((0, 3), np.int32), np.zeros(0, np.int32), np.int32(3))
             _shapes(got, [(4, 0), (0,), (2, 0)])
 
-        def empty_alignment():
-            # act_lens[b] = label_lens[b] = 0: the empty alignment, probability 1 (issue 14, item 6; docs/rnnt.md)
-            vals = self.with_values(act_lens=np.array([4, 0, 3], np.int32), label_lens=np.array([2, 0, 0], np.int32))
-            got = self(*vals)
-            assert got[0][1] == 0, f"{fn}: act_lens[b] = label_lens[b] = 0 gives cost 0, got {got[0][1]}"
-            equal(got[1][1], np.zeros_like(got[1][1]), "gradient of the empty alignment")
-
         def no_labels():
             got = self(np.zeros((2, 0), np.int32), np.zeros(2, np.int32), np.int32(0))
             _shapes(got, [(4, 10), (10,), (2, 2)])
@@ -566,12 +559,29 @@ class FastBW(Harness):
         return [r.random((5, 2, 3)) * 2, edges, weights.astype(np.float64), se, mask_of(self.LENS, 5)]
 
     def runtime_cases(self):
-        def as_impossible(arg, idx, bad):
+        from .reference import fsa as ref
+
+        def nan_in(arg, idx):
+            # documented: NaN in makes fwdbwd and obs_scores of that sequence NaN on its valid frames
             def run():
-                got = self(*self.with_values(**{arg: lambda a: _set(a, idx, bad)}))
-                want = self(*self.with_values(**{arg: lambda a: _set(a, idx, INF)}))
-                all_equal(got, want, [f"{n} ({arg} NaN = impossible, documented)" for n in self.output_names])
+                got = self(*self.with_values(**{arg: lambda a: _set(a, idx, NAN)}))
+                assert np.isnan(got[0][:5, 0]).all() and np.isnan(got[1][:5, 0]).all(), \
+                    f"NaN in {arg} must make sequence 0 NaN on its valid frames"
+                same_batch_entries(got, self.clean(), self.batch_axes, [1], self.output_names)
             return run
+
+        def nan_padding():
+            got = self(*self.with_values(am_scores=lambda a: _set(a, (4, 1, 0), NAN)))  # sequence 1 has 3 frames
+            all_equal(got, self.clean(), [n + " with NaN on a padded frame" for n in self.output_names])
+
+        def plus_inf():
+            vals = self.with_values(am_scores=lambda a: _set(a, (1, 0, 1), INF))
+            got = self(*vals)
+            nll, post = ref.forward_backward_edges(vals[0], vals[1], vals[2], vals[3], self.LENS)
+            valid = mask_of(self.LENS, 5)
+            equal(got[1], valid * nll[None], "obs_scores vs the log-space forward-backward", exact=False)
+            equal(np.where(valid[:, :, None] > 0, np.exp(-got[0]), 0), np.where(valid[:, :, None] > 0, post, 0),
+                  "posteriors vs the log-space forward-backward", exact=False)
 
         def minus_inf(arg, idx):
             return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, -INF)})),
@@ -596,9 +606,10 @@ class FastBW(Harness):
             same_batch_entries(got, self.clean(), self.batch_axes, [0], self.output_names)
 
         return [
-            ("nan:am_scores", as_impossible("am_scores", (1, 0, 1), NAN)),
-            ("nan:weights", as_impossible("weights", (0,), NAN)),
-            ("inf:am_scores_pos", as_impossible("am_scores", (1, 0, 1), INF)),
+            ("nan:am_scores", nan_in("am_scores", (1, 0, 1))),
+            ("nan:weights", nan_in("weights", (0,))),
+            ("nan:am_scores_padded_frame", nan_padding),
+            ("inf:am_scores_pos", plus_inf),
             ("inf:am_scores_neg", minus_inf("am_scores", (1, 0, 1))),
             ("inf:weights_neg", minus_inf("weights", (0,))),
             ("out_of_range_label:emission", bad_edges(2, 3, "emission >= D")),
@@ -661,10 +672,10 @@ class FastViterbi(Harness):
         from .reference import fsa as ref
 
         def nan():
+            # documented: a NaN score on a valid frame of b gives b the score NaN and the alignment 0
             got = self(*self.with_values(am_scores=lambda a: _set(a, (1, 0, 1), NAN)))
-            if not np.isnan(got[1][0]):
-                want = self(*self.with_values(am_scores=lambda a: _set(a, (1, 0, 1), -INF)))
-                all_equal(got, want, ["alignment (NaN scored like -inf)", "scores (NaN scored like -inf)"])
+            assert np.isnan(got[1][0]), f"score of a sequence with a NaN score: {got[1][0]}"
+            equal(got[0][:, 0], np.zeros(5, np.int32), "alignment of a sequence with a NaN score")
             same_batch_entries(got, self.clean(), self.batch_axes, [1], self.output_names)
 
         def minus_inf():
@@ -892,6 +903,19 @@ class Hmm(Harness):
             return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, v)})),
                                         ["hmm_log_likelihood", *names])
 
+        def nan_emission():
+            # documented: b's log-likelihood NaN, its emission gradient NaN on its valid frames, others unaffected
+            got = self(*self.with_values(log_emissions=lambda a: _set(a, (1, 0, 0), NAN)))
+            assert np.isnan(got[0][0]) and np.isnan(got[1][:5, 0]).all(), "NaN log-emission of sequence 0"
+            same_batch_entries(got[:2], self.clean()[:2], [0, 1], [1, 2], self.output_names)
+
+        def nan_shared(arg, idx):
+            # documented: a NaN in log_transitions / log_initial makes every sequence with a frame NaN
+            def run():
+                got = self(*self.with_values(**{arg: lambda a: _set(a, idx, NAN)}))
+                assert np.isnan(got[0]).all(), f"NaN in {arg}: log_likelihood {got[0]}"
+            return run
+
         def minus_inf():
             vals = self.with_values(log_transitions=lambda a: _set(a, (0, 1), -INF))
             got = self(*vals)
@@ -907,13 +931,13 @@ class Hmm(Harness):
         def zero_time():
             vals = self.with_values(log_emissions=np.zeros((0, 3, 3)), mask=np.zeros((0, 3)))
             got = self(*vals)
-            want = np.full(3, np.logaddexp.reduce(vals[2] + vals[3]))
+            want = ref.hmm_forward(vals[0], vals[1], vals[2], vals[3], [0, 0, 0])
             equal(got[0], want, "log_likelihood with T = 0", exact=False)
 
         return [
-            ("nan:log_emissions", bad("log_emissions", (1, 0, 0), NAN, ["log_emissions"])),
-            ("nan:log_transitions", bad("log_transitions", (0, 0), NAN, ["log_transitions"])),
-            ("nan:log_initial", bad("log_initial", (0,), NAN, ["log_initial"])),
+            ("nan:log_emissions", nan_emission),
+            ("nan:log_transitions", nan_shared("log_transitions", (0, 0))),
+            ("nan:log_initial", nan_shared("log_initial", (0,))),
             ("inf:log_emissions_pos", bad("log_emissions", (1, 0, 0), INF, ["log_emissions"])),
             ("inf:log_transitions_neg", minus_inf),
             ("zero_length:sequence", zero_length),
@@ -1009,6 +1033,13 @@ class Rnnt(Harness):
             assert got[0][1] == INF, f"{fn}: act_lens[b] = 0 gives cost +inf (documented), got {got[0][1]}"
             equal(got[1][1], np.zeros_like(got[1][1]), "gradient of a sequence without frames")
 
+        def empty_alignment():
+            # act_lens[b] = label_lens[b] = 0: the empty alignment, probability 1 (issue 14, item 6; docs/rnnt.md)
+            vals = self.with_values(act_lens=np.array([4, 0, 3], np.int32), label_lens=np.array([2, 0, 0], np.int32))
+            got = self(*vals)
+            assert got[0][1] == 0, f"{fn}: act_lens[b] = label_lens[b] = 0 gives cost 0, got {got[0][1]}"
+            equal(got[1][1], np.zeros_like(got[1][1]), "gradient of the empty alignment")
+
         def no_labels():
             vals = self.with_values(label_lens=np.array([2, 0, 0], np.int32))
             got = self(*vals)
@@ -1090,11 +1121,11 @@ class MultiRnnt(Rnnt):
         a, lab, al, ll = pt.tensor4(shape=(None, None, None, 5)), pt.imatrix(), pt.ivector(), pt.ivector()
         return super().build_cases() + [
             ("bad_value:duration", lambda: expect_error(lambda: multiblank_rnnt_loss(a, lab, al, ll, 4, (1,)),
-                                                        [self.name, "big_blank_durations"])),
+                                                        ["multiblank_rnnt_loss", "big_blank_durations"])),
             ("out_of_range_label:blank", lambda: expect_error(lambda: multiblank_rnnt_loss(a, lab, al, ll, 5, (2,)),
-                                                              [self.name, "blank"])),
+                                                              ["multiblank_rnnt_loss", "blank"])),
             ("nan:sigma", lambda: expect_error(lambda: multiblank_rnnt_loss(a, lab, al, ll, 4, (2,), sigma=NAN),
-                                               [self.name, "sigma"])),
+                                               ["multiblank_rnnt_loss", "sigma"])),
         ]
 
 

@@ -78,6 +78,9 @@ class Worker:
             elif "done" in msg:
                 return results
             elif "error" in msg:
+                for rest in self._lines(time.monotonic() + 60):  # read up to this request's "done"
+                    if rest is None or "done" in rest:
+                        break
                 raise AssertionError(f"the fuzz worker could not run {request!r}:\n{msg['error']}")
             else:
                 results.append(msg)
