@@ -20,9 +20,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import ptnative
 
-from .gpu.cases import CASES_BY_NAME
+from .gpu.cases import CASES, CASES_BY_NAME
 from .test_fsa import hmm_data, mask_of
-from .test_jax_grad import GRAPHS, assert_close, build, jaxify
+from .test_jax_grad import assert_close, build, jaxify
 from .test_rnnt import rnnt_data
 
 N_DEVICES = 4
@@ -64,7 +64,7 @@ def case_function(name, dtype):
 def check_cases(dtype):
     mesh = Mesh(np.array(jax.devices()[:N_DEVICES]), ("b",))
     failures = []
-    for name in GRAPHS:
+    for name in (case.name for case in CASES):
         if dtype not in CASES_BY_NAME[name].dtypes and dtype != "float64":
             continue  # int-only cases run once, with the float64 ones
         try:

@@ -52,12 +52,15 @@ def assert_close(got, want, dtype, what):
 
 
 class Recorder(cases.GraphBuilder):
-    """The cases' graph builder (CPU ops, static shapes) that also keeps each weighted cost with its ``wrt`` and
-    PyTensor's gradients of it."""
+    """The cases' graph builder that also keeps each weighted cost with its ``wrt`` and PyTensor's gradients of it;
+    ``made`` lists the builders created (a case builds its graph with the first)."""
 
-    def __init__(self):
-        super().__init__(lambda cls, **kwargs: cls.make_op(device="cpu", **kwargs), static=True)
+    made = []
+
+    def __init__(self, make_op, static):
+        super().__init__(make_op, static)
         self.costs = []
+        Recorder.made.append(self)
 
     def grads(self, outputs, wrt):
         grads = super().grads(outputs, wrt)
@@ -66,41 +69,19 @@ class Recorder(cases.GraphBuilder):
         return grads
 
 
-#: (builder, small size) of every case in tests/gpu/cases.py.
-GRAPHS = {
-    "lstm_generic": (cases._lstm_generic, (5, 3, 4)),
-    "native_lstm2": (cases._native_lstm2, (6, 3, 4, 0, -1)),
-    "lstm_lowmem": (cases._lstm_lowmem, (5, 3, 4, 3, 0, 1)),
-    "twod_lstm": (cases._twod_lstm, (3, 4, 2, 3, 2)),
-    "lstm_cell": (cases._lstm_cell, (5, 4, 3, 2)),
-    "lstm_cell_grad_ops": (cases._lstm_cell_grad_ops, (4, 3, 3, 2)),
-    "chunking": (cases._chunking, (11, 3, 4, 5, 3)),
-    "edit_distance": (cases._edit_distance, (5, 7, 6, 4)),
-    "ctc_loss": (cases._ctc_loss, (9, 4, 5, 3)),
-    "fast_bw": (cases._fast_bw, (7, 3, 4, 5, 12)),
-    "multi_end_fast_bw": (cases._multi_end_fast_bw, (6, 3, 4, 5, 12)),
-    "segment_fast_bw": (cases._segment_fast_bw, (5, 3, 3, 4, 2)),
-    "fast_viterbi": (cases._fast_viterbi, (7, 3, 4, 5, 12)),
-    "hmm": (cases._hmm, (8, 4, 3)),
-    "rnnt": (cases._rnnt((), 0.0, 0.0, -1.0), (3, 6, 3, 4)),
-    "rnnt_multiblank": (cases._rnnt((2, 4), 0.05, 0.2, 0.05), (3, 8, 3, 5)),
-    "subtensor_batched_index": (cases._subtensor_batched_index, (5, 3, 6)),
-    "sparse_coo": (cases._sparse_coo, (10, 3, 5, 4)),
-}
-
-
-def test_every_case_has_a_graph():
-    assert set(GRAPHS) == set(cases.CASES_BY_NAME)
+def cpu_op(cls, **kwargs):
+    return cls.make_op(device="cpu", **kwargs)
 
 
 def build(name, dtype):
-    """(inputs, values, outputs, costs) of a case's graph: ``costs`` are (cost, wrt positions in inputs, PyTensor
-    gradients) for the first-order costs (those computed from no earlier gradient).
+    """(inputs, values, outputs, costs) of a case's graph (its first size, static shapes, CPU ops): ``costs`` are
+    (cost, wrt positions in inputs, PyTensor gradients) for the first-order costs (those computed from no earlier
+    gradient).
 
     JAX needs every shape when it traces: the number of automaton states that some cases compute from the edges
     (``cases.n_states_of``, a buffer's size) is folded to its value for these inputs."""
-    fn, size = GRAPHS[name]
-    inputs, _, values = fn(cases.GraphBuilder(lambda cls, **kw: cls.make_op(**kw), static=True), dtype, size)
+    case = cases.CASES_BY_NAME[name]
+    inputs, _, (values,) = case.build(cpu_op, dtype, static=True)
     by_name = {v.name: value for v, value in zip(inputs, values)}
     n_states_of = cases.n_states_of
 
@@ -109,17 +90,15 @@ def build(name, dtype):
         return pt.constant(np.int32(expr.eval({v: by_name[v.name] for v in graph_inputs([expr])
                                                if v.name in by_name})))
 
-    g = Recorder()
-    with patch.object(cases, "n_states_of", n_states_constant):
-        inputs, outputs, values = fn(g, dtype, size)
-    values = list(values) + g.weight_values(inputs, values)
-    inputs = list(inputs) + g.weight_inputs()
+    Recorder.made.clear()
+    with patch.object(cases, "n_states_of", n_states_constant), patch.object(cases, "GraphBuilder", Recorder):
+        inputs, outputs, (values,) = case.build(cpu_op, dtype, static=True)
     earlier, first_order = set(), []
-    for cost, wrt, grads in g.costs:
+    for cost, wrt, grads in Recorder.made[0].costs:
         if not earlier & set(ancestors([cost])):
             first_order.append((cost, [inputs.index(v) for v in wrt], grads))
         earlier |= set(grads)
-    return inputs, values, list(outputs), first_order
+    return list(inputs), list(values), list(outputs), first_order
 
 
 def case_params(with_gradient):
