@@ -583,8 +583,10 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     Parameters
     ----------
     log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
-    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised).
-    log_initial : (K,) float, ``log pi``.
+    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised);
+        or (B, K, K) per sequence, or (T-1, B, K, K) per sequence and frame (entry t-1 is the
+        transition into frame t; leading dims of size 1 broadcast).
+    log_initial : (K,) float, ``log pi``; or (B, K) per sequence.
     log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
     mask : (T, B), optional, 0/1 prefix mask (default: all frames valid); a sequence with
         ``T_b = 0`` (the empty series) has log-likelihood 0 and gradient 0.
@@ -601,20 +603,31 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     does so for every sequence with a frame; the gradients of those three are NaN when any
     sequence is.  ``-inf`` entries are impossible events.  ``+inf`` entries, a non-0/1 or
     non-prefix mask and shape mismatches raise ``ValueError`` (naming ``hmm_log_likelihood``
-    and the argument) when evaluated.
+    and the argument) when evaluated.  Batched or time-varying parameters use
+    :class:`ptnative.ops.hmm.HmmVaryingLikelihoodOp` (gradients in the parameters' shapes; NaN
+    in a matrix or initial row makes the sequences using it NaN; a weight below ``e^-708``
+    times the largest of its matrix counts as impossible there).
     """
     log_emissions = _as_float(log_emissions, "log_emissions", 3)
     dtype = log_emissions.dtype
-    log_transitions = _as_float(log_transitions, "log_transitions", 2, dtype)
-    log_initial = _as_float(log_initial, "log_initial", 1, dtype)
+    log_transitions = pt.as_tensor_variable(log_transitions)
+    log_initial = pt.as_tensor_variable(log_initial)
+    varying = log_transitions.ndim in (3, 4) or log_initial.ndim == 2  # batched / time-varying: ptnative.ops.hmm
+    transitions_ndim = log_transitions.ndim if log_transitions.ndim in (3, 4) else 2
+    log_transitions = _as_float(log_transitions, "log_transitions", transitions_ndim, dtype)
+    log_initial = _as_float(log_initial, "log_initial", 2 if log_initial.ndim == 2 else 1, dtype)
     if log_final is None:
-        log_final = pt.zeros_like(log_initial)
+        log_final = pt.zeros_like(log_initial[0] if log_initial.ndim == 2 else log_initial)
     else:
         log_final = _as_float(log_final, "log_final", 1, dtype)
     if mask is None:
         mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
     else:
         mask = _as_float(mask, "mask", 2, dtype)
+    if varying:
+        from .hmm import varying_log_likelihood
+
+        return varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask)
     return HmmForwardBackwardOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
 
 

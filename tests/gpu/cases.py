@@ -36,6 +36,7 @@ from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp
                                         OptimalCompletionEditDistanceOp, OptimalCompletionEditDistancePerSuccessorOp)
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
                               HmmForwardBackwardOp, MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
+from ptnative.ops.hmm import HmmPosteriorsOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -392,6 +393,27 @@ def _hmm(g, dtype, size):
     return ins, [ll, *g.grads([ll], ins[:4])], values
 
 
+def _hmm_inference(g, dtype, size):
+    """Viterbi, posteriors (with their gradients), posterior sampling and the time-varying log-likelihood (with its
+    gradients) on one ragged batch."""
+    T, B, K = size
+    rng = np.random.default_rng(T + K + 1)
+    le, lA, lpi, lf = hmm_data(rng, T, B, K, scale=3.0)
+    lens = rng.integers(1, T + 1, size=B)
+    lens[0], lens[-1] = T, 0
+    lA_t = np.log(rng.dirichlet(np.ones(K), size=(T - 1, B, K)))  # time-varying transitions
+    lpi_b = np.log(rng.dirichlet(np.ones(K), size=B))  # per-sequence initial weights
+    values = cast([le, lA, lpi, lf, mask_of(lens, T), rng.random((T, B)), lA_t, lpi_b], dtype)
+    ins = g.syms("log_emissions log_transitions log_initial log_final mask uniforms log_A_t log_pi_b", values)
+    path, score = g.op(HmmViterbiOp)(*ins[:5])
+    marginals, counts = g.op(HmmPosteriorsOp)(*ins[:5])
+    draws = g.op(HmmSampleStatesOp)(*ins[:6])
+    varying = [ins[0], ins[6], ins[7], ins[3], ins[4]]
+    ll = g.op(HmmVaryingLikelihoodOp)(*varying)
+    return ins, [path, score, marginals, counts, draws, ll, *g.grads([marginals, counts], ins[:4]),
+                 *g.grads([ll], varying[:4])], values
+
+
 # ------------------------------------------------------------------------------------------ RNN-T
 def _rnnt(durations, sigma, lam, clamp):
     def fn(g, dtype, size):
@@ -476,6 +498,9 @@ CASES = [
     _case("fast_viterbi", "fsa", [FastViterbiOp], _fast_viterbi, [(8, 4, 5, 5, 14), (64, 40, 20, 12, 40)],
           rtol32=1e-4),
     _case("hmm", "fsa", [HmmForwardBackwardOp], _hmm, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3),
+    # HMM inference
+    _case("hmm_inference", "hmm", [HmmViterbiOp, HmmPosteriorsOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp],
+          _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],
           rtol32=1e-3, representative=True),

@@ -1,0 +1,217 @@
+// Shared by the HMM inference ops (hmm_viterbi.cu, hmm_posteriors.cu, hmm_sample.cu): the input checks in the
+// user's terms, and the scaled forward filter.
+//
+// Pasted after fsa_common.cu and hmm.cu (HmmScratch, hmm_prep, hmm_checked_max, hmm_exp_row, hmm_check_shape,
+// the CPU matvec).
+//
+// The filter keeps alpha_t (normalised to sum 1), its normaliser c_t and the emission shift m_t per (t, b):
+// pred = alpha_{t-1} A (pi at t = 0, A and pi the shifted exps of hmm_prep), m_t = max log e_t(k) over the states
+// with pred(k) > 0, E_t(k) = exp(min(log e_t(k) - m_t, 0)), alpha_t = pred * E_t / c_t.  Shifting by the largest
+// emission among the reachable states keeps c_t >= pred(k*) > 0 whatever the gaps between log-densities, so the
+// filter never needs a log-space fallback for emissions; a transition, initial or final weight below e^-708
+// times the largest one of its array is 0 in double and counts as impossible.
+
+enum { HMM_CHECK_UNIFORM = 100 };  // uniforms[i, j] = value is not in [0, 1) (an FsaCheck code of ours)
+
+struct HmmInferParams {
+  int64_t T, B, K, Kp;  // Kp: K rounded up to a multiple of 4 (the CPU matvec's row length)
+  const Float *le, *lA, *lpi, *lf;
+  const int32_t* seq_len;
+  const double *A, *Ap, *ATp, *pi, *f, *consts;  // Ap, ATp: A and its transpose with rows padded to Kp
+  int32_t* status;                          // per sequence: HMM_SCALED, HMM_NO_PATH or HMM_NAN
+  FsaCheck* check;
+};
+
+static FsaTerms hmm_infer_terms(const char* fn, int64_t T, int64_t B, int64_t K) {
+  FsaTerms t;
+  memset(&t, 0, sizeof(t));
+  t.fn = fn;
+  t.scores = "log_emissions";
+  t.mask = "mask";
+  t.T = T;
+  t.B = B;
+  t.D = K;
+  return t;
+}
+
+static void hmm_infer_raise(const FsaCheck* check_dev, const FsaTerms& terms) {
+  HANDLE_LAST_ERROR();
+  FsaCheck c;
+  Ndarray_copy_to_host(&c, check_dev, sizeof(FsaCheck));
+  if (c.code == FSA_CHECK_OK) return;
+  if (c.code != HMM_CHECK_UNIFORM) ptn::raise(PTN_STATUS_VALUE, fsa_check_message(c, terms));
+  std::ostringstream s;
+  s << terms.fn << ": uniforms[" << c.i << ", " << c.j << "] = " << c.value << " is not in [0, 1)";
+  ptn::raise(PTN_STATUS_VALUE, s.str());
+}
+
+// Per sequence: NaN on a valid frame (or in the shared parameters, consts[3]) -> HMM_NAN; +inf is recorded.
+DEF_KERNEL void hmm_infer_scan(HmmInferParams p) {
+  FSA_LOOP(b, p.B) {
+    const int64_t len = p.seq_len[b];
+    bool has_nan = len > 0 && p.consts[3] != 0.0;
+    for (int64_t t = 0; t < len; ++t) {
+      const Float* et = p.le + (t * p.B + b) * p.K;
+      for (int64_t k = 0; k < p.K; ++k) {
+        double v = (double)et[k];
+        has_nan |= v != v;
+        if (v == INFINITY) fsa_fail(p.check, FSA_CHECK_SCORE_INFINITE, t, b, k, v);
+      }
+    }
+    p.status[b] = has_nan ? HMM_NAN : HMM_SCALED;
+  }
+}
+
+DEF_KERNEL void hmm_infer_pad(HmmInferParams p, double* Ap, double* ATp) {
+  FSA_LOOP(i, p.K * p.Kp) {
+    int64_t r = i / p.Kp, j = i % p.Kp;
+    Ap[i] = j < p.K ? p.A[r * p.K + j] : 0.0;
+    ATp[i] = j < p.K ? p.A[j * p.K + r] : 0.0;
+  }
+}
+
+// Inputs 0-4 are log_emissions (T, B, K), log_transitions (K, K), log_initial (K,), log_final (K,), mask (T, B):
+// shapes checked, lengths, shifted parameters, per-sequence status; failures raise in the terms of `fn`.
+static HmmInferParams hmm_infer_setup(HmmScratch& scratch, Ndarray** inputs, const char* fn) {
+  Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
+  HmmInferParams p;
+  p.T = Ndarray_DIMS(le)[0];
+  p.B = Ndarray_DIMS(le)[1];
+  p.K = Ndarray_DIMS(le)[2];
+  p.Kp = (p.K + 3) / 4 * 4;
+  const FsaTerms terms = hmm_infer_terms(fn, p.T, p.B, p.K);
+  hmm_check_shape(terms, lA, "log_transitions", p.K, p.K, "(K, K)");
+  hmm_check_shape(terms, lpi, "log_initial", p.K, 0, "(K,)");
+  hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
+  hmm_check_shape(terms, mask, "mask", p.T, p.B, "(T, B)");
+  p.le = Ndarray_DEV_DATA(le);
+  p.lA = Ndarray_DEV_DATA(lA);
+  p.lpi = Ndarray_DEV_DATA(lpi);
+  p.lf = Ndarray_DEV_DATA(lf);
+  int32_t* seq_len = scratch.get<int32_t>(p.B);
+  double* A = scratch.get<double>(p.K * p.K);
+  double* Ap = scratch.get<double>(p.K * p.Kp);
+  double* ATp = scratch.get<double>(p.K * p.Kp);
+  double* pi = scratch.get<double>(p.K);
+  double* f = scratch.get<double>(p.K);
+  double* consts = scratch.get<double>(4);
+  p.status = scratch.get<int32_t>(p.B);
+  p.check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(p.check, 0, sizeof(FsaCheck));
+  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
+  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, scratch.get<double>(p.K * p.K), pi, f, consts, p.check));
+  hmm_infer_raise(p.check, terms);
+  p.seq_len = seq_len;
+  p.A = A;
+  p.Ap = Ap;
+  p.ATp = ATp;
+  p.pi = pi;
+  p.f = f;
+  p.consts = consts;
+  start_dev_kernel(hmm_infer_pad, (p, Ap, ATp));
+  start_dev_kernel(hmm_infer_scan, (p));
+  hmm_infer_raise(p.check, terms);
+  return p;
+}
+
+// out (K entries; Kp writable) = x . A, or A x if `transposed`.
+DEV_FUNC inline void hmm_infer_matvec(const HmmInferParams& p, const double* __restrict__ x, double* __restrict__ out,
+                                      bool transposed = false) {
+#if !CUDA
+  hmm_matvec(x, p.K, transposed ? p.ATp : p.Ap, p.Kp, out);
+#else
+  for (int64_t j = 0; j < p.K; ++j) {
+    double s = 0.0;
+    for (int64_t i = 0; i < p.K; ++i) s += x[i] * (transposed ? p.A[j * p.K + i] : p.A[i * p.K + j]);
+    out[j] = s;
+  }
+#endif
+}
+
+// min(x, 0) for x not NaN (fmin is a library call that keeps loops over it from vectorising)
+DEV_FUNC inline double hmm_nonpositive(double x) { return x < 0.0 ? x : 0.0; }
+
+// E (K) = exp(min(log e_t(k) - m, 0)), 0 everywhere if m = -inf.
+DEV_FUNC inline void hmm_infer_emissions(const HmmInferParams& p, int64_t t, int64_t b, double m, double* E) {
+  const Float* et = p.le + (t * p.B + b) * p.K;
+  if (!(m > -INFINITY)) {
+    for (int64_t k = 0; k < p.K; ++k) E[k] = 0.0;
+    return;
+  }
+#if !CUDA
+#pragma GCC ivdep
+#endif
+  for (int64_t k = 0; k < p.K; ++k) E[k] = fsa_exp(hmm_nonpositive((double)et[k] - m));
+}
+
+// The transitions of the shared-parameter ops: pred = pi (t = 0) or x . A.
+struct HmmSharedSteps {
+  const HmmInferParams* p;
+  DEV_FUNC void first(int64_t b, double* pred) const {
+    for (int64_t k = 0; k < p->K; ++k) pred[k] = p->pi[k];
+  }
+  DEV_FUNC void next(int64_t t, int64_t b, const double* x, double* pred) const { hmm_infer_matvec(*p, x, pred); }
+};
+
+// Step t of the scaled filter of sequence b (t < T_b): alpha_t (T, B, K), c_t and m_t (T, B); pred: Kp scratch;
+// steps: first(b, pred) and next(t, b, alpha_{t-1}, pred) give pred (shifted weights).  Returns HMM_NO_PATH if the
+// frame has no reachable state with a possible emission (or, at the last frame, the final weights none).
+template <typename Steps>
+DEV_FUNC int hmm_infer_filter_step(const HmmInferParams& p, int64_t t, int64_t b, double* alpha, double* c, double* m,
+                                   double* pred, const double* f, const Steps& steps) {
+  const int64_t B = p.B, K = p.K, tb = t * B + b;
+  const Float* et = p.le + tb * K;
+  double* at = alpha + tb * K;
+  if (t == 0)
+    steps.first(b, pred);
+  else
+    steps.next(t, b, alpha + (tb - B) * K, pred);
+  double mt = -INFINITY;
+  for (int64_t k = 0; k < K; ++k) {
+    double v = (double)et[k];
+    mt = pred[k] > 0.0 && v > mt ? v : mt;
+  }
+  if (!(mt > -INFINITY)) return HMM_NO_PATH;
+#if !CUDA
+#pragma GCC ivdep
+#endif
+  for (int64_t k = 0; k < K; ++k) at[k] = pred[k] * fsa_exp(hmm_nonpositive((double)et[k] - mt));
+  double s = 0.0;
+  for (int64_t k = 0; k < K; ++k) s += at[k];
+  if (!(s > 0.0)) return HMM_NO_PATH;
+  const double inv = 1.0 / s;
+  for (int64_t k = 0; k < K; ++k) at[k] *= inv;
+  c[tb] = s;
+  m[tb] = mt;
+  if (t == p.seq_len[b] - 1) {
+    double sf = 0.0;
+    for (int64_t k = 0; k < K; ++k) sf += at[k] * f[k];
+    if (!(sf > 0.0)) return HMM_NO_PATH;
+  }
+  return HMM_SCALED;
+}
+
+// The whole filter of sequence b (status HMM_SCALED on entry); returns its status.
+template <typename Steps>
+DEV_FUNC int hmm_infer_filter(const HmmInferParams& p, int64_t b, double* alpha, double* c, double* m, double* pred,
+                              const double* f, const Steps& steps) {
+  for (int64_t t = 0; t < p.seq_len[b]; ++t) {
+    int st = hmm_infer_filter_step(p, t, b, alpha, c, m, pred, f, steps);
+    if (st != HMM_SCALED) return st;
+  }
+  return HMM_SCALED;
+}
+
+// beta (K) /= its sum (s2, if given, by the same factor), and both 0 where alpha is 0 (states no path reaches:
+// their beta does not matter, and zeroing keeps inf * 0 out of the sums).
+DEV_FUNC inline void hmm_post_normalise(int64_t K, const double* alpha, double* beta, double* s2) {
+  double s = 0.0;
+  for (int64_t k = 0; k < K; ++k) {
+    beta[k] = alpha[k] > 0.0 ? beta[k] : 0.0;
+    s += beta[k];
+  }
+  const double inv = s > 0.0 ? 1.0 / s : 0.0;
+  for (int64_t k = 0; k < K; ++k) beta[k] *= inv;
+  if (s2)
+    for (int64_t k = 0; k < K; ++k) s2[k] = alpha[k] > 0.0 ? s2[k] * inv : 0.0;
+}

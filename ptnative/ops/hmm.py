@@ -1,0 +1,248 @@
+"""Inference in dense K-state HMMs beyond the likelihood (kernels in ``c_code/hmm_infer.cu``,
+``c_code/hmm_viterbi.cu``, ``c_code/hmm_posteriors.cu``, ``c_code/hmm_sample.cu``).
+
+* :class:`HmmViterbiOp`: the most likely state path and its log score (:func:`hmm_viterbi`).
+* :class:`HmmPosteriorsOp`: smoothed state marginals and expected transition counts, with
+  gradients (:func:`hmm_posteriors`).
+* :class:`HmmSampleStatesOp`: state paths drawn from the posterior by forward filtering,
+  backward sampling, driven by the caller's uniforms (:func:`hmm_sample_states`).
+
+The model is the one of :func:`ptnative.hmm_log_likelihood`:
+``p(x_b, z) = pi(z_0) e_0(z_0) prod_{t=1}^{T_b-1} A(z_{t-1}, z_t) e_t(z_t) * f(z_{T_b-1})``,
+all arguments in log space.  See ``docs/hmm.md``.
+"""
+
+from __future__ import annotations
+
+import pytensor.tensor as pt
+
+from ..op import NativeOpGenBase
+from ..source import read_kernel_file
+from .fsa import _COMMON, _arr, _as_float, _hidden
+
+# support code is joined in sorted key order: fsa_common.cu, hmm.cu (helpers), hmm_infer.cu, then the op's file
+_BASE = {"a_common": _COMMON, "b_hmm": read_kernel_file("hmm.cu"), "c_infer": read_kernel_file("hmm_infer.cu")}
+
+
+def _support(name):
+    return {**_BASE, "d_" + name: read_kernel_file(f"hmm_{name}.cu")}
+
+
+def _model_inputs(disc):
+    return (
+        _arr("log_emissions", 3, disc=disc),
+        _arr("log_transitions", 2, disc=disc),
+        _arr("log_initial", 1, disc=disc),
+        _arr("log_final", 1, disc=disc),
+        _arr("mask", 2),
+    )
+
+
+_PATH = {"name": "path", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True}
+
+
+class HmmViterbiOp(NativeOpGenBase):
+    """The most likely state path of a dense K-state HMM (see :func:`hmm_viterbi`).
+
+    Inputs (no gradients): ``log_emissions`` (T, B, K), ``log_transitions`` (K, K),
+    ``log_initial`` (K,), ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask.
+    Outputs: ``path`` (T, B) int32, ``score`` (B,).
+    """
+
+    in_info = _model_inputs(True)
+    out_info = (_PATH, {"name": "score", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True})
+    c_extra_support_code = _support("viterbi")
+    c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HmmPosteriorsOp(NativeOpGenBase):
+    """Smoothed state marginals and expected transition counts of a dense K-state HMM, with
+    gradients (see :func:`hmm_posteriors`).
+
+    Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
+    ``log_final`` (K,), ``mask`` (T, B) (no gradient).  Outputs: ``marginals`` (T, B, K),
+    ``counts`` (B, K, K).  Hidden outputs (float64, feeding the gradient op): the scaled
+    filter ``alpha`` (T, B, K), its normalisers ``scales`` (T, B) and emission shifts
+    ``shifts`` (T, B), and ``status`` (B,): 0 computed, 2 no path, 3 NaN.
+    """
+
+    in_info = _model_inputs(False)
+    out_info = (
+        {"name": "marginals", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "counts", "ndim": 3, "shape": ((0, 1), (0, 2), (0, 2)), "need_contiguous": True},
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
+        _hidden("scales", ((0, 0), (0, 1))),
+        _hidden("shifts", ((0, 0), (0, 1))),
+        _hidden("status", ((0, 1),)),
+    )
+    # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
+    grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
+    c_extra_support_code = _support("posteriors")
+    c_fw_code = "hmm_posteriors_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "hmm_posteriors_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HmmSampleStatesOp(NativeOpGenBase):
+    """State paths of a dense K-state HMM drawn from the posterior with the given uniforms
+    (see :func:`hmm_sample_states`).
+
+    Inputs (no gradients): ``log_emissions`` (T, B, K), ``log_transitions`` (K, K),
+    ``log_initial`` (K,), ``log_final`` (K,), ``mask`` (T, B), ``uniforms`` (T, B).
+    Output: ``path`` (T, B) int32.
+    """
+
+    in_info = (*_model_inputs(True), _arr("uniforms", 2))
+    out_info = (_PATH,)
+    c_extra_support_code = _support("sample")
+    c_fw_code = "hmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HmmVaryingLikelihoodOp(NativeOpGenBase):
+    """Log-likelihood of a dense K-state HMM with batched or time-varying transitions and batched
+    initial weights, with gradients (used by :func:`ptnative.hmm_log_likelihood` for those shapes).
+
+    Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (Ta, Ba, K, K) with Ta in {1, T-1}
+    and Ba in {1, B} (broadcast), ``log_initial`` (Bp, K) with Bp in {1, B}, ``log_final`` (K,),
+    ``mask`` (T, B) (no gradient).  Output: ``log_likelihood`` (B,).  Hidden outputs (float64):
+    the scaled filter ``alpha`` (T, B, K), ``scales`` and ``shifts`` (T, B), ``status`` (B,).
+    The gradients have the inputs' (broadcast) shapes.
+    """
+
+    in_info = (
+        _arr("log_emissions", 3, disc=False),
+        _arr("log_transitions", 4, disc=False),
+        _arr("log_initial", 2, disc=False),
+        _arr("log_final", 1, disc=False),
+        _arr("mask", 2),
+    )
+    out_info = (
+        {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
+        _hidden("scales", ((0, 0), (0, 1))),
+        _hidden("shifts", ((0, 0), (0, 1))),
+        _hidden("status", ((0, 1),)),
+    )
+    # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
+    grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
+    c_extra_support_code = _support("varying")
+    c_fw_code = "hmm_varying_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "hmm_varying_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+def varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask):
+    """:class:`HmmVaryingLikelihoodOp` on the inputs of :func:`ptnative.hmm_log_likelihood` (already
+    cast): ``log_transitions`` (K, K), (B, K, K) or (T-1, B, K, K), ``log_initial`` (K,) or (B, K)."""
+    if log_transitions.ndim < 4:
+        log_transitions = pt.shape_padleft(log_transitions, 4 - log_transitions.ndim)
+    if log_initial.ndim < 2:
+        log_initial = pt.shape_padleft(log_initial, 1)
+    return HmmVaryingLikelihoodOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
+
+
+# ---------------------------------------------------------------------------------------- functional API
+def _model(fn, log_emissions, log_transitions, log_initial, log_final, mask):
+    """The five op inputs, in the dtype of ``log_emissions``; ndim errors name ``fn``."""
+    try:
+        log_emissions = _as_float(log_emissions, "log_emissions", 3)
+        dtype = log_emissions.dtype
+        log_transitions = _as_float(log_transitions, "log_transitions", 2, dtype)
+        log_initial = _as_float(log_initial, "log_initial", 1, dtype)
+        log_final = (pt.zeros_like(log_initial) if log_final is None
+                     else _as_float(log_final, "log_final", 1, dtype))
+        mask = (pt.ones(log_emissions.shape[:2], dtype=dtype) if mask is None
+                else _as_float(mask, "mask", 2, dtype))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{fn}: {e}") from None
+    return log_emissions, log_transitions, log_initial, log_final, mask
+
+
+_PARAMS_DOC = """
+    Parameters
+    ----------
+    log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
+    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised).
+    log_initial : (K,) float, ``log pi``.
+    log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
+    mask : (T, B), optional, 0/1 prefix mask (default: all frames valid)."""
+
+
+def hmm_viterbi(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
+    """The most likely state path of each sequence and its log score.
+    {params}
+
+    Returns
+    -------
+    path : (T, B) int32, the state per frame, ``-1`` on padded frames (``t >= T_b``).
+    score : (B,) float, ``max_z log p(x_b, z)`` (0 for the empty series).
+
+    Ties go to the lowest state: among equally likely paths the one that is smallest when
+    compared from the last frame backwards (the backtrace takes the lowest state at every
+    frame).  Computed in log space (double).  A NaN input on a valid frame of sequence b (or
+    in the shared parameters) gives b the score NaN and the path -1 on every frame; a
+    sequence without a possible path gets ``-inf`` and -1 everywhere.  No gradient.  ``+inf``
+    log-probabilities, a non-0/1 or non-prefix mask and shape mismatches raise ``ValueError``
+    naming ``hmm_viterbi`` and the argument.
+    """
+    path, score = HmmViterbiOp.make_op()(*_model("hmm_viterbi", log_emissions, log_transitions, log_initial,
+                                                 log_final, mask))
+    return path, score
+
+
+def hmm_posteriors(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
+    """Smoothed state marginals and expected transition counts (the E-step of Baum-Welch).
+    {params}
+
+    Returns
+    -------
+    marginals : (T, B, K), ``p(z_t = k | x_b)``: sums to 1 (to rounding) on every valid frame,
+        0 on padded frames.
+    counts : (B, K, K), ``sum_{{t=1}}^{{T_b-1}} p(z_{{t-1}} = i, z_t = j | x_b)`` (sums to ``T_b - 1``).
+
+    Differentiable with respect to ``log_emissions``, ``log_transitions``, ``log_initial``
+    and ``log_final`` (exact: the vector-Jacobian product is a posterior covariance, computed
+    by one more forward-backward pass).  Computed with per-step scaling in double, stable at
+    any T and for log-densities of any magnitude; a transition, initial or final weight
+    below ``e^-708`` times the largest entry of its array counts as impossible.  A sequence
+    without a possible path gets all-zero marginals, counts and gradients; a NaN input on a
+    valid frame of sequence b (or in the shared parameters) gives b NaN marginals, counts and
+    emission gradients, and the shared parameters NaN gradients.  The empty series: zeros.
+    Errors as in :func:`hmm_viterbi`, naming ``hmm_posteriors``.
+    """
+    marginals, counts = HmmPosteriorsOp.make_op()(*_model("hmm_posteriors", log_emissions, log_transitions,
+                                                          log_initial, log_final, mask))
+    return marginals, counts
+
+
+def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=None, mask=None, *, uniforms):
+    """State paths drawn from ``p(z | x_b)`` by forward filtering, backward sampling.
+    {params}
+    uniforms : (T, B) float in ``[0, 1)``, the caller's random numbers (e.g.
+        ``pt.random.uniform(size=(T, B))``), one per frame: the op is deterministic, so the
+        randomness (and its seeding) stays with PyTensor / PyMC.
+
+    Returns
+    -------
+    (T, B) int32 paths, ``-1`` on padded frames.  Frame ``T_b - 1`` is drawn first (with
+    ``uniforms[T_b-1, b]``), then each earlier frame given the next: with uniform ``u`` the
+    state is the first whose cumulative weight exceeds ``u`` times the total.  A sequence
+    with a NaN input or without a possible path gets -1 on every frame.  No gradient.  A
+    uniform outside ``[0, 1)`` (or NaN) on a valid frame raises ``ValueError``; other errors
+    as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.
+    """
+    model = _model("hmm_sample_states", log_emissions, log_transitions, log_initial, log_final, mask)
+    try:
+        uniforms = _as_float(uniforms, "uniforms", 2, model[0].dtype)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"hmm_sample_states: {e}") from None
+    return HmmSampleStatesOp.make_op()(*model, uniforms)
+
+
+for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
+    _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
+
+__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_viterbi",
+           "hmm_posteriors", "hmm_sample_states"]

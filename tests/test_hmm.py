@@ -1,0 +1,452 @@
+"""HMM inference ops (ptnative.ops.hmm): Viterbi, posteriors (and their gradients), posterior sampling, against
+enumeration of all state paths, numpy log-space references and finite differences, in every mode."""
+
+import shutil
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.gradient import verify_grad
+
+import ptnative
+from ptnative import NativeOp
+from ptnative.ops import hmm
+
+from .conftest import check_infer_shape, tol
+from .reference import fsa as ref_fsa
+from .reference import hmm as ref
+
+DTYPES = ["float32", "float64"]
+
+
+def mask_of(lens, T):
+    return (np.arange(T)[:, None] < np.asarray(lens)[None, :]).astype(np.float64)
+
+
+def model(rng, T, B, K, scale=1.0):
+    le = rng.normal(size=(T, B, K)) * scale
+    lA = np.log(rng.dirichlet(np.ones(K), size=K))
+    lpi = np.log(rng.dirichlet(np.ones(K)))
+    lf = rng.normal(size=K) * 0.3
+    return le, lA, lpi, lf
+
+
+def symbols(dtype):
+    return [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype),
+            pt.matrix(dtype=dtype)]
+
+
+def cast(dtype, *arrays):
+    return [np.asarray(a).astype(dtype) for a in arrays]
+
+
+def compiled(fn, dtype, mode, **kw):
+    xs = symbols(dtype)
+    outs = fn(*xs[:4], mask=xs[4], **kw)
+    return pytensor.function(xs, list(outs) if isinstance(outs, (list, tuple)) else outs, mode=mode)
+
+
+# ------------------------------------------------------------------ Viterbi
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_viterbi_against_enumeration(mode, dtype):
+    rng = np.random.default_rng(1)
+    T, B, K = 5, 4, 3
+    le, lA, lpi, lf = cast(dtype, *model(rng, T, B, K, 2.0))
+    lens = [5, 3, 1, 0]
+    path, score = compiled(hmm.hmm_viterbi, dtype, mode)(le, lA, lpi, lf, mask_of(lens, T).astype(dtype))
+    _, _, _, want_path, want_score = ref.brute_force(le, lA, lpi, lf, lens)
+    assert path.dtype == np.int32 and score.dtype == dtype
+    np.testing.assert_array_equal(path, want_path)
+    rtol, atol = tol(dtype)
+    np.testing.assert_allclose(score, want_score, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_viterbi_ties_go_to_the_lowest_state(mode, dtype):
+    """Integer log-weights (exact sums) with many equally good paths; -inf transitions."""
+    rng = np.random.default_rng(2)
+    T, B, K = 5, 6, 3
+    le = rng.integers(-2, 1, size=(T, B, K)).astype(np.float64)
+    lA = rng.integers(-1, 1, size=(K, K)).astype(np.float64)
+    lA[2, 0] = -np.inf
+    lpi, lf = np.zeros(K), np.array([0.0, 0.0, -1.0])
+    le[:, 0] = 0.0  # everything ties but the transitions
+    lens = [5, 5, 4, 3, 2, 1]
+    f = compiled(hmm.hmm_viterbi, dtype, mode)
+    path, score = f(*cast(dtype, le, lA, lpi, lf, mask_of(lens, T)))
+    _, _, _, want_path, want_score = ref.brute_force(le, lA, lpi, lf, lens)
+    np.testing.assert_array_equal(path, want_path)
+    np.testing.assert_array_equal(score, want_score.astype(dtype))
+    uniform = f(*cast(dtype, np.zeros((T, B, K)), np.zeros((K, K)), np.zeros(K), np.zeros(K), mask_of(lens, T)))
+    np.testing.assert_array_equal(uniform[0], np.where(mask_of(lens, T) > 0, 0, -1))
+
+
+def test_viterbi_long_sequences_against_numpy(mode):
+    rng = np.random.default_rng(3)
+    T, B, K = 300, 3, 6
+    le, lA, lpi, lf = model(rng, T, B, K, 5.0)
+    le[:, 1] = le[:, 1] * 200 - 500  # huge log-densities
+    lens = [300, 123, 7]
+    path, score = compiled(hmm.hmm_viterbi, "float64", mode)(le, lA, lpi, lf, mask_of(lens, T))
+    want_path, want_score = ref.viterbi(le, lA, lpi, lf, lens)
+    np.testing.assert_array_equal(path, want_path)
+    np.testing.assert_allclose(score, want_score, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ posteriors
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_posteriors_against_enumeration(mode, dtype):
+    rng = np.random.default_rng(4)
+    T, B, K = 5, 4, 3
+    le, lA, lpi, lf = cast(dtype, *model(rng, T, B, K, 2.0))
+    lens = [5, 3, 1, 0]
+    gamma, xi = compiled(hmm.hmm_posteriors, dtype, mode)(le, lA, lpi, lf, mask_of(lens, T).astype(dtype))
+    _, want_gamma, want_xi, _, _ = ref.brute_force(le, lA, lpi, lf, lens)
+    assert gamma.dtype == dtype and xi.dtype == dtype and xi.shape == (B, K, K)
+    rtol, atol = tol(dtype)
+    np.testing.assert_allclose(gamma, want_gamma, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(xi, want_xi, rtol=rtol, atol=atol)
+    valid = mask_of(lens, T) > 0
+    np.testing.assert_allclose(gamma.sum(-1)[valid], 1.0, rtol=0, atol=10 * np.finfo(dtype).eps)
+    assert np.all(gamma[~valid] == 0)
+    np.testing.assert_allclose(xi.sum((1, 2)), np.maximum(np.array(lens) - 1, 0), rtol=rtol)
+
+
+def test_posteriors_stable_at_any_length_and_magnitude(mode):
+    """T = 3000 with log-densities of +-2000 and emission gaps far beyond double's range within one step."""
+    rng = np.random.default_rng(5)
+    T, B, K = 3000, 2, 4
+    le, lA, lpi, lf = model(rng, T, B, K)
+    le[:, 0] = le[:, 0] * 800 + 300
+    le[10, 1] = [0.0, -1500.0, -3000.0, -np.inf]
+    lens = [3000, 1700]
+    gamma, xi = compiled(hmm.hmm_posteriors, "float64", mode)(le, lA, lpi, lf, mask_of(lens, T))
+    want_gamma, want_xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, np.array(lens))
+    # the reference's log p carries a relative error ~1e-16 of log-densities summing to ~1e6: normalise it away
+    sums = want_gamma.sum(-1, keepdims=True)
+    want_gamma = want_gamma / np.where(sums > 0, sums, 1.0)
+    want_xi = want_xi * (np.array(lens) - 1.0)[:, None, None] / want_xi.sum((1, 2), keepdims=True)
+    np.testing.assert_allclose(gamma, want_gamma, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(xi, want_xi, rtol=1e-9, atol=1e-9)
+
+
+def _posterior_functional(G, H, lens):
+    def f(le, lA, lpi, lf):
+        _, gamma, xi, _, _ = ref.brute_force(le, lA, lpi, lf, lens)
+        return (G * gamma).sum() + (H * xi).sum()
+    return f
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_posteriors_gradient_against_finite_differences(mode, dtype):
+    rng = np.random.default_rng(6)
+    T, B, K = 4, 3, 3
+    le, lA, lpi, lf = model(rng, T, B, K, 1.5)
+    lA[0, 2] = -np.inf  # an impossible transition: its gradient is 0
+    lens = [4, 2, 0]
+    G, H = rng.normal(size=(T, B, K)), rng.normal(size=(B, K, K))
+    xs = symbols(dtype)
+    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    cost = (gamma * G.astype(dtype)).sum() + (xi * H.astype(dtype)).sum()
+    f = pytensor.function(xs, pytensor.grad(cost, xs[:4]), mode=mode)
+    got = f(*cast(dtype, le, lA, lpi, lf, mask_of(lens, T)))
+    fun = _posterior_functional(G, H, lens)
+    lA_fin = np.where(np.isfinite(lA), lA, -1e300)  # finite differences around -inf: keep it impossible
+    want = [ref.finite_difference(lambda v: fun(v, lA, lpi, lf), le),
+            ref.finite_difference(lambda v: fun(le, np.where(np.isfinite(lA), v, -np.inf), lpi, lf), lA_fin),
+            ref.finite_difference(lambda v: fun(le, lA, v, lf), lpi),
+            ref.finite_difference(lambda v: fun(le, lA, lpi, v), lf)]
+    atol = 2e-4 if dtype == "float32" else 1e-7
+    for name, g, w in zip(["log_emissions", "log_transitions", "log_initial", "log_final"], got, want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, w, rtol=10 * atol, atol=atol, err_msg=name)
+    assert got[1][0, 2] == 0 and np.all(got[0][:, 2] == 0) and np.all(got[0][2:, 1] == 0)
+
+
+def test_posteriors_verify_grad():
+    rng = np.random.default_rng(7)
+    le, lA, lpi, lf = model(rng, 6, 2, 3)
+    mask = mask_of([6, 4], 6)
+    G, H = rng.normal(size=(6, 2, 3)), rng.normal(size=(2, 3, 3))
+
+    def cost(le, lA, lpi, lf):
+        gamma, xi = hmm.hmm_posteriors(le, lA, lpi, lf, mask=mask)
+        return (gamma * G).sum() + (xi * H).sum()
+
+    verify_grad(cost, [le, lA, lpi, lf], rng=rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_no_path_and_empty(mode, dtype):
+    """NaN on a valid frame: NaN out for that sequence only (Viterbi: score NaN, path -1); no path: Viterbi -inf
+    and -1, posteriors 0, sampling -1; the empty series and T = 0 / B = 0."""
+    rng = np.random.default_rng(8)
+    T, B, K = 4, 4, 3
+    le, lA, lpi, lf = model(rng, T, B, K)
+    le[1, 1] = np.nan
+    le[3, 0] = np.nan  # padded frame of sequence 0: ignored
+    le[2, 2] = -np.inf  # sequence 2 has no path
+    lens = [3, 4, 4, 0]
+    args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T))
+    ok = ref.brute_force(np.where(np.isnan(le), 0.0, le), lA, lpi, lf, [3, 0, 0, 0])
+    path, score = compiled(hmm.hmm_viterbi, dtype, mode)(*args)
+    assert np.isnan(score[1]) and score[2] == -np.inf and score[3] == 0
+    np.testing.assert_array_equal(path[:, 1:], -1)
+    np.testing.assert_array_equal(path[:, 0], ok[3][:, 0])
+    xs = symbols(dtype)
+    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    f = pytensor.function(xs, [gamma, xi, pytensor.grad(gamma[:, :, 0].sum() + xi.sum(), xs[0])], mode=mode)
+    g, x, d = f(*args)
+    assert np.isnan(g[:, 1]).all() and np.isnan(x[1]).all() and np.isnan(d[:, 1]).all()
+    assert np.all(g[:, 2:] == 0) and np.all(x[2:] == 0) and np.all(d[:, 2:] == 0)
+    rtol, atol = tol(dtype)
+    np.testing.assert_allclose(g[:, 0], ok[1][:, 0], rtol=rtol, atol=atol)
+    assert np.isfinite(d[:, 0]).all()
+    u = pt.matrix(dtype=dtype)
+    s = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
+    sp = s(*args, np.full((T, B), 0.5, dtype))
+    np.testing.assert_array_equal(sp[:, 1:], -1)
+    assert np.all(sp[:3, 0] >= 0) and sp[3, 0] == -1
+    for shape in [(0, 2, K), (3, 0, K)]:
+        empty = cast(dtype, np.zeros(shape), lA, lpi, lf, np.ones(shape[:2]))
+        p0, s0 = compiled(hmm.hmm_viterbi, dtype, mode)(*empty)
+        g0, x0 = compiled(hmm.hmm_posteriors, dtype, mode)(*empty)
+        assert p0.shape == shape[:2] and g0.shape == shape and x0.shape == (shape[1], K, K)
+        np.testing.assert_array_equal(s0, 0.0)
+        np.testing.assert_array_equal(x0, 0.0)
+
+
+def test_nan_in_shared_parameters(mode):
+    rng = np.random.default_rng(9)
+    le, lA, lpi, lf = model(rng, 3, 2, 2)
+    lA[0, 1] = np.nan
+    lens = [3, 0]
+    path, score = compiled(hmm.hmm_viterbi, "float64", mode)(le, lA, lpi, lf, mask_of(lens, 3))
+    assert np.isnan(score[0]) and score[1] == 0 and np.all(path == -1)
+    xs = symbols("float64")
+    gamma, _ = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    f = pytensor.function(xs, [gamma] + pytensor.grad(gamma[:, :, 0].sum(), xs[:2]), mode=mode)
+    g, d_e, d_A = f(le, lA, lpi, lf, mask_of(lens, 3))
+    assert np.isnan(g[:, 0]).all() and np.all(g[:, 1] == 0) and np.isnan(d_A).all()
+
+
+# ------------------------------------------------------------------ sampling
+def test_sample_frequencies_match_the_posterior(mode):
+    """Forward filtering, backward sampling: the frequencies of whole paths over 6000 draws (one batch of copies)
+    against their exact probabilities (chi-square, 80 degrees of freedom, generous bound), and the marginals."""
+    rng = np.random.default_rng(10)
+    T, K, N = 4, 3, 6000
+    le1, lA, lpi, lf = model(rng, T, 1, K, 1.0)
+    le = np.repeat(le1, N, axis=1)
+    lp = ref.path_log_probs(le1[:, 0], lA, lpi, lf, T)
+    ll = np.logaddexp.reduce(list(lp.values()))
+    xs = symbols("float64")
+    u = pt.matrix()
+    f = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
+    paths = f(le, lA, lpi, lf, np.ones((T, N)), rng.random((T, N)))
+    assert paths.dtype == np.int32 and paths.min() >= 0 and paths.max() < K
+    codes = (paths * K ** np.arange(T)[:, None]).sum(0)
+    counts = np.bincount(codes, minlength=K ** T)
+    expected = np.zeros(K ** T)
+    for z, v in lp.items():
+        expected[sum(s * K ** t for t, s in enumerate(z))] = N * np.exp(v - ll)
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 80 + 8 * np.sqrt(2 * 80), chi2
+    _, gamma, _, _, _ = ref.brute_force(le1, lA, lpi, lf)
+    freq = np.stack([(paths == k).mean(1) for k in range(K)], -1)
+    np.testing.assert_allclose(freq, gamma[:, 0], atol=0.03)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sample_is_a_function_of_the_uniforms(mode, dtype):
+    """u -> 0 picks the lowest state of positive weight, u -> 1 the highest; padded frames -1."""
+    rng = np.random.default_rng(11)
+    T, B, K = 3, 2, 3
+    le, lA, lpi, lf = model(rng, T, B, K)
+    lA[:, 1] = -np.inf  # state 1 is reachable only at t = 0
+    xs = symbols(dtype)
+    u = pt.matrix(dtype=dtype)
+    f = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
+    args = cast(dtype, le, lA, lpi, lf, mask_of([3, 2], T))
+    low = f(*args, np.zeros((T, B), dtype))
+    high = f(*args, np.full((T, B), np.nextafter(np.float32(1), np.float32(0)), dtype))
+    np.testing.assert_array_equal(low, [[0, 0], [0, 0], [0, -1]])
+    np.testing.assert_array_equal(high[:2], [[2, 2], [2, 2]])
+    assert high[2, 1] == -1
+
+
+# ------------------------------------------------------------------ batched / time-varying hmm_log_likelihood
+VARYING = {  # name: (log_transitions shape, log_initial shape) for T, B, K
+    "A_batched": lambda T, B, K: ((B, K, K), (K,)),
+    "A_time_varying": lambda T, B, K: ((T - 1, B, K, K), (B, K)),
+    "A_over_time_only": lambda T, B, K: ((T - 1, 1, K, K), (K,)),
+    "pi_batched": lambda T, B, K: ((K, K), (B, K)),
+}
+
+
+def varying_model(rng, T, B, K, kind):
+    a_shape, pi_shape = VARYING[kind](T, B, K)
+    le = rng.normal(size=(T, B, K)) * 2
+    lA = np.log(rng.dirichlet(np.ones(K), size=a_shape[:-1]))
+    lpi = np.log(rng.dirichlet(np.ones(K), size=pi_shape[:-1]))
+    return le, lA, lpi, rng.normal(size=K) * 0.3
+
+
+@pytest.mark.parametrize("kind", sorted(VARYING))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varying_parameters_against_reference(mode, dtype, kind):
+    """Log-likelihood and every gradient against a log-space forward and finite differences."""
+    rng = np.random.default_rng(13)
+    T, B, K = 5, 3, 3
+    le, lA, lpi, lf = varying_model(rng, T, B, K, kind)
+    lens = [5, 2, 0]
+    up = rng.random(B)
+    xs = [pt.tensor(dtype=dtype, shape=(None,) * np.ndim(v)) for v in (le, lA, lpi, lf)]
+    ll = ptnative.hmm_log_likelihood(*xs, mask=mask_of(lens, T).astype(dtype))
+    f = pytensor.function(xs, [ll] + pytensor.grad((ll * up).sum(), xs), mode=mode)
+    got = f(*cast(dtype, le, lA, lpi, lf))
+    args = [le, lA, lpi, lf]
+    rtol, atol = tol(dtype)
+    np.testing.assert_allclose(got[0], ref.forward_varying(*args, lens), rtol=rtol, atol=atol)
+    assert got[0][2] == 0
+    atol_g = 2e-4 if dtype == "float32" else 1e-7
+    for k, name in enumerate(["log_emissions", "log_transitions", "log_initial", "log_final"]):
+        def fun(v, k=k):
+            a = list(args)
+            a[k] = v
+            return (ref.forward_varying(*a, lens) * up).sum()
+        assert got[k + 1].dtype == dtype and got[k + 1].shape == np.shape(args[k])
+        np.testing.assert_allclose(got[k + 1], ref.finite_difference(fun, args[k]), rtol=10 * atol_g, atol=atol_g,
+                                   err_msg=name)
+
+
+def test_varying_constant_transitions_equal_the_shared_op(mode):
+    """(T-1, B, K, K) copies of one matrix give the shared op's log-likelihood and summed gradients, also for
+    T = 3000 and log-densities of +-2000."""
+    rng = np.random.default_rng(14)
+    T, B, K = 3000, 2, 3
+    le, lA, lpi, lf = model(rng, T, B, K)
+    le[:, 0] = le[:, 0] * 800 + 300
+    lens = [3000, 1234]
+    tiled = np.broadcast_to(lA, (T - 1, B, K, K)).copy()
+    xs = [pt.tensor3(), pt.tensor4(), pt.matrix(), pt.vector()]
+    ll = ptnative.hmm_log_likelihood(*xs, mask=mask_of(lens, T))
+    f = pytensor.function(xs, [ll] + pytensor.grad(ll.sum(), xs), mode=mode)
+    v, d_e, d_A, d_pi, d_f = f(le, tiled, np.stack([lpi, lpi]), lf)
+    s = [pt.tensor3(), pt.matrix(), pt.vector(), pt.vector()]
+    ll_s = ptnative.hmm_log_likelihood(*s, mask=mask_of(lens, T))
+    g = pytensor.function(s, [ll_s] + pytensor.grad(ll_s.sum(), s), mode=mode)
+    w, w_e, w_A, w_pi, w_f = g(le, lA, lpi, lf)
+    np.testing.assert_allclose(v, w, rtol=1e-11)
+    np.testing.assert_allclose(d_e, w_e, atol=1e-9)
+    np.testing.assert_allclose(d_A.sum((0, 1)), w_A, rtol=1e-8)
+    assert np.all(d_A[lens[1] - 1:, 1] == 0)  # frames beyond sequence 1 have no transitions
+    np.testing.assert_allclose(d_pi.sum(0), w_pi, rtol=1e-9)
+    np.testing.assert_allclose(d_f, w_f, rtol=1e-9)
+
+
+def test_varying_nan_short_series_and_errors(mode):
+    rng = np.random.default_rng(15)
+    T, B, K = 4, 3, 2
+    le, lA, lpi, lf = varying_model(rng, T, B, K, "A_time_varying")
+    lens = [4, 2, 0]
+    lA_nan = lA.copy()
+    lA_nan[2, 1, 0, 0] = np.nan  # frame 3 of sequence 1: padded, unused
+    lA_nan[1, 0, 1, 1] = np.nan  # frame 2 of sequence 0
+    xs, m = [pt.tensor3(), pt.tensor4(), pt.matrix(), pt.vector()], pt.matrix()
+    ll = ptnative.hmm_log_likelihood(*xs, mask=m)
+    g = pytensor.function(xs + [m], [ll] + pytensor.grad(ll.sum(), xs), mode=mode)
+
+    def f(*args):
+        return g(*args, mask_of(lens, args[0].shape[0]))
+
+    v, d_e, d_A, d_pi, d_f = f(le, lA_nan, lpi, lf)
+    want = ref.forward_varying(le, lA, lpi, lf, lens)
+    assert np.isnan(v[0]) and v[2] == 0
+    np.testing.assert_allclose(v[1], want[1], rtol=1e-12)
+    assert np.isnan(d_e[:, 0]).all() and np.isfinite(d_e[:, 1:]).all() and np.isnan(d_pi[0]).all()
+    assert np.isnan(d_A[:, 0]).all() and np.isfinite(d_A[:, 1:]).all() and np.isnan(d_f).all()
+    # T = 1: no transitions at all, log_transitions (0, B, K, K)
+    v1 = f(le[:1], np.zeros((0, B, K, K)), lpi, lf)
+    np.testing.assert_allclose(v1[0], ref.forward_varying(le[:1], np.zeros((0, B, K, K)), lpi, lf, [1, 1, 0]),
+                               rtol=1e-12)
+    assert v1[2].shape == (0, B, K, K)
+    fn = "HmmVaryingLikelihoodOp.*hmm_log_likelihood: "
+    with pytest.raises(ValueError, match=fn + r"log_transitions must have shape \(K, K\), \(B, K, K\) or "
+                                              r"\(T-1, B, K, K\), as \(T-1, B, K, K\) got \(2, 3, 2, 2\)"):
+        f(le, lA[:2], lpi, lf)
+    with pytest.raises(ValueError, match=fn + r"log_initial must have shape \(K,\) or \(B, K\), as \(B, K\) got "
+                                              r"\(2, 2\)"):
+        f(le, lA, lpi[:2], lf)
+    bad = lA.copy()
+    bad[0, 1, 1, 0] = np.inf
+    with pytest.raises(ValueError, match=fn + r"log_transitions.flat\[6\] = inf"):
+        f(le, bad, lpi, lf)
+    with pytest.raises(ValueError, match=r"log_transitions must have ndim 2, got 5"):
+        ptnative.hmm_log_likelihood(xs[0], pt.tensor(shape=(None,) * 5), xs[2])
+
+
+# ------------------------------------------------------------------ errors, shapes, nvcc
+def test_bad_input(mode):
+    x, m, lA, u = pt.tensor3(), pt.matrix(), pt.matrix(), pt.matrix()
+    A = np.zeros((2, 2))
+    for fn, call in [("hmm_viterbi", lambda: hmm.hmm_viterbi(x, lA, np.zeros(2), mask=m)[1]),
+                     ("hmm_posteriors", lambda: hmm.hmm_posteriors(x, lA, np.zeros(2), mask=m)[0]),
+                     ("hmm_sample_states", lambda: hmm.hmm_sample_states(x, lA, np.zeros(2), mask=m, uniforms=u))]:
+        f = pytensor.function([x, m, lA, u], call(), mode=mode, on_unused_input="ignore")
+        msg = f"{fn}: "
+        with pytest.raises(ValueError, match=msg + r"log_transitions must have shape \(K, K\), got \(2, 2\) "
+                                                  r"\(log_emissions has shape \(3, 1, 3\)\)"):
+            f(np.zeros((3, 1, 3)), np.ones((3, 1)), A, np.zeros((3, 1)))
+        with pytest.raises(ValueError, match=msg + r"mask must have shape \(T, B\), got \(2, 1\)"):
+            f(np.zeros((3, 1, 2)), np.ones((2, 1)), A, np.zeros((3, 1)))
+        with pytest.raises(ValueError, match=msg + r"mask\[:, 0\] is not a prefix mask"):
+            f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [1.0]]), A, np.zeros((3, 1)))
+        le = np.zeros((3, 1, 2))
+        le[2, 0, 1] = np.inf
+        with pytest.raises(ValueError, match=msg + r"log_emissions\[2, 0, 1\] = inf is infinitely likely"):
+            f(le, np.ones((3, 1)), A, np.zeros((3, 1)))
+        with pytest.raises(ValueError, match=msg + r"log_transitions.flat\[1\] = inf"):
+            f(np.zeros((3, 1, 2)), np.ones((3, 1)), np.array([[0.0, np.inf], [0.0, 0.0]]), np.zeros((3, 1)))
+    f = pytensor.function([x, m, lA, u], hmm.hmm_sample_states(x, lA, np.zeros(2), mask=m, uniforms=u), mode=mode)
+    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms\[1, 0\] = 1 is not in \[0, 1\)"):
+        f(np.zeros((3, 1, 2)), np.ones((3, 1)), A, np.array([[0.5], [1.0], [0.2]]))
+    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms\[0, 0\] = nan is not in \[0, 1\)"):
+        f(np.zeros((3, 1, 2)), np.ones((3, 1)), A, np.array([[np.nan], [0.0], [0.2]]))
+    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms must have shape \(T, B\), got \(2, 1\)"):
+        f(np.zeros((3, 1, 2)), np.ones((3, 1)), A, np.zeros((2, 1)))
+    # a uniform on a padded frame is not used
+    f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [0.0]]), A, np.array([[0.5], [7.0], [np.nan]]))
+    with pytest.raises(ValueError, match=r"hmm_viterbi: log_transitions must have ndim 2, got 1"):
+        hmm.hmm_viterbi(x, np.zeros(2), np.zeros(2))
+    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms must have ndim 2, got 3"):
+        hmm.hmm_sample_states(x, lA, np.zeros(2), uniforms=x)
+
+
+def test_infer_shape():
+    rng = np.random.default_rng(12)
+    a = pt.tensor3()
+    lA, lpi = np.zeros((3, 3)), np.zeros(3)
+    v = [rng.random((4, 2, 3))]
+    check_infer_shape([a], list(hmm.hmm_viterbi(a, lA, lpi)), v, NativeOp)
+    check_infer_shape([a], list(hmm.hmm_posteriors(a, lA, lpi)), v, NativeOp)
+    check_infer_shape([a], [hmm.hmm_sample_states(a, lA, lpi, uniforms=pt.zeros((4, 2)))], v, NativeOp)
+
+
+def test_exported():
+    for name in hmm.__all__:
+        assert getattr(ptnative.ops, name) is getattr(hmm, name)
+    for name in ["hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]:
+        assert getattr(ptnative, name) is getattr(hmm, name)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_hmm_kernels_compile_with_nvcc(monkeypatch):
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    for cls in (hmm.HmmViterbiOp, hmm.HmmPosteriorsOp, hmm.HmmSampleStatesOp, hmm.HmmVaryingLikelihoodOp):
+        op = cls.make_op()
+        for o in [op] + ([op.grad_op()] if op.c_bw_code else []):
+            for dtype in DTYPES:
+                path = ptnative.build.build(o.variant(dtype, device="cuda"))
+                assert path.exists() and path.stat().st_size > 0
