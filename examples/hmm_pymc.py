@@ -129,15 +129,13 @@ def sample(model, sampler, draws, tune, chains, seed=0, mode=None, progressbar=F
 def posterior_report(idata, truth):
     """Rows (name, truth, posterior mean, posterior sd) for every scalar parameter, plus
     (max r_hat, min bulk ESS, divergences)."""
-    post = idata["posterior"] if not hasattr(idata, "posterior") else idata.posterior
-    stats = idata["sample_stats"] if not hasattr(idata, "sample_stats") else idata.sample_stats
+    post, stats = idata.posterior, idata.sample_stats
     rows = []
     for name, value in truth.items():
         draws = np.asarray(post[name].values)
         draws = draws.reshape(draws.shape[0] * draws.shape[1], -1)
-        for idx, (t, m, s) in enumerate(zip(np.ravel(value), draws.mean(0), draws.std(0))):
-            label = f"{name}[{idx // value.shape[1]},{idx % value.shape[1]}]" if np.ndim(value) == 2 else f"{name}[{idx}]"
-            rows.append((label, float(t), float(m), float(s)))
+        for idx, t, m, s in zip(np.ndindex(np.shape(value)), np.ravel(value), draws.mean(0), draws.std(0)):
+            rows.append((f"{name}[{','.join(map(str, idx))}]", float(t), float(m), float(s)))
     rhat, ess = split_rhat_and_ess(post, list(truth))
     return rows, rhat, ess, int(np.asarray(stats["diverging"].values).sum())
 
@@ -213,7 +211,8 @@ def parse_samplers(text):
         name = name.strip()
         for n in GROUPS.get(name, (name,)):
             if n not in SAMPLERS:
-                raise SystemExit(f"--samplers: unknown sampler {n!r}; choose from {', '.join(SAMPLERS + tuple(GROUPS))}")
+                raise SystemExit(f"--samplers: unknown sampler {n!r}; choose from "
+                                 f"{', '.join(SAMPLERS + tuple(GROUPS))}")
             if n not in names:
                 names.append(n)
     return names
