@@ -117,8 +117,9 @@ def test_model_logp_and_dlogp(mode, data):
     model = hmm_pymc.build_model(y, ordered=mode != "C")
     rng = np.random.default_rng(7)
     point = {k: v + rng.normal(0, 0.3, np.shape(v)) for k, v in model.initial_point().items()}
-    logp = model.compile_logp(mode=mode)
-    dlogp = model.compile_dlogp(mode=mode)
+    # one compiled function for both (each compilation costs seconds in Numba)
+    logp_dlogp = model.compile_fn([model.logp(), model.dlogp()], inputs=model.value_vars, mode=mode)
+    logp, dlogp = (lambda p: logp_dlogp(p)[0]), (lambda p: logp_dlogp(p)[1])
     prior = model.compile_logp(vars=model.free_RVs, mode="FAST_COMPILE")
     constrained = model.compile_fn(model.replace_rvs_by_values([model["mu"], model["sigma"], model["P"]]),
                                    inputs=model.value_vars, mode="FAST_COMPILE", on_unused_input="ignore")
