@@ -994,6 +994,176 @@ class Hmm(Harness):
         ]
 
 
+class HmmInference(Hmm):
+    """``hmm_viterbi``, ``hmm_posteriors`` and ``hmm_sample_states`` on :class:`Hmm`'s model."""
+
+    LENS = [5, 3, 1]
+
+    def fn(self):
+        from ptnative.ops import hmm
+
+        return getattr(hmm, self.name)
+
+    def graph(self, le, lA, lpi, lf, mask):
+        out = self.fn()(le, lA, lpi, lf, mask)
+        return list(out) if isinstance(out, list | tuple) else [out]
+
+    def reference(self, vals):
+        raise AssertionError("defined by each function")
+
+    def runtime_cases(self):
+        def ref_check(**changes):
+            def run():
+                vals = self.with_values(**changes)
+                for k, (g, w) in enumerate(zip(self(*vals), self.reference(vals))):
+                    equal(g, w, self.output_names[k], exact=np.asarray(w).dtype.kind == "i")
+            return run
+
+        def nan_emission():
+            got = self(*self.with_values(log_emissions=lambda a: _set(a, (1, 0, 0), NAN)))
+            self.check_nan(got, 0)
+            same_batch_entries(got, self.clean(), self.batch_axes, [1, 2], self.output_names)
+
+        def nan_shared(arg, idx):
+            def run():
+                got = self(*self.with_values(**{arg: lambda a: _set(a, idx, NAN)}))
+                for b in range(3):  # every sequence has a frame
+                    self.check_nan(got, b)
+            return run
+
+        def nan_padding():
+            got = self(*self.with_values(log_emissions=lambda a: _set(a, (4, 1, 0), NAN)))  # sequence 1: 3 frames
+            all_equal(got, self.clean(), [n + " with NaN on a padded frame" for n in self.output_names])
+
+        def bad(arg, idx, v):
+            return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, v)})),
+                                        [self.name, arg])
+
+        return [
+            ("valid:reference", ref_check()),
+            ("inf:log_transitions_neg", ref_check(log_transitions=lambda a: _set(a, (0, 1), -INF))),
+            ("zero_length:sequence", ref_check(mask=mask_of([5, 0, 1], 5))),
+            ("zero_length:T0", ref_check(log_emissions=np.zeros((0, 3, 3)), mask=np.zeros((0, 3)))),
+            ("empty_batch:B0", ref_check(log_emissions=np.zeros((5, 0, 3)), mask=np.zeros((5, 0)))),
+            ("nan:log_emissions", nan_emission),
+            ("nan:log_emissions_padded_frame", nan_padding),
+            ("nan:log_transitions", nan_shared("log_transitions", (0, 0))),
+            ("nan:log_initial", nan_shared("log_initial", (1,))),
+            ("inf:log_emissions_pos", bad("log_emissions", (1, 0, 0), INF)),
+            ("inf:log_final_pos", bad("log_final", (0,), INF)),
+            ("bad_value:mask_not_prefix", bad("mask", (3, 2), 1.0)),
+            ("bad_value:mask_not_01", bad("mask", (0, 0), 0.5)),
+            ("shape_mismatch:log_transitions", lambda: expect_error(
+                lambda: self(*self.with_values(log_transitions=np.zeros((4, 4)))), [self.name, "log_transitions"])),
+            ("shape_mismatch:mask", lambda: expect_error(
+                lambda: self(*self.with_values(mask=np.ones((5, 2)))), [self.name, "mask"])),
+        ]
+
+    def build_cases(self):
+        pt = _pt()
+        fn = self.fn()
+        extra = {"uniforms": pt.matrix()} if self.name == "hmm_sample_states" else {}
+        return [
+            ("wrong_ndim:log_transitions", lambda: expect_error(
+                lambda: fn(pt.tensor3(), pt.vector(), pt.vector(), **extra), [self.name, "log_transitions"])),
+            ("wrong_dtype:log_emissions", lambda: expect_error(
+                lambda: fn(pt.tensor3(dtype="complex128"), pt.matrix(), pt.vector(), **extra),
+                [self.name, "log_emissions"])),
+        ]
+
+
+class HmmViterbiH(HmmInference):
+    name = "hmm_viterbi"
+    output_names = ["path", "score"]
+    batch_axes = [1, 0]
+
+    def reference(self, vals):
+        from .reference import hmm as ref
+
+        lens = vals[4].sum(axis=0).astype(int)
+        return list(ref.viterbi(*vals[:4], lens))
+
+    def check_nan(self, got, b):
+        assert np.isnan(got[1][b]), f"score of sequence {b} with a NaN input: {got[1][b]}"
+        equal(got[0][:, b], np.full(got[0].shape[0], -1, np.int32), f"path of sequence {b} with a NaN input")
+
+
+class HmmPosteriorsH(HmmInference):
+    name = "hmm_posteriors"
+    output_names = ["marginals", "counts"]
+    batch_axes = [1, 0]
+
+    def reference(self, vals):
+        from .reference import fsa as ref
+
+        return list(ref.hmm_posteriors(*vals[:4], vals[4].sum(axis=0).astype(int)))
+
+    def check_nan(self, got, b):
+        L = self.LENS[b]
+        assert np.isnan(got[0][:L, b]).all() and np.isnan(got[1][b]).all(), \
+            f"marginals and counts of sequence {b} with a NaN input"
+
+
+class HmmSampleH(HmmInference):
+    name = "hmm_sample_states"
+    output_names = ["path"]
+    batch_axes = [1]
+
+    def symbols(self):
+        return super().symbols() + [_pt().matrix("uniforms")]
+
+    def valid(self):
+        return super().valid() + [np.random.default_rng(18).random((5, 3))]
+
+    def graph(self, le, lA, lpi, lf, mask, uniforms):
+        return [self.fn()(le, lA, lpi, lf, mask, uniforms=uniforms)]
+
+    def reference(self, vals):
+        """Forward filtering, backward sampling in log space: the first state whose cumulative weight
+        exceeds u times the total, frame T_b - 1 first."""
+        from scipy.special import logsumexp
+
+        le, lA, lpi, lf, mask, u = vals
+        T, B, K = le.shape
+        path = np.full((T, B), -1, np.int32)
+        for b in range(B):
+            L = int(mask[:, b].sum())
+            if L == 0:
+                continue
+            la = np.zeros((L, K))
+            la[0] = lpi + le[0, b]
+            for t in range(1, L):
+                la[t] = logsumexp(la[t - 1][:, None] + lA, axis=0) + le[t, b]
+            w = la[L - 1] + lf
+            for t in range(L - 1, -1, -1):
+                if t < L - 1:
+                    w = la[t] + lA[:, path[t + 1, b]]
+                p = np.exp(w - w.max())
+                path[t, b] = int(np.argmax(np.cumsum(p) > u[t, b] * p.sum()))
+        return [path]
+
+    def check_nan(self, got, b):
+        equal(got[0][:, b], np.full(got[0].shape[0], -1, np.int32), f"path of sequence {b} with a NaN input")
+
+    def runtime_cases(self):
+        def bad_uniform(v):
+            return lambda: expect_error(
+                lambda: self(*self.with_values(uniforms=lambda a: _set(a, (1, 0), v))), [self.name, "uniforms"])
+
+        cases = [c for c in super().runtime_cases() if c[0] not in ("zero_length:T0", "empty_batch:B0")]
+        return cases + [
+            ("out_of_range_label:uniform_1", bad_uniform(1.0)),
+            ("out_of_range_label:uniform_negative", bad_uniform(-0.1)),
+            ("nan:uniforms", bad_uniform(NAN)),
+            ("valid:uniform_on_padded_frame_ignored", lambda: all_equal(
+                self(*self.with_values(uniforms=lambda a: _set(a, (4, 1), 7.0))), self.clean(), ["path"])),
+            ("zero_length:T0", lambda: _shapes(self(*self.with_values(
+                log_emissions=np.zeros((0, 3, 3)), mask=np.zeros((0, 3)), uniforms=np.zeros((0, 3)))), [(0, 3)])),
+            ("empty_batch:B0", lambda: _shapes(self(*self.with_values(
+                log_emissions=np.zeros((5, 0, 3)), mask=np.zeros((5, 0)), uniforms=np.zeros((5, 0)))), [(5, 0)])),
+        ]
+
+
 # ------------------------------------------------------------------------------------------------ RNN-T
 class Rnnt(Harness):
     name = "rnnt_loss"
@@ -1907,7 +2077,7 @@ class MemoryLeak:
 HARNESSES = {h.name: h for h in (
     Lstm, LstmCellH, TwoD, CtcFsa, FastBW, FastViterbi, Ctc, CtcViterbi, Hmm, Rnnt, MultiRnnt, RnntLattice,
     EditDistance, OptimalCompletion, PerSuccessor, NextRow, NextReduce, Chunk, Unchunk, BatchedIndex, SparseToDenseH,
-    MaxArgmax, CrossEntropySparse, MemoryLeak)}
+    MaxArgmax, CrossEntropySparse, HmmViterbiH, HmmPosteriorsH, HmmSampleH, MemoryLeak)}
 FUNCTIONS = sorted(HARNESSES)
 
 

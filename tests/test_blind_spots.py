@@ -188,6 +188,30 @@ def test_hmm_log_likelihood_defaults():
     close(g, gamma, "emission gradient = state posteriors", rtol=1e-9, atol=1e-11)
 
 
+def test_hmm_inference_defaults():
+    """hmm_viterbi, hmm_posteriors and hmm_sample_states: log_final=None means 0, mask=None every frame."""
+    from ptnative.ops import hmm
+
+    from .fuzz_cases import HmmSampleH
+    from .reference import hmm as ref_hmm
+
+    rng = np.random.default_rng(23)
+    T, B, K = 5, 3, 3
+    le = rng.normal(size=(T, B, K)) * 2
+    lA, lpi = np.log(rng.dirichlet(np.ones(K), size=K)), np.log(rng.dirichlet(np.ones(K)))
+    u = rng.random((T, B))
+    path, score = pytensor.function([], list(hmm.hmm_viterbi(le, lA, lpi)))()
+    want_path, want_score = ref_hmm.viterbi(le, lA, lpi)
+    np.testing.assert_array_equal(path, want_path)
+    close(score, want_score, "viterbi score")
+    marg, counts = pytensor.function([], list(hmm.hmm_posteriors(le, lA, lpi)))()
+    want_marg, want_counts = ref_fsa.hmm_posteriors(le, lA, lpi)
+    close(marg, want_marg, "marginals")
+    close(counts, want_counts, "counts")
+    sample = pytensor.function([], hmm.hmm_sample_states(le, lA, lpi, uniforms=u))()
+    np.testing.assert_array_equal(sample, HmmSampleH(None).reference([le, lA, lpi, np.zeros(K), np.ones((T, B)), u])[0])
+
+
 def test_lstm_defaults():
     """y0=c0=0, mask=ones, direction=1, impl="native2"."""
     rng = np.random.default_rng(7)
