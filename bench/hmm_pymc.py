@@ -9,7 +9,8 @@ z out with a ``scan`` forward recursion.  First the two logps are checked to agr
 
 1. logp + dlogp (``model.logp_dlogp_function``, raveled inputs), one call, timed in alternating turns
    (``timing.measure_interleaved``);
-2. ``pm.sample`` (PyMC's NUTS, one process) wall time with compilation and the sampling time PyMC reports.
+2. ``pm.sample`` (PyMC's NUTS, or nutpie with ``--sampler nutpie``, one core) wall time with compilation and the
+   sampling time PyMC reports.
 
 pymc-extras is optional: without it only ptnative's rows are printed.  PyMC 5.28 has a release for it (0.10.0);
 no release declares PyMC 6.4 support yet (0.15.1 requires pymc < 6.4, and pip would move PyMC down to 6.3), but
@@ -93,10 +94,11 @@ def check_same_model(fns, xs, models, point, n_steps):
              "entries not finite here (ptnative's are finite)"), flush=True)
 
 
-def sample_time(model, draws, tune, chains, mode):
+def sample_time(model, draws, tune, chains, mode, sampler):
     t0 = time.perf_counter()
-    idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1, nuts_sampler="pymc", random_seed=1,
-                      progressbar=False, model=model, compile_kwargs={"mode": mode} if mode else None)
+    kwargs = {"compile_kwargs": {"mode": mode} if mode else None} if sampler == "pymc" else {}
+    idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1, nuts_sampler=sampler, random_seed=1,
+                      progressbar=False, model=model, **kwargs)
     wall = time.perf_counter() - t0
     sampling = float(idata.posterior.attrs.get("sampling_time", np.nan))
     divergences = int(np.asarray(idata.sample_stats["diverging"].values).sum())
@@ -112,6 +114,8 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=300, help="timed logp+dlogp calls per model")
     parser.add_argument("--no-sample", action="store_true", help="time logp+dlogp only")
     parser.add_argument("--mode", default=None, help="PyTensor mode (default: PyTensor's default)")
+    parser.add_argument("--sampler", default="pymc", choices=("pymc", "nutpie"),
+                        help="NUTS implementation for the sampling rows (one core either way)")
     args = parser.parse_args(argv)
 
     print(f"ptnative {ptnative.__version__}, pymc {pm.__version__}, pytensor {pytensor.__version__} "
@@ -135,8 +139,9 @@ def main(argv=None):
             rows.append((n_steps, "logp+dlogp", name, t.median * 1e3, "ms"))
         if not args.no_sample:
             for name, model in models.items():
-                wall, sampling, div = sample_time(model, args.draws, args.tune, args.chains, args.mode)
-                rows.append((n_steps, f"pm.sample {args.chains}x({args.tune}+{args.draws}), wall", name, wall, "s"))
+                wall, sampling, div = sample_time(model, args.draws, args.tune, args.chains, args.mode, args.sampler)
+                rows.append((n_steps, f"{args.sampler} {args.chains}x({args.tune}+{args.draws}), wall", name, wall,
+                             "s"))
                 rows.append((n_steps, "  sampling only (PyMC's sampling_time)", name, sampling, "s"))
                 print(f"T={n_steps} {name}: sampled in {wall:.1f} s wall ({sampling:.1f} s sampling), "
                       f"{div} divergences", flush=True)
