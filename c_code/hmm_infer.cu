@@ -52,6 +52,9 @@ DEF_KERNEL void hmm_infer_scan(HmmInferParams p) {
     bool has_nan = len > 0 && p.consts[3] != 0.0;
     for (int64_t t = 0; t < len; ++t) {
       const Float* et = p.le + (t * p.B + b) * p.K;
+      int bad = 0;  // NaN or +inf in the frame (one branch-free pass; the details only if so)
+      for (int64_t k = 0; k < p.K; ++k) bad |= !((double)et[k] < INFINITY);
+      if (!bad) continue;
       for (int64_t k = 0; k < p.K; ++k) {
         double v = (double)et[k];
         has_nan |= v != v;
@@ -131,6 +134,16 @@ DEV_FUNC inline void hmm_infer_matvec(const HmmInferParams& p, const double* __r
 // min(x, 0) for x not NaN (fmin is a library call that keeps loops over it from vectorising)
 DEV_FUNC inline double hmm_nonpositive(double x) { return x < 0.0 ? x : 0.0; }
 
+// sum_k x[k] y[k] (y null: sum_k x[k]) with four partial sums (the sums of a step are latency-bound otherwise).
+DEV_FUNC inline double hmm_dot(const double* __restrict__ x, const double* __restrict__ y, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4)
+    for (int q = 0; q < 4; ++q) s[q] += x[k + q] * (y ? y[k + q] : 1.0);
+  for (; k < n; ++k) s[0] += x[k] * (y ? y[k] : 1.0);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // E (K) = exp(min(log e_t(k) - m, 0)), 0 everywhere if m = -inf.
 DEV_FUNC inline void hmm_infer_emissions(const HmmInferParams& p, int64_t t, int64_t b, double m, double* E) {
   const Float* et = p.le + (t * p.B + b) * p.K;
@@ -176,17 +189,14 @@ DEV_FUNC int hmm_infer_filter_step(const HmmInferParams& p, int64_t t, int64_t b
 #pragma GCC ivdep
 #endif
   for (int64_t k = 0; k < K; ++k) at[k] = pred[k] * fsa_exp(hmm_nonpositive((double)et[k] - mt));
-  double s = 0.0;
-  for (int64_t k = 0; k < K; ++k) s += at[k];
+  const double s = hmm_dot(at, (const double*)0, K);
   if (!(s > 0.0)) return HMM_NO_PATH;
   const double inv = 1.0 / s;
   for (int64_t k = 0; k < K; ++k) at[k] *= inv;
   c[tb] = s;
   m[tb] = mt;
   if (t == p.seq_len[b] - 1) {
-    double sf = 0.0;
-    for (int64_t k = 0; k < K; ++k) sf += at[k] * f[k];
-    if (!(sf > 0.0)) return HMM_NO_PATH;
+    if (!(hmm_dot(at, f, K) > 0.0)) return HMM_NO_PATH;
   }
   return HMM_SCALED;
 }
@@ -205,11 +215,8 @@ DEV_FUNC int hmm_infer_filter(const HmmInferParams& p, int64_t b, double* alpha,
 // beta (K) /= its sum (s2, if given, by the same factor), and both 0 where alpha is 0 (states no path reaches:
 // their beta does not matter, and zeroing keeps inf * 0 out of the sums).
 DEV_FUNC inline void hmm_post_normalise(int64_t K, const double* alpha, double* beta, double* s2) {
-  double s = 0.0;
-  for (int64_t k = 0; k < K; ++k) {
-    beta[k] = alpha[k] > 0.0 ? beta[k] : 0.0;
-    s += beta[k];
-  }
+  for (int64_t k = 0; k < K; ++k) beta[k] = alpha[k] > 0.0 ? beta[k] : 0.0;
+  const double s = hmm_dot(beta, (const double*)0, K);
   const double inv = s > 0.0 ? 1.0 / s : 0.0;
   for (int64_t k = 0; k < K; ++k) beta[k] *= inv;
   if (s2)

@@ -42,7 +42,8 @@ DEV_FUNC void hmm_post_fwd_step(const HmmInferParams& p, const HmmPostState& st,
   st.status[b] = hmm_infer_filter_step(p, t, b, st.alpha, st.c, st.m, w.pred(b), p.f, HmmSharedSteps{&p});
 }
 
-// gamma_t, and for t > 0 xi += the pair marginals of (t-1, t) and beta_{t-1}.
+// gamma_t, and for t > 0 the pair marginals of (t-1, t) (divided by A: U += alpha_{t-1} v^T / (c_t z_t)) and
+// beta_{t-1}.
 DEV_FUNC void hmm_post_bwd_step(const HmmInferParams& p, const HmmPostState& st, const HmmPostWork& w, int64_t t,
                                 int64_t b, Float* gamma) {
   const int64_t B = p.B, K = p.K, len = p.seq_len[b], tb = t * B + b;
@@ -54,25 +55,22 @@ DEV_FUNC void hmm_post_bwd_step(const HmmInferParams& p, const HmmPostState& st,
     for (int64_t k = 0; k < K; ++k) beta[k] = p.f[k];
     hmm_post_normalise(K, at, beta, (double*)0);
   }
-  double z = 0.0;
-  for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
-  const double rz = 1.0 / z;
+  const double rz = 1.0 / hmm_dot(at, beta, K);
   for (int64_t k = 0; k < K; ++k) gamma[tb * K + k] = (Float)(at[k] * beta[k] * rz);
   if (t == 0) return;
   hmm_infer_emissions(p, t, b, st.m[tb], v);
   for (int64_t k = 0; k < K; ++k) v[k] *= beta[k];
   const double* ap = st.alpha + (tb - B) * K;
   const double x = rz / st.c[tb];
-  double* xi = w.xi(b);
+  double* U = w.xi(b);  // xi / A, multiplied by A in hmm_post_finish
   for (int64_t i = 0; i < K; ++i) {
     const double ai = ap[i] * x;
     if (ai == 0.0) continue;
-    const double* Ai = p.A + i * K;
-    double* xr = xi + i * K;
+    double* Ur = U + i * K;
 #if !CUDA
 #pragma GCC ivdep
 #endif
-    for (int64_t j = 0; j < K; ++j) xr[j] += ai * Ai[j] * v[j];
+    for (int64_t j = 0; j < K; ++j) Ur[j] += ai * v[j];
   }
   hmm_infer_matvec(p, v, beta, true);  // beta_{t-1} = A v
   hmm_post_normalise(K, ap, beta, (double*)0);
@@ -91,7 +89,7 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
     for (int64_t i = 0; i < K * K; ++i) xo[i] = fill;
     return;
   }
-  for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)xi[i];
+  for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)(xi[i] * p.A[i]);
 }
 
 // Forward op: the filter, then the backward pass writing gamma and xi.  The CPU runs time outer and batch inner
