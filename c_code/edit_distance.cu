@@ -109,14 +109,14 @@ static void ptn_ed_diagonal_sweep(int64_t n_batch, int64_t Ta, int64_t Tb, const
                                   const int32_t* b, const int32_t* b_len, int mode, int32_t* out, int32_t* row) {
   if (n_batch == 0) return;
   int64_t n = n_batch * (Ta + 1);
-  int32_t* buf = (int32_t*)device_malloc(3 * n * sizeof(int32_t));
+  ptn::Scratch scratch;
+  int32_t* buf = scratch.get<int32_t>(3 * n);
   int32_t* bufs[3] = {buf, buf + n, buf + 2 * n};
   for (int64_t d = 0; d <= Ta + Tb; ++d) {
     start_dev_kernel(ptn_ed_diagonal_kernel, (n_batch, Ta, Tb, d, a, a_len, b, b_len, bufs[(d + 1) % 3],
                                               bufs[(d + 2) % 3], bufs[d % 3], mode, out, row));
   }
   HANDLE_LAST_ERROR();
-  device_free(buf);
 }
 
 DEF_KERNEL void ptn_ed_per_successor_kernel(int64_t n_batch, int64_t n_succ, int64_t Tb, const int32_t* a_len,
@@ -468,11 +468,11 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
   ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
 #if CUDA
   if (n_batch == 0) return;
-  int32_t* rows = (int32_t*)device_malloc(n_batch * (Tb + 1) * sizeof(int32_t));
+  ptn::Scratch scratch;
+  int32_t* rows = scratch.get<int32_t>(n_batch * (Tb + 1));
   ptn_ed_diagonal_sweep(n_batch, Ta, Tb, pa, pla, pb, plb, 2, (int32_t*)0, rows);
   start_dev_kernel(ptn_ed_per_successor_kernel, (n_batch, n_succ, Tb, pla, pb, plb, ps, rows, out));
   HANDLE_LAST_ERROR();
-  device_free(rows);
 #else
   ptn_ed::Solver solver;
   int64_t lo = PTN_ED_INT32_MAX, hi = -int64_t(PTN_ED_INT32_MAX) - 1;

@@ -23,7 +23,7 @@
 #define FSA_ROW_THREADS 1
 #endif
 
-// FSA_LOOP, fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
+// fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
 //
 // NaN: a NaN score on a valid frame of sequence b (or a NaN weight of one of its edges) makes every output of b
 // NaN (its loss, its -log posteriors / gradient on its valid frames, its sums); the other sequences are
@@ -87,19 +87,6 @@ DEV_FUNC inline void fsa_atomic_neglog_add(double* p, double v) {
 inline void fsa_atomic_neglog_add(double* p, double v) { *p = fsa_neglog_add(*p, v); }
 #endif
 
-// Scratch memory that is freed on every exit path (errors are exceptions).
-struct FsaScratch {
-  std::vector<void*> bufs;
-  template <typename T> T* get(int64_t n) {
-    void* p = device_malloc((size_t)std::max<int64_t>(n, 1) * sizeof(T));
-    bufs.push_back(p);
-    return (T*)p;
-  }
-  ~FsaScratch() {
-    for (void* p : bufs) device_free(p);
-  }
-};
-
 // ---------------------------------------------------------------- validation
 // Claim state q for sequence s; a state used by two sequences is an error.
 DEV_FUNC inline int32_t fsa_claim(int32_t* state_seq, int32_t q, int32_t s) {
@@ -110,7 +97,7 @@ DEV_FUNC inline int32_t fsa_claim(int32_t* state_seq, int32_t q, int32_t s) {
 DEF_KERNEL void fsa_check_edges(int64_t n_edges, const int32_t* from, const int32_t* to, const int32_t* emis,
                                 const int32_t* seq, int64_t n_states, int64_t n_classes, int64_t n_batch,
                                 int32_t* state_seq, FsaCheck* check) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t f = from[e], q = to[e], em = emis[e], s = seq[e];
     if (f < 0 || f >= n_states) { fsa_fail(check, FSA_CHECK_EDGE_STATE, 0, e, 0, f); continue; }
     if (q < 0 || q >= n_states) { fsa_fail(check, FSA_CHECK_EDGE_STATE, 1, e, 0, q); continue; }
@@ -129,7 +116,7 @@ DEF_KERNEL void fsa_check_edges(int64_t n_edges, const int32_t* from, const int3
 DEF_KERNEL void fsa_check_seqs(int64_t n_time, int64_t n_batch, const int32_t* start_states, int64_t n_states,
                                const Float* index, const int32_t* lens_in, int32_t* seq_len, int32_t* state_seq,
                                FsaCheck* check) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     seq_len[b] = 0;
     int32_t start_state = start_states[b];
     if (start_state < 0 || start_state >= n_states) {
@@ -160,7 +147,7 @@ DEV_FUNC inline int32_t fsa_end_state(const int32_t* pairs, const int32_t* simpl
 
 DEF_KERNEL void fsa_check_ends(int64_t n_end, const int32_t* pairs, const int32_t* simple, int64_t n_states,
                                int64_t n_batch, int32_t* state_seq, FsaCheck* check) {
-  FSA_LOOP(n, n_end) {
+  GRID_LOOP(n, n_end) {
     int32_t end_seq = fsa_end_seq(pairs, n), end_state = fsa_end_state(pairs, simple, n);
     if (end_seq < 0 || end_seq >= n_batch) { fsa_fail(check, FSA_CHECK_END_SEQ, 0, n, 0, end_seq); continue; }
     if (end_state < 0 || end_state >= n_states) {
@@ -180,7 +167,7 @@ enum { FBW_NEGLOG = 0, FBW_LOGITS = 1, FBW_LOGPROBS = 2 };
 // wmin[s] = the smallest finite weight of sequence s; NaN weights mark their sequence in `nan`.
 DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Float* w, double* wmin, int32_t* nan,
                                  FsaCheck* check) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     double v = (double)w[e];
     if (v == -INFINITY) fsa_fail(check, FSA_CHECK_WEIGHT_MINUS_INF, 0, e, 0, v);
     if (v != v) nan[seq[e]] = 1;
@@ -189,18 +176,18 @@ DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Floa
 }
 
 DEF_KERNEL void fbw_weights(int64_t n_edges, const int32_t* seq, const Float* w, const double* wmin, double* W) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     double v = (double)w[e];
     W[e] = v < INFINITY ? exp(-(v - wmin[seq[e]])) : 0.0;
   }
 }
 
 DEF_KERNEL void fbw_fill(int64_t n, double* p, double v) {
-  FSA_LOOP(i, n) p[i] = v;
+  GRID_LOOP(i, n) p[i] = v;
 }
 
 DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, double* alpha0) {
-  FSA_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
+  GRID_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
 }
 
 // Emission factors of the rows r = (t - t0) * n_batch + b of frames t0, t0 + 1, ... (n_rows in all), one block
@@ -267,7 +254,7 @@ static void fbw_emission_rows(int mode, int64_t t0, int64_t n_frames, int64_t n_
 // kept collecting mass would take over the per-frame normalisation and underflow the paths that matter.
 DEF_KERNEL void fbw_mark_live(int64_t n_edges, const int32_t* from, const int32_t* to, int64_t n_end,
                               const int32_t* end_pairs, const int32_t* end_simple, int32_t* live) {
-  FSA_LOOP(i, n_edges + n_end) {
+  GRID_LOOP(i, n_edges + n_end) {
     if (i < n_edges) {
       if (from[i] != to[i]) live[from[i]] = 1;
     } else {
@@ -279,7 +266,7 @@ DEF_KERNEL void fbw_mark_live(int64_t n_edges, const int32_t* from, const int32_
 DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
                               const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* live,
                               const double* W, const double* P, const double* alpha_t, double* alpha_next, double* c) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t s = seq[e];
     if (t >= seq_len[s] || !live[to[e]]) continue;
     double a = alpha_t[from[e]];
@@ -305,7 +292,7 @@ DEV_FUNC inline void fbw_normalize_state(int64_t t, int64_t q, const int32_t* st
 DEF_KERNEL void fbw_fwd_finish(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* state_seq,
                                const int32_t* seq_len, const double* c_cur, double* c_next, double* alpha_next,
                                const double* shift, const double* wmin, double* nll) {
-  FSA_LOOP(i, n_states + n_batch) {
+  GRID_LOOP(i, n_states + n_batch) {
     if (i < n_states) {
       fbw_normalize_state(t, i, state_seq, seq_len, c_cur, alpha_next);
       continue;
@@ -325,7 +312,7 @@ DEF_KERNEL void fbw_fwd_finish(int64_t t, int64_t n_states, int64_t n_batch, con
 DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, int64_t n_end,
                               const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
                               const double* alpha, double* nll, double* end_wmin, int32_t* nan, FsaCheck* check) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     const double* a = alpha + (int64_t)seq_len[b] * n_states;
     int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
     double wm = INFINITY;
@@ -358,7 +345,7 @@ DEF_KERNEL void fbw_bw_start(int64_t t, int64_t n_states, int64_t n_batch, const
                              const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
                              const double* end_wmin, double* beta_cur, double* beta_next, double* dsum,
                              double* zsum) {
-  FSA_LOOP(i, n_states + n_batch) {
+  GRID_LOOP(i, n_states + n_batch) {
     if (i < n_states) {
       beta_cur[i] = 0.0;
       continue;
@@ -380,7 +367,7 @@ DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const double* W,
                              const double* P, const double* alpha_t, const double* beta_next, double* beta_cur,
                              double* G, double* dsum, double* zsum) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t s = seq[e];
     if (t >= seq_len[s]) continue;
     double bn = beta_next[to[e]];
@@ -406,7 +393,7 @@ DEF_KERNEL void fbw_bw_finish(int mode, int64_t t, int64_t n_states, int64_t n_b
                               const int32_t* state_seq, const int32_t* seq_len, const double* dsum, double* beta_cur,
                               const double* nll, const double* zsum, const double* P, const double* norm, double* G,
                               Float* out, Float* sums) {
-  FSA_LOOP(j, n_states + n_batch * n_classes) {
+  GRID_LOOP(j, n_states + n_batch * n_classes) {
     if (j < n_states) {
       fbw_normalize_state(t, j, state_seq, seq_len, dsum, beta_cur);
       continue;
@@ -431,13 +418,13 @@ DEF_KERNEL void fbw_bw_finish(int mode, int64_t t, int64_t n_states, int64_t n_b
 }
 
 DEF_KERNEL void fbw_loss_out(int64_t n_batch, const double* nll, Float* loss) {
-  FSA_LOOP(b, n_batch) loss[b] = (Float)nll[b];
+  GRID_LOOP(b, n_batch) loss[b] = (Float)nll[b];
 }
 
 // ---- log-space fallback, for sequences whose scaled pass found no path (no path at all,
 // or emission / weight ranges beyond double's ~700 nats per frame).
 DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, const int32_t* nan, int32_t* redo, int32_t* n_redo) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     redo[b] = nll[b] < INFINITY || nan[b] ? 0 : 1;
     if (redo[b]) elem_atomic_add(n_redo, 1);
   }
@@ -446,7 +433,7 @@ DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, const int32_t* nan,
 // Q[b, d] = -log emission probability of frame t.
 DEF_KERNEL void fbl_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const Float* am,
                               const int32_t* seq_len, const int32_t* redo, double* Q) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     if (!redo[b] || t >= seq_len[b]) continue;
     const Float* row = am + (t * n_batch + b) * n_classes;
     double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
@@ -473,7 +460,7 @@ DEF_KERNEL void fbl_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_cl
 DEF_KERNEL void fbl_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
                               const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
                               const Float* w, const double* Q, const double* la_t, double* la_next) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t s = seq[e];
     if (!redo[s] || t >= seq_len[s]) continue;
     double a = la_t[from[e]];
@@ -484,13 +471,13 @@ DEF_KERNEL void fbl_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, con
 }
 
 DEF_KERNEL void fbl_start(int64_t n_batch, const int32_t* start, const int32_t* redo, double* la0) {
-  FSA_LOOP(b, n_batch) if (redo[b]) la0[start[b]] = 0.0;
+  GRID_LOOP(b, n_batch) if (redo[b]) la0[start[b]] = 0.0;
 }
 
 DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, const int32_t* redo,
                           int64_t n_end, const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
                           const double* la, double* nll) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     if (!redo[b]) continue;
     const double* a = la + (int64_t)seq_len[b] * n_states;
     int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
@@ -508,7 +495,7 @@ DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_
 DEF_KERNEL void fbl_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, const int32_t* redo, int64_t n_end,
                             const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
                             double* lb_next) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     if (!redo[b] || seq_len[b] != t + 1) continue;
     int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
     for (int64_t n = n0; n < n1; ++n) {
@@ -526,7 +513,7 @@ DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
                              const Float* w, const double* Q, const double* nll, const double* la_t,
                              const double* lb_next, double* lb_cur, double* G) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t s = seq[e];
     if (!redo[s] || t >= seq_len[s] || !(nll[s] < INFINITY)) continue;
     double bn = lb_next[to[e]];
@@ -542,7 +529,7 @@ DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
 DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
                            const int32_t* redo, const double* nll, const double* Q, double* G, Float* out,
                            Float* sums) {
-  FSA_LOOP(i, n_batch * n_classes) {
+  GRID_LOOP(i, n_batch * n_classes) {
     int64_t b = i / n_classes;
     if (!redo[b]) continue;
     bool valid = t < seq_len[b];
@@ -564,7 +551,7 @@ DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_class
 DEF_KERNEL void fbw_nan_out(int64_t n_time, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
                             const int32_t* nan, Float* out, Float* sums, Float* loss) {
   const int64_t n_cells = n_time * n_batch * n_classes;
-  FSA_LOOP(i, n_cells + n_batch) {
+  GRID_LOOP(i, n_cells + n_batch) {
     if (i >= n_cells) {
       if (loss && nan[i - n_cells]) loss[i - n_cells] = (Float)NAN_F;
       continue;
@@ -596,7 +583,7 @@ struct FbwProblem {
 };
 
 static void fbw_run(FbwProblem p) {
-  FsaScratch scratch;
+  ptn::Scratch scratch;
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
   p.terms.T = T;
   p.terms.B = B;
@@ -875,14 +862,14 @@ static void multi_end_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
 
 // ---------------------------------------------------------------- Viterbi
 DEF_KERNEL void vit_init(int64_t n, Float* val, int32_t* idx) {
-  FSA_LOOP(i, n) {
+  GRID_LOOP(i, n) {
     val[i] = -(Float)INFINITY;
     idx[i] = 0x7fffffff;
   }
 }
 
 DEF_KERNEL void vit_set_start(int64_t n_batch, const int32_t* start, Float* val0) {
-  FSA_LOOP(b, n_batch) val0[start[b]] = Float(0);
+  GRID_LOOP(b, n_batch) val0[start[b]] = Float(0);
 }
 
 DEV_FUNC inline Float vit_candidate(int64_t t, int64_t e, int64_t n_batch, int64_t n_classes, const int32_t* from,
@@ -897,7 +884,7 @@ DEV_FUNC inline Float vit_candidate(int64_t t, int64_t e, int64_t n_batch, int64
 DEF_KERNEL void vit_max(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
                         const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
                         const Float* w, const Float* am, const Float* val_t, Float* val_next) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     if (t >= seq_len[seq[e]]) continue;
     Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
     if (v > -(Float)INFINITY) fsa_atomic_max(val_next + to[e], v);
@@ -908,7 +895,7 @@ DEF_KERNEL void vit_max(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_c
 DEF_KERNEL void vit_arg(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
                         const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
                         const Float* w, const Float* am, const Float* val_t, const Float* val_next, int32_t* idx_next) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     if (t >= seq_len[seq[e]]) continue;
     Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
     if (v > -(Float)INFINITY && v == val_next[to[e]]) elem_atomic_min(idx_next + to[e], (int32_t)e);
@@ -919,7 +906,7 @@ DEF_KERNEL void vit_arg(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_c
 DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states, int64_t n_edges,
                               const int32_t* from, const int32_t* emis, const int32_t* end, const int32_t* seq_len,
                               const int32_t* nan, const Float* val, const int32_t* idx, int32_t* out, Float* score) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     int64_t len = seq_len[b];
     int32_t cur = end[b];
     Float sc = nan[b] ? (Float)NAN_F : val[len * n_states + cur];
@@ -992,7 +979,7 @@ static void vit_row_pass(int mode, int64_t T, int64_t B, int64_t D, const Float*
 }
 
 DEF_KERNEL void fsa_mark_nan_weights(int64_t n_edges, const int32_t* seq, const Float* w, int32_t* nan) {
-  FSA_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
+  GRID_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
 }
 
 struct VitProblem {
@@ -1007,7 +994,7 @@ struct VitProblem {
   Float* score;            // (B,)
 };
 
-static void vit_run(FsaScratch& scratch, const VitProblem& p) {
+static void vit_run(ptn::Scratch& scratch, const VitProblem& p) {
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
   if (B == 0) return;
   Float* val = scratch.get<Float>((T + 1) * S);
@@ -1061,7 +1048,7 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   p.end = p.start + p.B;
   p.w = Ndarray_DEV_DATA(weights);
   p.am = Ndarray_DEV_DATA(am);
-  FsaScratch scratch;
+  ptn::Scratch scratch;
   int32_t* seq_len = scratch.get<int32_t>(p.B);
   int32_t* nan = scratch.get<int32_t>(p.B);
   FsaCheck* check = scratch.get<FsaCheck>(1);
@@ -1092,7 +1079,7 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per_seq, const int32_t* targets,
                               const int32_t* seq_lens, int32_t blank, bool label_loop, int32_t* edges,
                               int32_t* start_end) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     int32_t L = seq_lens[b];
     int64_t E = n_batch * per_seq;
     int32_t off = (int32_t)((2 * n_labels_max + 3) * b);
@@ -1140,7 +1127,7 @@ DEF_KERNEL void ctc_fsa_build(int64_t n_batch, int64_t n_labels_max, int64_t per
 // Frame lengths in [0, T] (if given), label lengths in [0, N], labels in [0, D) (if n_classes >= 0).
 DEF_KERNEL void ctc_check_inputs(int64_t n_batch, int64_t n_time, int64_t n_labels, int64_t n_classes,
                                  const int32_t* lens, const int32_t* tlens, const int32_t* targets, FsaCheck* check) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     if (lens && (lens[b] < 0 || lens[b] > n_time)) fsa_fail(check, FSA_CHECK_LEN, 0, b, 0, lens[b]);
     int32_t L = tlens[b];
     if (L < 0 || L > n_labels) {
@@ -1163,7 +1150,7 @@ DEF_KERNEL void ctc_check_inputs(int64_t n_batch, int64_t n_time, int64_t n_labe
 static void ctc_fsa_checked_build(const FsaTerms& terms, int64_t B, int64_t N, int64_t n_time, int64_t n_classes,
                                   const int32_t* lens, const int32_t* targets, const int32_t* tlens, int32_t blank,
                                   bool label_loop, int32_t* edges, int32_t* start_end) {
-  FsaScratch scratch;
+  ptn::Scratch scratch;
   FsaCheck* check = scratch.get<FsaCheck>(1);
   Ndarray_memset(check, 0, sizeof(FsaCheck));
   start_dev_kernel(ctc_check_inputs, (B, n_time, N, n_classes, lens, tlens, targets, check));
@@ -1209,7 +1196,7 @@ static void ctc_fsa_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray***
 // A sequence with an empty target over zero frames has the empty alignment, of probability 1: loss 0 (its
 // gradient is 0: it has no valid frame).
 DEF_KERNEL void ctc_empty_loss(int64_t n_batch, const int32_t* lens, const int32_t* tlens, Float* loss) {
-  FSA_LOOP(b, n_batch) if (lens[b] == 0 && tlens[b] == 0) loss[b] = Float(0);
+  GRID_LOOP(b, n_batch) if (lens[b] == 0 && tlens[b] == 0) loss[b] = Float(0);
 }
 
 // Viterbi: the loss is minus the best alignment's log-probability (inf without an alignment, NaN for NaN
@@ -1217,7 +1204,7 @@ DEF_KERNEL void ctc_empty_loss(int64_t n_batch, const int32_t* lens, const int32
 // valid frames of sequences with an alignment, NaN on valid frames of NaN sequences, else 0.
 DEF_KERNEL void ctc_vit_loss(int64_t n_batch, int64_t n_classes, const int32_t* lens, const int32_t* nan,
                              const int32_t* align, const Float* score, const Float* lp, Float* loss) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     if (nan[b]) {
       loss[b] = (Float)NAN_F;
       continue;
@@ -1235,7 +1222,7 @@ DEF_KERNEL void ctc_vit_loss(int64_t n_batch, int64_t n_classes, const int32_t* 
 DEF_KERNEL void ctc_vit_grad(int mode, int64_t n_time, int64_t n_batch, int64_t n_classes, const int32_t* lens,
                              const int32_t* nan, const int32_t* align, const Float* score, const Float* lp,
                              Float* grad) {
-  FSA_LOOP(i, n_time * n_batch * n_classes) {
+  GRID_LOOP(i, n_time * n_batch * n_classes) {
     int64_t d = i % n_classes, b = (i / n_classes) % n_batch, t = i / (n_classes * n_batch);
     Float g = Float(0);
     if (t < lens[b]) {
@@ -1282,7 +1269,7 @@ static void ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray**
   ctc_fsa_check_size(B, N, terms);
 
   const int64_t per_seq = 5 * (N - 1) + 10, E = B * per_seq, S = B * (2 * N + 3);
-  FsaScratch scratch;
+  ptn::Scratch scratch;
   int32_t* edges = scratch.get<int32_t>(4 * E);
   int32_t* start_end = scratch.get<int32_t>(2 * B);
   Float* weights = scratch.get<Float>(E);
@@ -1371,7 +1358,7 @@ DEV_FUNC inline double seg_scale(const Float* scales, int64_t n_scales, const Fl
 // max state index + 1 over edges and start/end states (single thread), and index checks.
 DEF_KERNEL void seg_check(int64_t n_edges, const int32_t* edges, int64_t n_classes, int64_t n_lenmods,
                           int64_t n_batch, const int32_t* start_end, int32_t* n_states) {
-  FSA_LOOP(i, 1) {
+  GRID_LOOP(i, 1) {
     int32_t m = -1;
     for (int64_t e = 0; e < n_edges; ++e) {
       int32_t edge_from_state = edges[e], edge_to_state = edges[n_edges + e], edge_emission = edges[2 * n_edges + e];
@@ -1398,7 +1385,7 @@ DEF_KERNEL void seg_check(int64_t n_edges, const int32_t* edges, int64_t n_class
 // Column owners, and the length of every sequence.
 DEF_KERNEL void seg_columns(int64_t n_frames, int64_t n_batch, int64_t max_len, int64_t n_cols, const int32_t* bidx,
                             const Float* index, int32_t* col_seq, int32_t* col_t, int32_t* seq_len) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     int32_t len = 0;
     for (int64_t t = 0; t < n_frames; ++t) {
       int32_t column = bidx[t * n_batch + b];
@@ -1420,7 +1407,7 @@ DEF_KERNEL void seg_fwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_
                         int64_t max_len, int64_t n_cols, int64_t n_classes, const int32_t* edges, const Float* w,
                         const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
                         const Float* scales, int64_t n_scales, const Float* epoch, double* alpha) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     double a = alpha[t * n_states + edges[e]];
     if (a == INFINITY) continue;
     int32_t s = edges[4 * n_edges + e];
@@ -1442,7 +1429,7 @@ DEF_KERNEL void seg_bwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_
                         int64_t max_len, int64_t n_cols, int64_t n_classes, const int32_t* edges, const Float* w,
                         const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
                         const Float* scales, int64_t n_scales, const Float* epoch, double* beta) {
-  FSA_LOOP(e, n_edges) {
+  GRID_LOOP(e, n_edges) {
     int32_t s = edges[4 * n_edges + e];
     int32_t n = bidx[t * n_batch + s];
     if (n < 0) continue;
@@ -1463,7 +1450,7 @@ DEF_KERNEL void seg_bwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_
 
 DEF_KERNEL void seg_set_ends(int64_t n_batch, int64_t n_states, const int32_t* start_end, const int32_t* seq_len,
                              double* alpha, double* beta) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     alpha[start_end[b]] = 0.0;
     beta[(int64_t)seq_len[b] * n_states + start_end[n_batch + b]] = 0.0;
   }
@@ -1475,7 +1462,7 @@ DEF_KERNEL void seg_post(int pass, int64_t n_frames, int64_t n_edges, int64_t n_
                          const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
                          const Float* scales, int64_t n_scales, const Float* epoch, const double* alpha,
                          const double* beta, double* nf, double* out) {
-  FSA_LOOP(idx, n_frames * n_edges) {
+  GRID_LOOP(idx, n_frames * n_edges) {
     int64_t t = idx / n_edges, e = idx - t * n_edges;
     double a = alpha[t * n_states + edges[e]];
     if (a == INFINITY) continue;
@@ -1500,7 +1487,7 @@ DEF_KERNEL void seg_post(int pass, int64_t n_frames, int64_t n_edges, int64_t n_
 }
 
 DEF_KERNEL void seg_merge(int64_t max_len, int64_t n_cols, const Float* index, double* nf) {
-  FSA_LOOP(n, n_cols) {
+  GRID_LOOP(n, n_cols) {
     double acc = INFINITY;
     for (int64_t i = 0; i < max_len; ++i)
       if (index[i * n_cols + n] != Float(0)) acc = fsa_neglog_add(acc, nf[i * n_cols + n]);
@@ -1512,7 +1499,7 @@ DEF_KERNEL void seg_merge(int64_t max_len, int64_t n_cols, const Float* index, d
 DEF_KERNEL void seg_finish(int64_t max_len, int64_t n_cols, int64_t n_classes, int64_t n_states, int64_t n_batch,
                            const int32_t* col_seq, const int32_t* start_end, const double* beta, const double* nf,
                            const double* out_acc, Float* out, Float* nf_out, Float* pw_out) {
-  FSA_LOOP(idx, max_len * n_cols) {
+  GRID_LOOP(idx, max_len * n_cols) {
     int32_t s = col_seq[idx % n_cols];
     double nll = s >= 0 ? beta[start_end[s]] : INFINITY;
     double f = nf[idx];
@@ -1545,7 +1532,7 @@ static void segment_fast_bw_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   assert_cmp(Ndarray_DIMS(index)[1], ==, Nb);
   assert_cmp(K, >=, 1);
   Float* out = Ndarray_DEV_DATA(*outputs[0]);
-  FsaScratch scratch;
+  ptn::Scratch scratch;
   int32_t* n_states_dev = scratch.get<int32_t>(1);
   const int32_t* e = Ndarray_DEV_DATA_int32(edges);
   const int32_t* start_end = Ndarray_DEV_DATA_int32(se);

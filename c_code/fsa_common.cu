@@ -1,8 +1,8 @@
-// Shared by the automaton kernels (pasted before fsa.cu and hmm.cu): a grid-stride loop, an exp for
-// x <= 0, the record of a failed input check, and the prefix-mask check.
+// Shared by the automaton kernels (pasted before fsa.cu and hmm.cu): an exp for x <= 0, the record of a failed
+// input check, and the prefix-mask lengths (through the dialect's ptn_prefix_mask_length).
 
-#define FSA_LOOP(i, n) \
-  for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
+// The dialect's grid-stride loop, under the name the automaton kernels of other files use.
+#define FSA_LOOP(i, n) GRID_LOOP(i, n)
 
 // exp(x) for x <= 0 (-inf allowed; x < -708 gives 0).  CPU: Cody-Waite reduction, degree-13
 // Taylor (~1 ulp), with integer bit selects instead of FP compares so that g++ -O3
@@ -95,31 +95,17 @@ DEV_FUNC inline void fsa_fail(FsaCheck* c, int32_t code, int64_t i, int64_t j, i
 // The length of column b of a 0/1 prefix mask (T, B); a bad column is recorded (and gets length 0).
 DEV_FUNC inline int32_t fsa_mask_length(int64_t n_time, int64_t n_batch, const Float* mask, int64_t b,
                                         FsaCheck* check) {
-  int32_t len = 0;
-  bool ended = false;
-  for (int64_t t = 0; t < n_time; ++t) {
-    Float m = mask[t * n_batch + b];
-    if (!(m == Float(0) || m == Float(1))) {
-      fsa_fail(check, FSA_CHECK_MASK_VALUE, t, b, 0, (double)m);
-      return 0;
-    }
-    if (m == Float(1)) {
-      if (ended) {
-        fsa_fail(check, FSA_CHECK_MASK_PREFIX, t, b, 0, 1.0);
-        return 0;
-      }
-      ++len;
-    } else {
-      ended = true;
-    }
-  }
-  return len;
+  int64_t bad_t = 0;
+  int64_t len = ptn_prefix_mask_length(n_time, n_batch, mask, b, &bad_t);
+  if (len == -1) fsa_fail(check, FSA_CHECK_MASK_VALUE, bad_t, b, 0, (double)mask[bad_t * n_batch + b]);
+  if (len == -2) fsa_fail(check, FSA_CHECK_MASK_PREFIX, bad_t, b, 0, 1.0);
+  return len < 0 ? 0 : (int32_t)len;
 }
 
 // Per sequence b, the length of a 0/1 prefix mask (T, B).
 DEF_KERNEL void fsa_mask_lengths(int64_t n_time, int64_t n_batch, const Float* mask, int32_t* seq_len,
                                  FsaCheck* check) {
-  FSA_LOOP(b, n_batch) seq_len[b] = fsa_mask_length(n_time, n_batch, mask, b, check);
+  GRID_LOOP(b, n_batch) seq_len[b] = fsa_mask_length(n_time, n_batch, mask, b, check);
 }
 
 // The names a function's user knows its arguments by, for the messages of failed checks.

@@ -18,23 +18,13 @@
 // a NaN in the shared parameters does so for every sequence with a frame.  The gradients of the shared
 // parameters are NaN when any sequence is.  +inf log-probabilities raise.
 //
-// FSA_LOOP, fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
+// fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
+
+// The dialect's scratch memory, under the name the HMM kernels of other files use.
+typedef ptn::Scratch HmmScratch;
 
 #define HMM_TINY 1e-280
 enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
-
-// Scratch memory that is freed on every exit path (errors are exceptions).
-struct HmmScratch {
-  std::vector<void*> bufs;
-  template <typename T> T* get(int64_t n) {
-    void* p = device_malloc((size_t)std::max<int64_t>(n, 1) * sizeof(T));
-    bufs.push_back(p);
-    return (T*)p;
-  }
-  ~HmmScratch() {
-    for (void* p : bufs) device_free(p);
-  }
-};
 
 // *out = max of x[0..n) over the non-NaN entries (-inf if none); returns whether x has a NaN.  A +inf
 // entry i is recorded in `check` (if given) by report(i), and *out is then -inf.
@@ -91,7 +81,7 @@ struct HmmParamReport {
 // A, pi, f: shifted exps; consts = [log-shift of A, of pi, of f, 1 if any of them has a NaN].  AT = A transposed.
 DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Float* lf, double* A, double* AT,
                          double* pi, double* f, double* consts, FsaCheck* check) {
-  FSA_LOOP(i, 1) {
+  GRID_LOOP(i, 1) {
     const Float* src[3] = {lA, lpi, lf};
     double* dst[3] = {A, pi, f};
     int64_t n[3] = {K * K, K, K};
@@ -150,7 +140,7 @@ DEV_FUNC double hmm_log_forward_seq(const HmmParams& p, int64_t b) {
 }
 
 DEF_KERNEL void hmm_log_forward(HmmParams p, double* ll) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     if (p.status[b] != HMM_LOG_SPACE) continue;
     // the scaled pass stopped early: the frames after it may hold a NaN
     const Float* le_b = p.le + b * p.K;
@@ -211,7 +201,7 @@ DEV_FUNC void hmm_log_backward_seq(const HmmParams& p, int64_t b, double g, doub
 
 DEF_KERNEL void hmm_log_backward(HmmParams p, const Float* g, double* lb, Float* dle, double* dA, double* dpi,
                                  double* df) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     if (p.status[b] != HMM_LOG_SPACE || p.seq_len[b] == 0) continue;
     hmm_log_backward_seq(p, b, (double)g[b], lb + b * 2 * p.K, dle, dA, dpi, df);
   }
@@ -220,7 +210,7 @@ DEF_KERNEL void hmm_log_backward(HmmParams p, const Float* g, double* lb, Float*
 // Sequences of length 0: the empty series has probability 1 (no state, so neither pi nor f applies); NaN in the
 // shared parameters makes every other sequence NaN.
 DEF_KERNEL void hmm_init_status(HmmParams p, double* ll) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     ll[b] = 0.0;
     p.status[b] = p.seq_len[b] > 0 && p.consts[3] != 0.0 ? HMM_NAN : HMM_SCALED;
   }
@@ -316,7 +306,7 @@ static void hmm_pad(const double* src, int64_t K, int64_t Kp, double* dst) {
 
 // The scaled forward on the CPU: time outer, batch inner (the (T, B, K) arrays are streamed
 // in order); per (t, b) one register-blocked K x K matrix-vector product.
-static void hmm_forward_cpu(HmmScratch& scratch, const HmmParams& p, double* ll) {
+static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   double* Ap = scratch.get<double>(K * Kp);
   double* pred = scratch.get<double>(Kp);
@@ -334,21 +324,21 @@ static void hmm_forward_cpu(HmmScratch& scratch, const HmmParams& p, double* ll)
 }
 #else
 DEF_KERNEL void hmm_fwd_step_kernel(HmmParams p, int64_t t, const double* pred, double* E, double* ll) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     if (t >= p.seq_len[b] || p.status[b] != HMM_SCALED) continue;
     p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred + b * p.K, E + b * p.K, ll + b);
   }
 }
 
 DEF_KERNEL void hmm_fwd_final_kernel(HmmParams p, double* ll) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     if (p.seq_len[b] > 0 && p.status[b] == HMM_SCALED) hmm_fwd_final(p, b, ll);
   }
 }
 
 // Rows of sequences that are done or have left the scaled pass are zero (the GEMM then adds
 // nothing for them; their alpha_{t} slot is not read by the scaled pass).
-static void hmm_forward_cuda(HmmScratch& scratch, const HmmParams& p, double* ll) {
+static void hmm_forward_cuda(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   double* pred = scratch.get<double>(p.B * p.K);
   double* E = scratch.get<double>(p.B * p.K);
   for (int64_t t = 0; t < p.T; ++t) {
@@ -384,7 +374,7 @@ static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char*
   fsa_require(false, terms, s.str());
 }
 
-static HmmParams hmm_setup(HmmScratch& scratch, Ndarray** inputs) {
+static HmmParams hmm_setup(ptn::Scratch& scratch, Ndarray** inputs) {
   Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
   HmmParams p;
   p.T = Ndarray_DIMS(le)[0];
@@ -420,7 +410,7 @@ static HmmParams hmm_setup(HmmScratch& scratch, Ndarray** inputs) {
 }
 
 DEF_KERNEL void hmm_store_ll(int64_t n_batch, const double* ll, const double* status, Float* out) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     out[b] = status[b] == HMM_NO_PATH ? (Float)-INFINITY : status[b] == HMM_NAN ? (Float)NAN_F : (Float)ll[b];
   }
 }
@@ -430,7 +420,7 @@ DEF_KERNEL void hmm_store_ll(int64_t n_batch, const double* ll, const double* st
 static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 4);
-  HmmScratch scratch;
+  ptn::Scratch scratch;
   HmmParams p = hmm_setup(scratch, inputs);
   if (p.B == 0) return;
   p.alpha = (double*)(*outputs[1])->data;
@@ -456,7 +446,7 @@ static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
 // with v = E_t beta_t: U += alpha_{t-1}^T v g / (c_t z) (expected transitions / A) and
 // beta_{t-1} = A v.
 #if !CUDA
-static void hmm_backward_cpu(HmmScratch& scratch, const HmmParams& p, const Float* g, Float* dle,
+static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Float* g, Float* dle,
                              double* __restrict__ U, double* dpi, double* df) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   double* __restrict__ beta_all = scratch.get<double>(B * Kp);
@@ -529,7 +519,7 @@ static void hmm_backward_cpu(HmmScratch& scratch, const HmmParams& p, const Floa
 #else
 DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* beta, double* z, Float* dle, double* dpi,
                              double* df) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t K = p.K, len = p.seq_len[b], tb = t * p.B + b;
     double* bb = beta + b * K;
     z[b] = 0.0;
@@ -553,7 +543,7 @@ DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* bet
 // v = E_t beta_t; X = alpha_{t-1} g / (c_t z_t) (both 0 for rows not in the scaled pass at t).
 DEF_KERNEL void hmm_bw_rows(HmmParams p, int64_t t, const Float* g, const double* beta, const double* z, double* v,
                             double* X) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t K = p.K, tb = t * p.B + b;
     bool ok = t < p.seq_len[b] && p.status[b] == HMM_SCALED && z[b] > 0.0;
     double r = ok ? (double)g[b] / (p.c[tb] * z[b]) : 0.0;
@@ -567,7 +557,7 @@ DEF_KERNEL void hmm_bw_rows(HmmParams p, int64_t t, const Float* g, const double
 }
 
 DEF_KERNEL void hmm_bw_norm(int64_t n_batch, int64_t K, double* beta) {
-  FSA_LOOP(b, n_batch) {
+  GRID_LOOP(b, n_batch) {
     double* bb = beta + b * K;
     double s = 0.0;
     for (int64_t k = 0; k < K; ++k) s += bb[k];
@@ -576,7 +566,7 @@ DEF_KERNEL void hmm_bw_norm(int64_t n_batch, int64_t K, double* beta) {
   }
 }
 
-static void hmm_backward_cuda(HmmScratch& scratch, const HmmParams& p, const Float* g, Float* dle, double* U,
+static void hmm_backward_cuda(ptn::Scratch& scratch, const HmmParams& p, const Float* g, Float* dle, double* U,
                               double* dpi, double* df) {
   const int64_t B = p.B, K = p.K;
   double* beta = scratch.get<double>(B * K);
@@ -598,7 +588,7 @@ static void hmm_backward_cuda(HmmScratch& scratch, const HmmParams& p, const Flo
 // NaN sequences: NaN emission gradient on their valid frames; any_nan[0] = 1 if there is one.
 DEF_KERNEL void hmm_bw_nan(HmmParams p, Float* dle, int32_t* any_nan) {
   const int64_t n = p.T * p.B * p.K;
-  FSA_LOOP(i, n + 1) {
+  GRID_LOOP(i, n + 1) {
     if (i == n) {
       any_nan[0] = 0;
       for (int64_t b = 0; b < p.B; ++b) any_nan[0] |= p.status[b] == HMM_NAN;
@@ -611,7 +601,7 @@ DEF_KERNEL void hmm_bw_nan(HmmParams p, Float* dle, int32_t* any_nan) {
 
 DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const double* dA_log, const double* dpi,
                              const double* df, const int32_t* any_nan, Float* dA, Float* dpi_out, Float* df_out) {
-  FSA_LOOP(i, K * K) {
+  GRID_LOOP(i, K * K) {
     const Float nan = (Float)NAN_F;
     dA[i] = any_nan[0] ? nan : (Float)(U[i] * A[i] + dA_log[i]);
     if (i < K) {
@@ -627,7 +617,7 @@ DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const 
 static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 9);
   assert_cmp(n_outputs, ==, 4);
-  HmmScratch scratch;
+  ptn::Scratch scratch;
   HmmParams p = hmm_setup(scratch, inputs);
   const int64_t T = p.T, B = p.B, K = p.K;
   assert_cmp(Ndarray_DIMS(inputs[8])[0], ==, B);

@@ -168,9 +168,12 @@ struct LstmFrames {
 static LstmFrames lstm_frames(int64_t T, int64_t start, int64_t step, bool lowmem_rule) {
   LstmFrames f = {0, step, 0};
   if (T == 0) return f;
-  assert_cmp(step, !=, 0);
-  assert_cmp(start, >=, 0);
-  assert_cmp(start, <, T);
+  if (step == 0) ptn::raise(PTN_STATUS_VALUE, "step must not be 0");
+  if (start < 0 || start >= T) {
+    std::ostringstream s;
+    s << "start = " << start << " is out of range [0, T = " << T << ")";
+    ptn::raise(PTN_STATUS_VALUE, s.str());
+  }
   int64_t last;
   if (step > 0) {
     f.first = start;
@@ -243,14 +246,13 @@ DEF_KERNEL void lstm_generic_bw_frame(Float* __restrict__ delta, Float* __restri
 }
 
 static void check_lstm_generic_shapes(Ndarray* Z_or_H, Ndarray* V_h, Ndarray* c, Ndarray* i) {
-  assert_cmp(Ndarray_DIMS(Z_or_H)[2] % 4, ==, 0);
-  int64_t n_cells = Ndarray_DIMS(Z_or_H)[2] / 4;
-  assert_cmp(Ndarray_DIMS(Z_or_H)[0], ==, Ndarray_DIMS(i)[0]);
-  assert_cmp(Ndarray_DIMS(Z_or_H)[1], ==, Ndarray_DIMS(i)[1]);
-  assert_cmp(Ndarray_DIMS(V_h)[0], ==, n_cells);
-  assert_cmp(Ndarray_DIMS(V_h)[1], ==, 4 * n_cells);
-  assert_cmp(Ndarray_DIMS(c)[0], ==, Ndarray_DIMS(i)[1]);
-  assert_cmp(Ndarray_DIMS(c)[1], ==, n_cells);
+  int64_t n_cells = Ndarray_DIMS(V_h)[0];
+  ptn::require_dim(V_h, "V_h", 1, 4 * n_cells, "4 * n (n = V_h.shape[0])");
+  ptn::require_dim(Z_or_H, "Z", 2, 4 * n_cells, "4 * n (n = V_h.shape[0])");
+  ptn::require_dim(Z_or_H, "Z", 0, Ndarray_DIMS(i)[0], "T (i.shape[0])");
+  ptn::require_dim(Z_or_H, "Z", 1, Ndarray_DIMS(i)[1], "B (i.shape[1])");
+  ptn::require_dim(c, "c", 0, Ndarray_DIMS(i)[1], "B (i.shape[1])");
+  ptn::require_dim(c, "c", 1, n_cells, "n (V_h.shape[0])");
 }
 
 // inputs: Z (T,B,4n) [H is Z's buffer], V_h (n,4n), c (B,n), i (T,B); outputs: Y, H, d.
@@ -427,14 +429,14 @@ static void check_lstm_bw_shapes(Ndarray* i, int64_t n_cells, Ndarray* Y, Ndarra
 // H: the gates buffer (X's buffer and shape).
 static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
-  assert_cmp(Ndarray_DIMS(H)[0], ==, T);
-  assert_cmp(Ndarray_DIMS(H)[1], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(H)[2], ==, 4 * n_cells);
-  assert_cmp(Ndarray_DIMS(W)[0], ==, n_cells);
-  assert_cmp(Ndarray_DIMS(W)[1], ==, 4 * n_cells);
-  assert_cmp(Ndarray_DIMS(y0)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(c0)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(c0)[1], ==, n_cells);
+  ptn::require_dim(H, "X", 0, T, "T (i.shape[0])");
+  ptn::require_dim(H, "X", 1, n_batch, "B (i.shape[1])");
+  ptn::require_dim(H, "X", 2, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(W, "W", 0, n_cells, "n (y0.shape[1])");
+  ptn::require_dim(W, "W", 1, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(y0, "y0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
 }
 
 // inputs: X (T,B,4n) [H is X's buffer], W (n,4n), y0, c0 (B,n), i (T,B), start, step;
@@ -453,7 +455,8 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
     return;
   }
-  Float* y_carry = (Float*)device_malloc(frame * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* y_carry = scratch.get<Float>(frame);
   Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
 #if CUDA
   for (int64_t k = 0; k < fr.count; ++k) {
@@ -478,7 +481,6 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 #endif
   HANDLE_LAST_ERROR();
   Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
-  device_free(y_carry);
 }
 
 // inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
@@ -504,7 +506,8 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   if (fr.count == 0) return;
   // Yp[t]: the recurrent input of visited frame t (y0, then the carried output), 0 elsewhere, so that
   // DW = Yp^T . DX is one GEMM over all frames (DX is 0 on frames that are not visited).
-  Float* Yp = (Float*)device_malloc(T * frame * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* Yp = scratch.get<Float>(T * frame);
   for (int64_t t = 0; t < T; ++t)
     if (!visited[t]) Ndarray_memset(Yp + t * frame, 0, frame * sizeof(Float));
   Ndarray_memcpy(Yp + fr.at(0) * frame, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
@@ -545,7 +548,6 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 #endif
   lstm_gemm(Yp, true, Ndarray_DEV_DATA(DX), false, Ndarray_DEV_DATA(DW), n_cells, 4 * n_cells, T * n_batch, 0.0);
   HANDLE_LAST_ERROR();
-  device_free(Yp);
 }
 
 // ================================================================ LstmLowMem
@@ -609,14 +611,14 @@ DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* _
 static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0, Ndarray* c0, Ndarray* i) {
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
   int64_t n_in = Ndarray_DIMS(X)[2];
-  assert_cmp(Ndarray_DIMS(X)[0], ==, T);
-  assert_cmp(Ndarray_DIMS(X)[1], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(W)[0], ==, n_in + n_cells);
-  assert_cmp(Ndarray_DIMS(W)[1], ==, 4 * n_cells);
-  assert_cmp(Ndarray_DIMS(b)[0], ==, 4 * n_cells);
-  assert_cmp(Ndarray_DIMS(y0)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(c0)[0], ==, n_batch);
-  assert_cmp(Ndarray_DIMS(c0)[1], ==, n_cells);
+  ptn::require_dim(X, "X", 0, T, "T (i.shape[0])");
+  ptn::require_dim(X, "X", 1, n_batch, "B (i.shape[1])");
+  ptn::require_dim(W, "W", 0, n_in + n_cells, "n_in + n (X.shape[2] + y0.shape[1])");
+  ptn::require_dim(W, "W", 1, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(b, "b", 0, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(y0, "y0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
 }
 
 // intern = X[t] . W_x + y_prev . W_h  (W_x = W[:n_in], W_h = W[n_in:], both contiguous row blocks)
@@ -642,7 +644,8 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
     return;
   }
-  Float* intern = (Float*)device_malloc(4 * frame * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* intern = scratch.get<Float>(4 * frame);
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
     lowmem_intern(X, W, t, k > 0 ? data_ptr(Y, t - step) : Ndarray_DEV_DATA(y0), intern, n_batch, n_in, n_cells);
@@ -652,7 +655,6 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   }
   HANDLE_LAST_ERROR();
   Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
-  device_free(intern);
 }
 
 // inputs: X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd; outputs: DX, DW, Db, Dy0, Dc0.
@@ -670,8 +672,9 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
   if (fr.count == 0) return;  // DX, DW, Db, Dy0 stay 0
-  Float* intern = (Float*)device_malloc(4 * frame * sizeof(Float));
-  Float* dintern = (Float*)device_malloc(4 * frame * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* intern = scratch.get<Float>(4 * frame);
+  Float* dintern = scratch.get<Float>(4 * frame);
   Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
   Float* DWd = Ndarray_DEV_DATA(DW);
   for (int64_t k = fr.count - 1; k >= 0; --k) {
@@ -694,6 +697,4 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     lstm_gemm(dintern, false, Wd + n_in * 4 * n_cells, true, dh, n_batch, n_cells, 4 * n_cells, 0.0);
   }
   HANDLE_LAST_ERROR();
-  device_free(intern);
-  device_free(dintern);
 }

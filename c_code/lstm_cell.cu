@@ -92,9 +92,14 @@ DEF_KERNEL void lstm_cell_bw2_kernel(const Float* c_prev, const Float* x, const 
 }
 
 static void check_lstm_cell_shapes(Ndarray* c_prev, Ndarray* x) {
-  assert_cmp(Ndarray_DIMS(x)[0], <=, Ndarray_DIMS(c_prev)[0]);
-  assert_cmp(Ndarray_DIMS(x)[1], ==, 4 * Ndarray_DIMS(c_prev)[1]);
-  assert_cmp(Ndarray_DIMS(x)[2], ==, Ndarray_DIMS(c_prev)[2]);
+  if (Ndarray_DIMS(x)[0] > Ndarray_DIMS(c_prev)[0]) {
+    std::ostringstream s;
+    s << "lstm_cell: len(x) = " << Ndarray_DIMS(x)[0] << " must not exceed len(c_prev) = " << Ndarray_DIMS(c_prev)[0];
+    ptn::raise(PTN_STATUS_VALUE, s.str());
+  }
+  ptn::require_dim(x, "lstm_cell: x", 1, 4 * Ndarray_DIMS(c_prev)[1], "4 * c_prev.shape[1]");
+  ptn::require_dim(x, "lstm_cell: x (trailing dimensions flattened)", 2, Ndarray_DIMS(c_prev)[2],
+                   "the product of c_prev's trailing dimensions");
 }
 
 static void check_same_shape(Ndarray* a, Ndarray* b) {

@@ -96,6 +96,15 @@ inline int64_t n_elements(const Ndarray* a) {
   return n;
 }
 
+// A ValueError "<name>.shape[k] = <got>; expected <what> = <want>" unless a's dim k is `want` (a shape check
+// in the terms of the op's inputs).
+inline void require_dim(const Ndarray* a, const char* name, int k, int64_t want, const char* what) {
+  if (k < a->ndim && a->dims[k] == want) return;
+  std::ostringstream s;
+  s << name << ".shape[" << k << "] = " << (k < a->ndim ? a->dims[k] : -1) << "; expected " << what << " = " << want;
+  raise(PTN_STATUS_VALUE, s.str());
+}
+
 // Start of time frame `t` of a C-contiguous 3-D array (2-D: the whole matrix).
 inline char* data_ptr_bytes(const Ndarray* a, int64_t t) {
   if (a->ndim == 2) return (char*)a->data;
@@ -369,6 +378,63 @@ struct ptn_op_max { template <typename T> DEV_FUNC T operator()(T a, T b) const 
 #define block_max(sh, v) ptn_block_reduce(&(sh)[0], (v), ptn_op_max())
 
 #define Ndarray_set_zero(a) Ndarray_memset((a)->data, 0, ptn::n_elements(a) * (a)->itemsize)
+
+// ---------------------------------------------------------------- helpers for kernels
+// A grid-stride loop over i in [0, n): each thread starts at its global index and steps by the number of threads
+// of the launch (on the CPU, start_dev_kernel runs one thread, which takes every i).
+#define GRID_LOOP(i, n) \
+  for (int64_t i = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; i < (int64_t)(n); i += (int64_t)blockDim.x * gridDim.x)
+
+// The length of column b of a (n_time, n_batch) 0/1 prefix mask in C order: its number of leading ones.  -1 if an
+// entry is neither 0 nor 1, -2 if a 1 follows a 0; *bad_t is then that entry's frame.
+template <typename T>
+DEV_FUNC inline int64_t ptn_prefix_mask_length(int64_t n_time, int64_t n_batch, const T* mask, int64_t b,
+                                               int64_t* bad_t) {
+  int64_t len = 0;
+  bool ended = false;
+  for (int64_t t = 0; t < n_time; ++t) {
+    T m = mask[t * n_batch + b];
+    if (!(m == T(0) || m == T(1))) {
+      *bad_t = t;
+      return -1;
+    }
+    if (m == T(1)) {
+      if (ended) {
+        *bad_t = t;
+        return -2;
+      }
+      ++len;
+    } else {
+      ended = true;
+    }
+  }
+  return len;
+}
+
+namespace ptn {
+// Scratch memory for a kernel's host code: device memory on CUDA, host memory on the CPU.  Every block is freed
+// when the Scratch goes out of scope, on every exit path (a failed check throws), so a failure never leaks.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    for (void* p : blocks_) device_free(p);
+  }
+  // A block of n elements of T (at least one, so never null).
+  template <typename T>
+  T* get(int64_t n) {
+    blocks_.reserve(blocks_.size() + 1);  // so that the push_back below cannot throw once the block exists
+    void* p = device_malloc((size_t)(n > 1 ? n : 1) * sizeof(T));
+    blocks_.push_back(p);
+    return (T*)p;
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+}  // namespace ptn
 
 #include "native_op_blas.h"
 #include "native_op_entry.h"

@@ -268,12 +268,6 @@ DEF_KERNEL void rnnt_outputs_kernel(RnntConf c, const int32_t* act_lens, const i
     }
   }
 }
-
-struct RnntDeviceBuffer {
-  void* p;
-  explicit RnntDeviceBuffer(size_t n) : p(device_malloc(n)) {}
-  ~RnntDeviceBuffer() { device_free(p); }
-};
 #endif  // RNNT_WAVEFRONT
 
 #if !CUDA
@@ -543,27 +537,28 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
 
 #if RNNT_WAVEFRONT
   const int64_t n_rows = c.B * cells;
-  RnntDeviceBuffer W(std::max<int64_t>(n_rows * c.nw, 1) * sizeof(double));
-  RnntDeviceBuffer A(std::max<int64_t>(n_rows, 1) * sizeof(double));
-  RnntDeviceBuffer Bt(std::max<int64_t>(n_rows, 1) * sizeof(double));
-  RnntDeviceBuffer LS(std::max<int64_t>(n_rows, 1) * sizeof(double));
-  RnntDeviceBuffer LL(c.B * sizeof(double));
+  ptn::Scratch scratch;
+  double* W = scratch.get<double>(n_rows * c.nw);
+  double* A = scratch.get<double>(n_rows);
+  double* Bt = scratch.get<double>(n_rows);
+  double* LS = scratch.get<double>(n_rows);
+  double* LL = scratch.get<double>(c.B);
   const int32_t* d_labels = Ndarray_DEV_DATA_int32(labels);
   const int32_t* d_alen = Ndarray_DEV_DATA_int32(act_lens);
   const int32_t* d_llen = Ndarray_DEV_DATA_int32(label_lens);
   int64_t row_grid = std::min<int64_t>(std::max<int64_t>(n_rows, 1), 65535);
   if (n_rows > 0)
     start_dev_kernel2(rnnt_prepare_rows_kernel, row_grid, RNNT_ROW_THREADS, RNNT_ROW_THREADS * sizeof(double),
-                      (c, G, d_labels, d_alen, d_llen, (double*)W.p, (double*)LS.p, Ndarray_DEV_DATA(lognorm)));
+                      (c, G, d_labels, d_alen, d_llen, W, LS, Ndarray_DEV_DATA(lognorm)));
   int lattice_threads = (int)std::min<int64_t>(((c.U1 + 31) / 32) * 32, RNNT_MAX_LATTICE_THREADS);
   start_dev_kernel2(rnnt_lattice_kernel, dim3((unsigned)c.B, 2), lattice_threads, 0,
-                    (c, d_alen, d_llen, (const double*)W.p, (double*)A.p, (double*)Bt.p, (double*)LL.p));
+                    (c, d_alen, d_llen, W, A, Bt, LL));
   if (n_rows > 0)
     start_dev_kernel2(rnnt_grad_rows_kernel, row_grid, RNNT_ROW_THREADS, 0,
-                      (c, G, d_labels, d_alen, d_llen, (const double*)W.p, (const double*)A.p, (const double*)Bt.p,
-                       (const double*)LS.p, (const double*)LL.p));
-  start_dev_kernel(rnnt_outputs_kernel, (c, d_alen, d_llen, (const double*)A.p, (const double*)Bt.p,
-                                         (const double*)LL.p, Ndarray_DEV_DATA(alphas), Ndarray_DEV_DATA(betas),
+                      (c, G, d_labels, d_alen, d_llen, W, A, Bt,
+                       LS, LL));
+  start_dev_kernel(rnnt_outputs_kernel, (c, d_alen, d_llen, A, Bt,
+                                         LL, Ndarray_DEV_DATA(alphas), Ndarray_DEV_DATA(betas),
                                          Ndarray_DEV_DATA(costs), Ndarray_DEV_DATA(loglik)));
   HANDLE_LAST_ERROR();
 #else

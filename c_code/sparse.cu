@@ -424,15 +424,13 @@ static void crossentropy_softmax_sparse_fw(int n_inputs, Ndarray** inputs, int n
   Float* grad = Ndarray_DEV_DATA(*outputs[1]);
   Float* max_z = Ndarray_DEV_DATA(*outputs[2]);
 #if CUDA
-  Float* lse = (Float*)device_malloc(std::max<int64_t>(F, 1) * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* lse = scratch.get<Float>(F);
   if (F > 0) start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
                                (z, z_mask, F, D, lse, max_z, grad, (const Float*)0));
   if (N * B > 0 && F > 0)
     start_dev_kernel(ptn_ce_entry_kernel, (z, z_mask, lse, s0, s1, w, mask, N, T, B, D, ce, grad, (const Float*)0,
                                            (Float*)0, strict));
-  cudaError_t e = cudaGetLastError();
-  device_free(lse);
-  HANDLE_ERROR(e);
   HANDLE_LAST_ERROR();
 #else
   std::vector<Float> lse(F, Float(0));
@@ -477,7 +475,8 @@ static void crossentropy_softmax_sparse_bw(int n_inputs, Ndarray** inputs, int n
   Float* dz = Ndarray_DEV_DATA(*outputs[0]);
   Float* dw = Ndarray_DEV_DATA(*outputs[1]);
 #if CUDA
-  Float* tmp = (Float*)device_malloc(2 * F * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* tmp = scratch.get<Float>(2 * F);
   Float* ysum = tmp;
   Float* lse = tmp + F;
   Ndarray_memset(ysum, 0, F * sizeof(Float));
@@ -486,9 +485,6 @@ static void crossentropy_softmax_sparse_bw(int n_inputs, Ndarray** inputs, int n
   start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
                     (z, z_mask, F, D, lse, (Float*)0, dz, (const Float*)ysum));
   start_dev_kernel(ptn_ce_entry_kernel, (z, z_mask, lse, s0, s1, w, mask, N, T, B, D, (Float*)0, dz, d_ce, dw, false));
-  cudaError_t e = cudaGetLastError();
-  device_free(tmp);
-  HANDLE_ERROR(e);
   HANDLE_LAST_ERROR();
 #else
   std::vector<Float> ysum(F, Float(0)), lse(F, Float(0));

@@ -108,25 +108,28 @@ static TwoDShapes check_twod_shapes(Ndarray** inputs) {
   s.B = Ndarray_DIMS(X)[2];
   s.n_in = Ndarray_DIMS(X)[3];
   s.n = Ndarray_DIMS(V_h)[0];
-  assert_cmp(Ndarray_DIMS(V_h)[1], ==, 5 * s.n);
-  assert_cmp(Ndarray_DIMS(V_v)[0], ==, s.n);
-  assert_cmp(Ndarray_DIMS(V_v)[1], ==, 5 * s.n);
-  assert_cmp(Ndarray_DIMS(W)[0], ==, s.n_in);
-  assert_cmp(Ndarray_DIMS(W)[1], ==, 5 * s.n);
-  assert_cmp(Ndarray_DIMS(b)[0], ==, 5 * s.n);
-  assert_cmp(Ndarray_DIMS(sizes)[0], ==, s.B);
-  assert_cmp(Ndarray_DIMS(sizes)[1], ==, 2);
-  assert_cmp(Ndarray_DIMS(initialState)[0], >=, 1);
-  assert_cmp(Ndarray_DIMS(initialState)[1], ==, s.w);
-  assert_cmp(Ndarray_DIMS(initialState)[2], ==, s.B);
-  assert_cmp(Ndarray_DIMS(initialState)[3], ==, 5 * s.n);
+  const char* five_n = "5 * n (n = V_h.shape[0])";
+  ptn::require_dim(V_h, "V_h", 1, 5 * s.n, five_n);
+  ptn::require_dim(V_v, "V_v", 0, s.n, "n (V_h.shape[0])");
+  ptn::require_dim(V_v, "V_v", 1, 5 * s.n, five_n);
+  ptn::require_dim(W, "W", 0, s.n_in, "n_in (X.shape[3])");
+  ptn::require_dim(W, "W", 1, 5 * s.n, five_n);
+  ptn::require_dim(b, "b", 0, 5 * s.n, five_n);
+  ptn::require_dim(sizes, "sizes", 0, s.B, "B (X.shape[2])");
+  ptn::require_dim(sizes, "sizes", 1, 2, "(height, width)");
+  if (Ndarray_DIMS(initialState)[0] < 1) ptn::raise(PTN_STATUS_VALUE, "initial_state.shape[0] must be >= 1");
+  ptn::require_dim(initialState, "initial_state", 1, s.w, "w (X.shape[1])");
+  ptn::require_dim(initialState, "initial_state", 2, s.B, "B (X.shape[2])");
+  ptn::require_dim(initialState, "initial_state", 3, 5 * s.n, five_n);
   s.with_initial_output = twod_iteration(inputs[14]) >= Float(1);
   if (s.with_initial_output) {
-    assert_cmp(s.h, <=, 1);  // an explicit initial output is only supported for a single target row
-    assert_cmp(Ndarray_DIMS(initialOutput)[0], >=, 1);
-    assert_cmp(Ndarray_DIMS(initialOutput)[1], ==, s.w);
-    assert_cmp(Ndarray_DIMS(initialOutput)[2], ==, s.B);
-    assert_cmp(Ndarray_DIMS(initialOutput)[3], ==, s.n);
+    std::ostringstream m;
+    m << "an initial_output (iteration >= 1) needs a single target row, X.shape[0] = " << s.h;
+    if (s.h > 1) ptn::raise(PTN_STATUS_VALUE, m.str());
+    if (Ndarray_DIMS(initialOutput)[0] < 1) ptn::raise(PTN_STATUS_VALUE, "initial_output.shape[0] must be >= 1");
+    ptn::require_dim(initialOutput, "initial_output", 1, s.w, "w (X.shape[1])");
+    ptn::require_dim(initialOutput, "initial_output", 2, s.B, "B (X.shape[2])");
+    ptn::require_dim(initialOutput, "initial_output", 3, s.n, "n (V_h.shape[0])");
   }
   return s;
 }
@@ -188,11 +191,12 @@ static void twod_lstm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   if (rows == 0 || s.n == 0) return;  // all gradients stay 0
   const Float* Hd = Ndarray_DEV_DATA(H);
   const Float* Yd = Ndarray_DEV_DATA(Y);
-  Float* delta = (Float*)device_malloc(rows * n5 * sizeof(Float));
-  Float* eps = (Float*)device_malloc(row_y * sizeof(Float));
-  Float* es_below = (Float*)device_malloc(row_y * sizeof(Float));
-  Float* es_up = (Float*)device_malloc(row_y * sizeof(Float));
-  Float* es_right = (Float*)device_malloc(cell_y * sizeof(Float));
+  ptn::Scratch scratch;
+  Float* delta = scratch.get<Float>(rows * n5);
+  Float* eps = scratch.get<Float>(row_y);
+  Float* es_below = scratch.get<Float>(row_y);
+  Float* es_up = scratch.get<Float>(row_y);
+  Float* es_right = scratch.get<Float>(cell_y);
   for (int64_t y = s.h - 1; y >= 0; --y) {
     Ndarray_memcpy(eps, Ndarray_DEV_DATA(DY) + y * row_y, row_y * sizeof(Float));
     if (y < s.h - 1)
@@ -223,9 +227,4 @@ static void twod_lstm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   if (s.with_initial_output)
     lstm_gemm(Ndarray_DEV_DATA(initialOutput), true, delta, false, Ndarray_DEV_DATA(DV_v), s.n, n5, s.w * s.B, 1.0);
   HANDLE_LAST_ERROR();
-  device_free(delta);
-  device_free(eps);
-  device_free(es_below);
-  device_free(es_up);
-  device_free(es_right);
 }

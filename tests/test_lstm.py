@@ -119,9 +119,11 @@ def test_shape_mismatch_raises(mode):
     Z, V_h, c, i = symbolic("float64")
     f = pytensor.function([Z, V_h, c, i], LstmGenericBase.make_op()(Z, V_h, c, i), mode=mode)
     values = lstm_data(3, 2, 4, "float64")
-    with pytest.raises(ValueError, match="LstmGenericBase.*check failed"):
+    with pytest.raises(ValueError, match=r"LstmGenericBase.*V_h.shape\[1\] = 16; expected 4 \* n "
+                                         r"\(n = V_h.shape\[0\]\) = 12"):
         f(values[0], values[1][:3], values[2], values[3])  # V_h has 3 rows, n = 4
-    with pytest.raises(ValueError, match="LstmGenericBase.*check failed"):
+    with pytest.raises(ValueError, match=r"LstmGenericBase.*Z.shape\[2\] = 15; expected 4 \* n "
+                                         r"\(n = V_h.shape\[0\]\) = 16"):
         f(values[0][..., :-1], values[1], values[2], values[3])  # 4n not divisible by 4
 
 
@@ -413,7 +415,8 @@ def test_twod_lstm_initial_output_iteration():
     ref_gv = numeric_grad(lambda V: twod_lstm_forward(X, V_h, V, W, b, sizes, init, init_out, 1.0)[0].sum(),
                           [V_v], [0])[0]
     np.testing.assert_allclose(got_gv, ref_gv, rtol=1e-6, atol=1e-7)
-    with pytest.raises(ValueError, match="TwoDLSTM.*check failed"):
+    with pytest.raises(ValueError, match=r"TwoDLSTM.*an initial_output \(iteration >= 1\) needs a single target "
+                                         r"row, X.shape\[0\] = 2"):
         X2 = np.concatenate([X, X])
         Y2, _ = twod_lstm(pt.constant(X2), *syms[1:], pt.constant(sizes), pt.constant(init), pt.constant(init_out),
                           iteration=1)
@@ -532,8 +535,11 @@ def test_lstm_cell_bad_input():
         lstm_cell(pt.imatrix(), pt.imatrix())
     c_prev, x = pt.matrix("c"), pt.matrix("x")
     f = pytensor.function([c_prev, x], lstm_cell(c_prev, x))
-    with pytest.raises(ValueError, match="LstmCell.*check failed"):
+    with pytest.raises(ValueError, match=r"LstmCell.*lstm_cell: len\(x\) = 3 must not exceed len\(c_prev\) = 2"):
         f(np.zeros((2, 3)), np.zeros((3, 12)))  # len(x) > len(c_prev)
+    with pytest.raises(ValueError, match=r"LstmCell.*lstm_cell: x.shape\[1\] = 10; expected 4 \* c_prev.shape\[1\] "
+                                         r"= 12"):
+        f(np.zeros((2, 3)), np.zeros((2, 10)))
 
 
 # ---------------------------------------------------------------------- lstm() layer helper
@@ -666,6 +672,27 @@ def test_new_ops_empty_time_and_batch(mode):
         assert yv.shape == shape[:3] + (n,) and gv.shape == shape
 
 
+def test_lstm_layer_shape_errors_name_the_argument():
+    """Static shapes that contradict each other: ValueError naming lstm()'s argument, when the graph is built."""
+    x = pt.tensor3("x", shape=(5, 2, 3))
+    W_in, W_rec, b = pt.matrix(shape=(3, 8)), pt.matrix(shape=(2, 8)), pt.vector(shape=(8,))
+    lstm(x, W_in, W_rec, b)  # consistent
+    cases = [
+        (dict(W_rec=pt.matrix(shape=(2, 6))),
+         r"lstm: W_rec.shape\[1\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
+        (dict(W_in=pt.matrix(shape=(4, 8))), r"lstm: W_in.shape\[0\] = 4; expected n_in \(x.shape\[2\]\) = 3"),
+        (dict(b=pt.vector(shape=(9,))), r"lstm: b.shape\[0\] = 9; expected 4 \* n"),
+        (dict(y0=pt.matrix(shape=(3, 2))), r"lstm: y0.shape\[0\] = 3; expected B \(x.shape\[1\]\) = 2"),
+        (dict(c0=pt.matrix(shape=(2, 5))), r"lstm: c0.shape\[1\] = 5; expected n \(W_rec.shape\[0\]\) = 2"),
+        (dict(mask=pt.matrix(shape=(4, 2))), r"lstm: mask.shape\[0\] = 4; expected T \(x.shape\[0\]\) = 5"),
+    ]
+    for kwargs, msg in cases:
+        args = dict(x=x, W_in=W_in, W_rec=W_rec, b=b)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=msg):
+            lstm(**args)
+
+
 def test_new_ops_bad_input(mode):
     X, W, y0, c0, i = pt.tensor3("X"), pt.matrix("W"), pt.matrix("y0"), pt.matrix("c0"), pt.matrix("i")
     start, step = pt.iscalar("start"), pt.iscalar("step")
@@ -673,19 +700,21 @@ def test_new_ops_bad_input(mode):
     f = pytensor.function([X, W, y0, c0, i, start, step], outs, mode=mode)
     d = lstm2_data(3, 2, 2)
     args = [d[k] for k in ("X", "W", "y0", "c0", "i")]
-    for bad_start, bad_step in [(3, 1), (-1, 1), (0, 0)]:
-        with pytest.raises(ValueError, match="NativeLstm2.*check failed"):
+    for bad_start, bad_step, msg in [(3, 1, r"start = 3 is out of range \[0, T = 3\)"),
+                                     (-1, 1, r"start = -1 is out of range"), (0, 0, "step must not be 0")]:
+        with pytest.raises(ValueError, match="NativeLstm2.*" + msg):
             f(*args, bad_start, bad_step)
-    with pytest.raises(ValueError, match="NativeLstm2.*check failed"):
+    with pytest.raises(ValueError, match=r"NativeLstm2.*W.shape\[0\] = 1; expected n \(y0.shape\[1\]\) = 2"):
         f(args[0], args[1][:1], *args[2:], 0, 1)
     Xl, Wl, bl = pt.tensor3("Xl"), pt.matrix("Wl"), pt.vector("bl")
     fl = pytensor.function([Xl, Wl, bl, y0, c0, i, start, step],
                            LstmLowMem.make_op()(Xl, Wl, bl, y0, c0, i, start, step), mode=mode)
     dl = lowmem_data(3, 2, 3, 2)
     argl = [dl[k] for k in ("X", "W", "b", "y0", "c0", "i")]
-    with pytest.raises(ValueError, match="LstmLowMem.*check failed"):
+    with pytest.raises(ValueError, match=r"LstmLowMem.*start = 5 is out of range \[0, T = 3\)"):
         fl(*argl, 5, 1)
-    with pytest.raises(ValueError, match="LstmLowMem.*check failed"):
+    with pytest.raises(ValueError, match=r"LstmLowMem.*W.shape\[0\] = 4; expected n_in \+ n "
+                                         r"\(X.shape\[2\] \+ y0.shape\[1\]\) = 5"):
         fl(argl[0], argl[1][1:], *argl[2:], 0, 1)
     with pytest.raises(TypeError):
         NativeLstm2.make_op()(X, W, y0, c0, i, start, pt.fscalar())  # float step

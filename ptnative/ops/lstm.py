@@ -365,6 +365,22 @@ def _int32(v):
     return pt.constant(np.int32(v)) if isinstance(v, int | np.integer) else pt.cast(v, "int32")
 
 
+def _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask):
+    """lstm()'s shape rules on the shapes known when the graph is built (ValueError naming the argument)."""
+    T, B, n_in = x.type.shape
+    n = W_rec.type.shape[0]
+    four_n = None if n is None else 4 * n
+    rules = [("W_rec", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("W_in", 0, n_in, "n_in (x.shape[2])"),
+             ("W_in", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("b", 0, four_n, "4 * n (n = W_rec.shape[0])"),
+             ("y0", 0, B, "B (x.shape[1])"), ("y0", 1, n, "n (W_rec.shape[0])"), ("c0", 0, B, "B (x.shape[1])"),
+             ("c0", 1, n, "n (W_rec.shape[0])"), ("mask", 0, T, "T (x.shape[0])"), ("mask", 1, B, "B (x.shape[1])")]
+    args = {"W_rec": W_rec, "W_in": W_in, "b": b, "y0": y0, "c0": c0, "mask": mask}
+    for name, k, want, what in rules:
+        got = args[name].type.shape[k]
+        if got is not None and want is not None and got != want:
+            raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {want}")
+
+
 def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):
     """A whole LSTM layer: ``(Y, final_c, final_y) = lstm(x, W_in, W_rec, b, ...)``.
 
@@ -396,7 +412,9 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
         The output at each sequence's last unmasked frame in the direction of travel; ``y0`` for a
         sequence without one.
 
-    Raises ``ValueError`` for a bad ``direction`` / ``impl`` or mismatched ndims, ``TypeError`` for
+    Raises ``ValueError`` for a bad ``direction`` / ``impl``, mismatched ndims, or shapes that contradict each
+    other (when the graph is built, for the static shapes; else when it runs, in the op's terms: ``W`` is
+    ``W_rec`` for ``"native2"`` and ``[W_in; W_rec]`` for ``"lowmem"``, ``i`` is ``mask``), ``TypeError`` for
     non-floating ``x``.  Differentiable w.r.t. x, W_in, W_rec, b, y0 and c0.
     """
     if impl not in ("native2", "lowmem"):
@@ -421,6 +439,7 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
     for name, v, nd in (("y0", y0, 2), ("c0", c0, 2), ("mask", mask, 2)):
         if v.ndim != nd:
             raise ValueError(f"lstm: {name} must have ndim {nd}, got {v.ndim}")
+    _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask)
     start, step = _int32(0), _int32(direction)
     if impl == "native2":
         X = (pt.dot(x.reshape((T * B, x.shape[2])), W_in) + b).reshape((T, B, 4 * n))
