@@ -40,7 +40,8 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
     """The hidden states behind each posterior draw of ``idata``, as an ``xarray.Dataset``.
 
     ``log_emissions`` ... ``mask`` are the graphs given to :func:`hmm_marginal` (or to
-    ``hmm_log_likelihood`` in a model of your own), built from the model's free random variables; for each
+    ``hmm_log_likelihood`` in a model of your own), built from the model's free random variables, with
+    ``log_transitions`` (K, K) and ``log_initial`` (K,) (the shapes of :func:`ptnative.hmm_posteriors`); for each
     ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that draw's values and the selected results
     computed:
 
