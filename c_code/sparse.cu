@@ -252,8 +252,8 @@ static void max_and_argmax_sparse_fw(int n_inputs, Ndarray** inputs, int n_outpu
   Ndarray* out_max = *outputs[0];
   Ndarray* out_arg = *outputs[1];
   const int64_t T = Ndarray_DIMS(out_max)[0], B = Ndarray_DIMS(out_max)[1];
-  ptn_sp_check("_out_arg dim 0", Ndarray_DIMS(out_arg)[0], T);
-  ptn_sp_check("_out_arg dim 1", Ndarray_DIMS(out_arg)[1], B);
+  ptn_sp_check("max_and_argmax_sparse: out_arg dim 0 (out_max.shape[0])", Ndarray_DIMS(out_arg)[0], T);
+  ptn_sp_check("max_and_argmax_sparse: out_arg dim 1 (out_max.shape[1])", Ndarray_DIMS(out_arg)[1], B);
   const int64_t N = Ndarray_DIMS(inputs[0])[0];
   const char* names[4] = {"s0", "s1", "weight", "mask"};
   ptn_sp_check_entries(inputs, names, 4, N, B);

