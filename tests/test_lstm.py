@@ -693,28 +693,6 @@ def test_lstm_layer_shape_errors_name_the_argument():
             lstm(**args)
 
 
-@pytest.mark.parametrize("impl", ["native2", "lowmem"])
-def test_lstm_function_runtime_shape_errors_name_the_argument(mode, impl):
-    if mode == "C" and not pytensor.config.blas__ldflags:
-        pytest.skip("pt.dot (x . W_in) has no C code without BLAS link flags")
-    x, W_in, W_rec, b, mask = pt.tensor3("x"), pt.matrix("W_in"), pt.matrix("W_rec"), pt.vector("b"), pt.matrix("m")
-    Y, final_c, final_y = lstm(x, W_in, W_rec, b, mask=mask, impl=impl)
-    f = pytensor.function([x, W_in, W_rec, b, mask], [Y, final_c, final_y], mode=mode)
-    rng = np.random.default_rng(3)
-    T, B, n_in, n = 4, 3, 2, 3
-    good = [rng.normal(size=s) for s in ((T, B, n_in), (n_in, 4 * n), (n, 4 * n), (4 * n,))] + [np.ones((T, B))]
-    assert [o.shape for o in f(*good)] == [(T, B, n), (B, n), (B, n)]
-    for k, value, msg in [(2, rng.normal(size=(n + 1, 4 * n)), r"lstm: W_rec.shape\[1\] must equal 4 \* n"),
-                          (1, rng.normal(size=(n_in + 1, 4 * n)), r"lstm: W_in.shape\[0\] must equal n_in"),
-                          (3, rng.normal(size=(4 * n + 1,)), r"lstm: b.shape\[0\] must equal 4 \* n"),
-                          (4, np.ones((T, B + 1)), r"lstm: mask.shape\[1\] must equal B"),
-                          (4, np.ones((T + 1, B)), r"lstm: mask.shape\[0\] must equal T")]:
-        args = list(good)
-        args[k] = value
-        with pytest.raises(ValueError, match=msg):
-            f(*args)
-
-
 def test_new_ops_bad_input(mode):
     X, W, y0, c0, i = pt.tensor3("X"), pt.matrix("W"), pt.matrix("y0"), pt.matrix("c0"), pt.matrix("i")
     start, step = pt.iscalar("start"), pt.iscalar("step")

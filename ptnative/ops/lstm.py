@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
-from pytensor.raise_op import CheckAndRaise
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
@@ -366,24 +365,20 @@ def _int32(v):
     return pt.constant(np.int32(v)) if isinstance(v, int | np.integer) else pt.cast(v, "int32")
 
 
-def _check_shapes(x, W_in, W_rec, b, y0, c0, mask):
-    """lstm()'s shape rules: a ValueError naming the argument now for the shapes known when the graph is built;
-    ``x`` returned behind run-time checks (``ValueError`` when the graph runs) for the others."""
-    (T, B, n_in), n = x.shape, W_rec.shape[0]
-    (T_, B_, n_in_), n_ = x.type.shape, W_rec.type.shape[0]
-    four_n = ("4 * n (n = W_rec.shape[0])", 4 * n, None if n_ is None else 4 * n_)
-    batch, cells, frames = ("B (x.shape[1])", B, B_), ("n (W_rec.shape[0])", n, n_), ("T (x.shape[0])", T, T_)
-    rules = [(W_rec, "W_rec", 1, four_n), (W_in, "W_in", 0, ("n_in (x.shape[2])", n_in, n_in_)),
-             (W_in, "W_in", 1, four_n), (b, "b", 0, four_n), (y0, "y0", 0, batch), (y0, "y0", 1, cells),
-             (c0, "c0", 0, batch), (c0, "c0", 1, cells), (mask, "mask", 0, frames), (mask, "mask", 1, batch)]
-    for arg, name, k, (what, want, want_static) in rules:
-        got = arg.type.shape[k]
-        if got is not None and want_static is not None:
-            if got != want_static:
-                raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {want_static}")
-        else:
-            x = CheckAndRaise(ValueError, f"lstm: {name}.shape[{k}] must equal {what}")(x, pt.eq(arg.shape[k], want))
-    return x
+def _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask):
+    """lstm()'s shape rules on the shapes known when the graph is built (ValueError naming the argument)."""
+    T, B, n_in = x.type.shape
+    n = W_rec.type.shape[0]
+    four_n = None if n is None else 4 * n
+    rules = [("W_rec", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("W_in", 0, n_in, "n_in (x.shape[2])"),
+             ("W_in", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("b", 0, four_n, "4 * n (n = W_rec.shape[0])"),
+             ("y0", 0, B, "B (x.shape[1])"), ("y0", 1, n, "n (W_rec.shape[0])"), ("c0", 0, B, "B (x.shape[1])"),
+             ("c0", 1, n, "n (W_rec.shape[0])"), ("mask", 0, T, "T (x.shape[0])"), ("mask", 1, B, "B (x.shape[1])")]
+    args = {"W_rec": W_rec, "W_in": W_in, "b": b, "y0": y0, "c0": c0, "mask": mask}
+    for name, k, want, what in rules:
+        got = args[name].type.shape[k]
+        if got is not None and want is not None and got != want:
+            raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {want}")
 
 
 def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):
@@ -418,8 +413,9 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
         sequence without one.
 
     Raises ``ValueError`` for a bad ``direction`` / ``impl``, mismatched ndims, or shapes that contradict each
-    other (when the graph is built for the static shapes, else when it runs; both name the argument),
-    ``TypeError`` for non-floating ``x``.  Differentiable w.r.t. x, W_in, W_rec, b, y0 and c0.
+    other (when the graph is built, for the static shapes; else when it runs, in the op's terms: ``W`` is
+    ``W_rec`` for ``"native2"`` and ``[W_in; W_rec]`` for ``"lowmem"``, ``i`` is ``mask``), ``TypeError`` for
+    non-floating ``x``.  Differentiable w.r.t. x, W_in, W_rec, b, y0 and c0.
     """
     if impl not in ("native2", "lowmem"):
         raise ValueError(f"lstm: impl must be 'native2' or 'lowmem', got {impl!r}")
@@ -443,7 +439,7 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
     for name, v, nd in (("y0", y0, 2), ("c0", c0, 2), ("mask", mask, 2)):
         if v.ndim != nd:
             raise ValueError(f"lstm: {name} must have ndim {nd}, got {v.ndim}")
-    x = _check_shapes(x, W_in, W_rec, b, y0, c0, mask)
+    _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask)
     start, step = _int32(0), _int32(direction)
     if impl == "native2":
         X = (pt.dot(x.reshape((T * B, x.shape[2])), W_in) + b).reshape((T, B, 4 * n))
