@@ -65,8 +65,23 @@ def inline_includes(text: str, seen: set[str] | None = None) -> str:
     return _LOCAL_INCLUDE.sub(repl, text)
 
 
+@cache
+def _dialect_files() -> frozenset[str]:
+    seen: set[str] = set()
+    inline_includes('#include "native_op.h"\n', seen)
+    return frozenset(seen | {"native_op_typed.h"})
+
+
 def dialect_header() -> str:
     return inline_includes('#include "native_op.h"\n')
+
+
+@cache
+def kernel_unit(filename: str) -> str:
+    """Support code from ``c_code/filename``: its text with the ``#include "x"`` of other files in ``c_code/``
+    inlined once each, in include order; the dialect headers (which open every translation unit already) are
+    dropped.  A kernel file thus names what it needs itself and is read as one unit."""
+    return inline_includes(read_kernel_file(filename), set(_dialect_files()))
 
 
 def c_name(name: str) -> str:
