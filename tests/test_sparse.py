@@ -151,6 +151,30 @@ def test_onehot_to_sparse():
     np.testing.assert_array_equal(f(yv, mv), np.eye(4)[yv] * mv[:, :, None])
 
 
+def test_argument_errors_name_the_function():
+    m = pt.matrix()
+    with pytest.raises(ValueError, match=r"^subtensor_batched_index: x must have ndim 2 or 3, got 1"):
+        subtensor_batched_index(pt.vector(), pt.vector())
+    with pytest.raises(TypeError, match=r"^subtensor_batched_index: x must have a float dtype .*got int64"):
+        subtensor_batched_index(pt.ltensor3(), m)
+    with pytest.raises(ValueError, match=r"^subtensor_batched_index: idx must have ndim 2, got 1"):
+        subtensor_batched_index(pt.tensor3(), pt.vector())
+    with pytest.raises(ValueError, match=r"^sparse_to_dense: mask must have ndim 2, got 3"):
+        sparse_to_dense(m, m, m, pt.tensor3(), 3, 4)
+    with pytest.raises(TypeError, match=r"^sparse_to_dense: weight must have a real or bool dtype, got complex128"):
+        sparse_to_dense(m, m, pt.matrix(dtype="complex128"), m, 3, 4)
+    with pytest.raises(ValueError, match=r"^sparse_to_dense: n_dim must be >= 0, got -4"):
+        sparse_to_dense(m, m, m, m, 3, -4)
+    with pytest.raises(ValueError, match=r"^max_and_argmax_sparse: out_arg must have ndim 2, got 1"):
+        max_and_argmax_sparse(m, m, m, m, m, pt.vector())
+    with pytest.raises(ValueError, match=r"^crossentropy_softmax_and_gradient_z_sparse: z must have ndim 3, got 2"):
+        crossentropy_softmax_and_gradient_z_sparse(m, m, m, m, m, m)
+    with pytest.raises(ValueError, match=r"^crossentropy_softmax_and_gradient_z_sparse: z_mask must have ndim 2"):
+        crossentropy_softmax_and_gradient_z_sparse(pt.tensor3(), pt.vector(), m, m, m, m)
+    with pytest.raises(ValueError, match=r"^onehot_to_sparse: mask must have ndim 2, got 1"):
+        onehot_to_sparse(pt.lmatrix(), pt.vector())
+
+
 # ---------------------------------------------------------------- MaxAndArgmaxSparse
 def test_max_and_argmax_sparse(mode):
     T, B, D, N = 4, 3, 5, 12

@@ -16,7 +16,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import read_kernel_file
-from ._args import float_tensor, int_size
+from ._args import float_tensor, int_size, python_int, real_tensor
 
 __all__ = ["Chunking", "UnChunking", "chunk", "unchunk", "naive_chunk_start_frames", "n_chunks"]
 
@@ -87,15 +87,9 @@ class UnChunking(NativeOpGenBase):
     where ``index[x, y] > 0.1`` and t < T, else 0.  Errors as for :class:`Chunking`.
     """
 
-    in_info = (
-        {"name": "input", "ndim": 3, "shape": (None, None, None)},
-        {"name": "index", "ndim": 2, "shape": (None, None), "gradient": "disconnected"},
-        {"name": "output_buffer", "ndim": 3, "shape": (None, None, None), "want_inplace": 0,
-         "gradient": "disconnected"},
-        {"name": "oindex_buffer", "ndim": 2, "shape": (None, None), "want_inplace": 1, "gradient": "disconnected"},
+    in_info = Chunking.in_info[:4] + (
         {"name": "ofactors_buffer", "ndim": 2, "shape": (None, None), "want_inplace": 2, "gradient": "disconnected"},
-        {"name": "chunk_params", "ndim": 1, "shape": (2,), "need_contiguous": True, "gradient": "disconnected"},
-    )
+    ) + Chunking.in_info[4:]
     out_info = (
         {"name": "output", "ndim": 3, "shape": ((2, 0), (2, 1), (2, 2))},
         {"name": "oindex", "ndim": 2, "shape": ((3, 0), (3, 1))},
@@ -117,8 +111,7 @@ class UnChunking(NativeOpGenBase):
 def n_chunks(n_time, chunk_size, chunk_step):
     """``max(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1`` (ints or symbolic)."""
     if all(isinstance(v, numbers.Integral) for v in (n_time, chunk_size, chunk_step)):
-        if chunk_step < 1:
-            raise ValueError(f"n_chunks: chunk_step must be >= 1, got {chunk_step}")
+        python_int("n_chunks", "chunk_step", chunk_step, 1)
         return max(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1
     return pt.maximum(n_time - chunk_size + chunk_step - 1, 0) // chunk_step + 1
 
@@ -133,9 +126,9 @@ def naive_chunk_start_frames(n_time, chunk_size, chunk_step):
     [0, 10, 20, 30, 40, 50]
     """
     n_time, chunk_size, chunk_step = int(n_time), int(chunk_size), int(chunk_step)
-    if chunk_size < 1 or chunk_step < 1 or n_time < 0:
-        raise ValueError(f"need chunk_size >= 1, chunk_step >= 1, n_time >= 0; got {chunk_size}, {chunk_step}, "
-                         f"{n_time}")
+    for name, value, minimum in (("n_time", n_time, 0), ("chunk_size", chunk_size, 1), ("chunk_step", chunk_step, 1)):
+        if value < minimum:
+            raise ValueError(f"naive_chunk_start_frames: {name} must be >= {minimum}, got {value}")
     starts = [0]
     while starts[-1] + chunk_size < n_time:
         starts.append(starts[-1] + chunk_step)
@@ -146,13 +139,11 @@ def _params(chunk_size, chunk_step, dtype):
     return pt.cast(pt.stack([pt.as_tensor_variable(chunk_size), pt.as_tensor_variable(chunk_step)]), dtype)
 
 
-def _mask_input(name, m, dtype):
-    m = pt.as_tensor_variable(m)
-    if m.ndim != 2:
-        raise ValueError(f"{name} must have ndim 2, got {m.ndim} ({m.type})")
-    if m.dtype.startswith("complex"):
-        raise TypeError(f"{name} must be real or bool, got {m.dtype}")
-    return pt.cast(m, dtype) if m.dtype != dtype else m
+def _checked(fn, x, index, chunk_size, chunk_step):
+    """The arguments :func:`chunk` and :func:`unchunk` share, checked (errors naming ``fn``)."""
+    x = float_tensor(fn, "x", x, 3)
+    return (x, real_tensor(fn, "index", index, 2, x.dtype), int_size(fn, "chunk_size", chunk_size, 1),
+            int_size(fn, "chunk_step", chunk_step, 1))
 
 
 def chunk(x, index, chunk_size, chunk_step):
@@ -181,10 +172,7 @@ def chunk(x, index, chunk_size, chunk_step):
 
         out, oindex = ptnative.chunk(x, mask, chunk_size=50, chunk_step=25)
     """
-    x = float_tensor("x", x, 3)
-    index = _mask_input("index", index, x.dtype)
-    chunk_size = int_size("chunk_size", chunk_size, 1)
-    chunk_step = int_size("chunk_step", chunk_step, 1)
+    x, index, chunk_size, chunk_step = _checked("chunk", x, index, chunk_size, chunk_step)
     n_time, n_batch, n_dim = x.shape
     nc = n_chunks(n_time, chunk_size, chunk_step)
     out_buf = pt.zeros((chunk_size, n_batch * nc, n_dim), dtype=x.dtype)
@@ -217,11 +205,8 @@ def unchunk(x, index, chunk_size, chunk_step, n_time, n_batch):
 
         y, yindex, factors = ptnative.unchunk(chunks, cindex, 50, 25, n_time=x.shape[0], n_batch=x.shape[1])
     """
-    x = float_tensor("x", x, 3)
-    index = _mask_input("index", index, x.dtype)
-    chunk_size = int_size("chunk_size", chunk_size, 1)
-    chunk_step = int_size("chunk_step", chunk_step, 1)
-    n_time, n_batch = int_size("n_time", n_time, 0), int_size("n_batch", n_batch, 0)
+    x, index, chunk_size, chunk_step = _checked("unchunk", x, index, chunk_size, chunk_step)
+    n_time, n_batch = int_size("unchunk", "n_time", n_time, 0), int_size("unchunk", "n_batch", n_batch, 0)
     n_dim = x.shape[2]
     out_buf = pt.zeros((n_time, n_batch, n_dim), dtype=x.dtype)
     oindex_buf = pt.zeros((n_time, n_batch), dtype=x.dtype)

@@ -20,7 +20,7 @@ from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_impl
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
-from ._args import float_tensor, int_size
+from ._args import float_tensor, int_size, real_tensor, tensor
 
 __all__ = [
     "SubtensorBatchedIndex", "SparseToDense", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
@@ -207,23 +207,14 @@ class CrossEntropySoftmaxAndGradientZSparse(_StrictMixin, NativeOpGenBase):
 
 
 # ---------------------------------------------------------------- functional API
-def _real_tensor(name, x, ndim, dtype):
-    """An index / mask / weight array of any real or bool dtype, cast to ``dtype``."""
-    x = pt.as_tensor_variable(x)
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim} ({x.type})")
-    if x.dtype.startswith("complex"):
-        raise TypeError(f"{name} must be real or bool, got {x.dtype}")
-    return pt.cast(x, dtype) if x.dtype != dtype else x
-
-
 def _float_dtype(*xs):
     dtypes = {x.dtype for x in xs if x.dtype.startswith("float")}
     return "float64" if "float64" in dtypes else "float32" if dtypes else config.floatX
 
 
-def _entries(dtype, **arrays):
-    return [_real_tensor(name, a, 2, dtype) for name, a in arrays.items()]
+def _entries(fn, dtype, **arrays):
+    """The (N, B) COO arrays, cast to ``dtype``."""
+    return [real_tensor(fn, name, a, 2, dtype) for name, a in arrays.items()]
 
 
 def _op(cls, strict):
@@ -250,11 +241,9 @@ def subtensor_batched_index(x, idx, strict=False):
 
         y = ptnative.subtensor_batched_index(log_probs, labels)   # (T, B)
     """
-    x = pt.as_tensor_variable(x)
-    if x.ndim not in (2, 3):
-        raise ValueError(f"x must have ndim 2 or 3, got {x.ndim} ({x.type})")
-    x = float_tensor("x", x, x.ndim)
-    idx = _real_tensor("idx", idx, x.ndim - 1, x.dtype)
+    fn = "subtensor_batched_index"
+    x = float_tensor(fn, "x", x, (2, 3))
+    idx = real_tensor(fn, "idx", idx, x.ndim - 1, x.dtype)
     op = _op(SubtensorBatchedIndex, strict)
     if x.ndim == 2:
         return op(x[:, None, :], idx[:, None])[:, 0]
@@ -280,10 +269,11 @@ def sparse_to_dense(s0, s1, weight, mask, n_time, n_dim, strict=False):
 
         W = ptnative.sparse_to_dense(t_idx, labels, ones, mask, n_time=T, n_dim=n_classes)
     """
-    weight = pt.as_tensor_variable(weight)
+    fn = "sparse_to_dense"
+    weight = real_tensor(fn, "weight", weight, 2)
     dtype = _float_dtype(weight)
-    s0, s1, weight, mask = _entries(dtype, s0=s0, s1=s1, weight=weight, mask=mask)
-    n_time, n_dim = int_size("n_time", n_time, 0), int_size("n_dim", n_dim, 0)
+    s0, s1, weight, mask = _entries(fn, dtype, s0=s0, s1=s1, weight=weight, mask=mask)
+    n_time, n_dim = int_size(fn, "n_time", n_time, 0), int_size(fn, "n_dim", n_dim, 0)
     W0 = pt.zeros((n_time, s0.shape[1], n_dim), dtype=dtype)
     return _op(SparseToDense, strict)(W0, s0, s1, weight, mask)
 
@@ -306,12 +296,11 @@ def max_and_argmax_sparse(s0, s1, weight, mask, out_max, out_arg, strict=False):
 
         m, a = ptnative.max_and_argmax_sparse(s0, s1, w, mask, pt.zeros((T, B)), pt.zeros((T, B)))
     """
-    out_max = pt.as_tensor_variable(out_max)
-    weight = pt.as_tensor_variable(weight)
+    fn = "max_and_argmax_sparse"
+    out_max, weight = real_tensor(fn, "out_max", out_max, 2), real_tensor(fn, "weight", weight, 2)
     dtype = _float_dtype(weight, out_max)
-    s0, s1, weight, mask = _entries(dtype, s0=s0, s1=s1, weight=weight, mask=mask)
-    out_max = _real_tensor("out_max", out_max, 2, dtype)
-    out_arg = _real_tensor("out_arg", out_arg, 2, dtype)
+    s0, s1, weight, mask = _entries(fn, dtype, s0=s0, s1=s1, weight=weight, mask=mask)
+    out_max, out_arg = _entries(fn, dtype, out_max=out_max, out_arg=out_arg)
     return tuple(_op(MaxAndArgmaxSparse, strict)(s0, s1, weight, mask, out_max, out_arg))
 
 
@@ -340,10 +329,10 @@ def crossentropy_softmax_and_gradient_z_sparse(z, z_mask, y_target_t, y_target_i
 
         ce, grad_z = ptnative.crossentropy_softmax_and_gradient_z_sparse(z, mask, t_idx, labels, ones, lab_mask)
     """
-    z = float_tensor("z", z, 3)
-    z_mask = _real_tensor("z_mask", z_mask, 2, z.dtype)
-    y_t, y_i, y_w, y_m = _entries(z.dtype, y_target_t=y_target_t, y_target_i=y_target_i, y_target_w=y_target_w,
-                                  y_target_mask=y_target_mask)
+    fn = "crossentropy_softmax_and_gradient_z_sparse"
+    z = float_tensor(fn, "z", z, 3)
+    z_mask, y_t, y_i, y_w, y_m = _entries(fn, z.dtype, z_mask=z_mask, y_target_t=y_target_t, y_target_i=y_target_i,
+                                          y_target_w=y_target_w, y_target_mask=y_target_mask)
     ce, grad_z, _ = _op(CrossEntropySoftmaxAndGradientZSparse, strict)(z, z_mask, y_t, y_i, y_w, y_m)
     return ce, grad_z
 
@@ -356,9 +345,6 @@ def onehot_to_sparse(y, mask):
     and the mask, ready for :func:`sparse_to_dense` or
     :func:`crossentropy_softmax_and_gradient_z_sparse`.
     """
-    y = pt.as_tensor_variable(y)
-    mask = pt.as_tensor_variable(mask)
-    if y.ndim != 2 or mask.ndim != 2:
-        raise ValueError(f"y and mask must have ndim 2, got {y.ndim} and {mask.ndim}")
+    y, mask = tensor("onehot_to_sparse", "y", y, 2), tensor("onehot_to_sparse", "mask", mask, 2)
     t_index = pt.cast(pt.arange(y.shape[0])[:, None] + pt.zeros_like(y), y.dtype)
     return t_index, y, pt.ones_like(y, dtype=config.floatX), mask
