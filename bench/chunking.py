@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.chunking import chunk, n_chunks, unchunk
-from timing import measure  # noqa: E402  (bench/timing.py)
+from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -33,8 +33,14 @@ DTYPE = "float32"
 NC = n_chunks(T, SIZE, STEP)
 
 
-def timeit(fn, reps=opts.reps):
-    return measure(fn, reps).median
+def compare(name, ours, peers):
+    """Time ptnative's ``ours`` and each of ``peers`` ({name: fn}) in alternating turns; keep and record the row."""
+    t = measure_interleaved({"ptnative": ours, **peers}, opts.reps, rounds=3)
+    results.append((name, t["ptnative"].median, [(peer, t[peer].median) for peer in peers]))
+    case = f"{name}, T={T} B={B} D={D}"
+    record("chunking", case, "ptnative", t["ptnative"].median, ours=True, best=t["ptnative"].best)
+    for peer in peers:
+        record("chunking", case, peer, t[peer].median, best=t[peer].best)
 
 
 rng = np.random.default_rng(0)
@@ -98,16 +104,16 @@ f_pt_chunk = pytensor.function([x, m], [p_out, p_oi], mode=MODE)
 cv, civ = f_chunk(xv, mv)
 np.testing.assert_allclose(cv, np_chunk(xv, mv)[0])
 np.testing.assert_allclose(f_pt_chunk(xv, mv)[0], cv)
-results.append(("chunk forward", timeit(lambda: f_chunk(xv, mv)),
-                [("numpy", timeit(lambda: np_chunk(xv, mv))), ("pytensor", timeit(lambda: f_pt_chunk(xv, mv)))]))
+compare("chunk forward", lambda: f_chunk(xv, mv),
+        {"numpy": lambda: np_chunk(xv, mv), "pytensor": lambda: f_pt_chunk(xv, mv)})
 
 uo = unchunk(c, ci, SIZE, STEP, T, B)[0]
 f_unchunk = pytensor.function([c, ci], uo, mode=MODE)
 f_pt_unchunk = pytensor.function([c, ci], pt_unchunk(c, ci), mode=MODE)
 np.testing.assert_allclose(f_unchunk(cv, civ), np_unchunk(cv, civ), rtol=1e-5, atol=1e-6)
 np.testing.assert_allclose(f_pt_unchunk(cv, civ), np_unchunk(cv, civ), rtol=1e-5, atol=1e-6)
-results.append(("unchunk forward", timeit(lambda: f_unchunk(cv, civ)),
-                [("numpy", timeit(lambda: np_unchunk(cv, civ))), ("pytensor", timeit(lambda: f_pt_unchunk(cv, civ)))]))
+compare("unchunk forward", lambda: f_unchunk(cv, civ),
+        {"numpy": lambda: np_unchunk(cv, civ), "pytensor": lambda: f_pt_unchunk(cv, civ)})
 
 w = pt.constant(wv)
 y = unchunk(*chunk(x, m, SIZE, STEP), SIZE, STEP, T, B)[0]
@@ -116,10 +122,10 @@ y_pt = pt_unchunk(*pt_chunk(x, m))
 f_pt_rt = pytensor.function([x, m], [y_pt, pytensor.grad((y_pt * w).sum(), x)], mode=MODE)
 for a, b in zip(f_rt(xv, mv), f_pt_rt(xv, mv)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-results.append(("chunk+unchunk fw+grad", timeit(lambda: f_rt(xv, mv)), [("pytensor", timeit(lambda: f_pt_rt(xv, mv)))]))
+compare("chunk+unchunk fw+grad", lambda: f_rt(xv, mv), {"pytensor": lambda: f_pt_rt(xv, mv)})
 
 print(f"T={T} B={B} D={D} chunk_size={SIZE} chunk_step={STEP} n_chunks={NC} {DTYPE}, mode {MODE or 'default'}, "
-      f"median of {opts.reps}; ratio = peer / ptnative (> 1: ptnative is faster)")
+      f"median of {opts.reps}, alternating turns; ratio = peer / ptnative (> 1: ptnative is faster)")
 for name, ours, peers in results:
     line = f"{name:24s} ptnative {ours * 1e3:8.2f} ms"
     for peer, t in peers:

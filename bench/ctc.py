@@ -19,7 +19,7 @@ from pytensor.tensor.special import log_softmax
 
 import ptnative
 from ptnative.ops import fsa
-from timing import measure  # noqa: E402  (bench/timing.py)
+from timing import measure, record  # noqa: E402  (bench/timing.py)
 
 
 def best_time(fn, reps=10, warmup=2):
@@ -96,11 +96,14 @@ def bench_ctc(reps):
     med, mn = best_time(lambda: f(logits), reps)
     fmt("ptnative.ctc_loss (default mode)", med, mn)
     ref = med
+    case = f"ctc_loss fwd+bwd T={T} B={B} D={D} N={targets.shape[1]} f32"
+    record("ctc", case, "ptnative.ctc_loss", med, ours=True, best=mn)
 
     try:
         import torch
     except ImportError:
         print("  torch: not installed, skipped")
+        record("ctc", case, "torch.nn.functional.ctc_loss", None, note="not installed")
     else:
         xt = torch.tensor(logits, requires_grad=True)
         tt, lt, tlt = torch.tensor(targets.astype(np.int64)), torch.tensor(lens.astype(np.int64)), torch.tensor(
@@ -119,6 +122,7 @@ def bench_ctc(reps):
             torch.set_num_threads(threads)
             med_t, mn_t = best_time(run_torch, reps)
             fmt(f"torch.nn.functional.ctc_loss ({threads} thr)", med_t, mn_t, ref)
+            record("ctc", case, f"torch.nn.functional.ctc_loss ({threads} thr)", med_t, best=mn_t)
 
     sl = scan_ctc(x, pt.constant(lens), pt.constant(targets), pt.constant(tlens), D - 1)
     fs = pytensor.function([x], [sl.sum(), pytensor.grad(sl.sum(), x)])
@@ -126,6 +130,7 @@ def bench_ctc(reps):
     assert abs(float(sv) - float(ours_loss)) < 1e-3 * abs(float(sv)), (float(sv), float(ours_loss))
     med_s, mn_s = best_time(lambda: fs(logits), max(3, reps // 3), 1)
     fmt("pytensor.scan CTC (default mode)", med_s, mn_s, ref)
+    record("ctc", case, "pytensor.scan CTC", med_s, best=mn_s)
 
 
 # ------------------------------------------------------------------ HMM
@@ -162,6 +167,9 @@ def bench_hmm(reps, long_T):
     assert np.allclose(ours[0], theirs[0]) and all(np.allclose(a, b, atol=1e-8) for a, b in zip(ours[1:], theirs[1:]))
     med_s, mn_s = best_time(lambda: fs(le, lA, lpi), max(3, reps // 3), 1)
     fmt("pytensor.scan log-space forward (default mode)", med_s, mn_s, med)
+    case = f"hmm_log_likelihood+grads T={T} B={B} K={K} f64"
+    record("ctc", case, "ptnative.hmm_log_likelihood", med, ours=True, best=mn)
+    record("ctc", case, "pytensor.scan log-space forward", med_s, best=mn_s)
     print(f"  => ptnative.hmm_log_likelihood is {med_s / med:.1f}x faster than scan (median; "
           f"best-of-N: {mn_s / mn:.1f}x; target >= 20x)")
 
@@ -176,6 +184,8 @@ def bench_hmm(reps, long_T):
         med, mn = best_time(lambda: g(le4), max(3, reps // 3), 1)
         ok = np.isfinite(v).all() and np.isfinite(gr).all() and np.allclose(gr.sum(-1), 1)
         fmt(f"T={T}: ll={float(v[0]):.6g}, finite={ok}", med, mn)
+        record("ctc", f"hmm_log_likelihood+grads T={T} B=1 K=4 f64", "ptnative.hmm_log_likelihood", med, ours=True,
+               best=mn, note=f"finite={ok}")
 
 
 def main():

@@ -20,7 +20,7 @@ import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.edit_distance import edit_distance, optimal_completion_edit_distance
-from timing import measure  # noqa: E402  (bench/timing.py)
+from timing import measure, measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 
 def make_batch(n_pairs, length, vocab, rng):
@@ -58,19 +58,21 @@ def main():
     args = parser.parse_args()
     rng = np.random.default_rng(0)
 
-    peers = {}
+    peers, missing = {}, []
     try:
         import editdistance
 
         peers["editdistance"] = lambda xs, ys: [editdistance.eval(x, y) for x, y in zip(xs, ys)]
     except ImportError:
         print("note: editdistance is not installed; skipped (pip install editdistance)")
+        missing.append("editdistance")
     try:
         from rapidfuzz.distance import Levenshtein
 
         peers["rapidfuzz"] = lambda xs, ys: [Levenshtein.distance(x, y) for x, y in zip(xs, ys)]
     except ImportError:
         print("note: rapidfuzz is not installed; skipped (pip install rapidfuzz)")
+        missing.append("rapidfuzz")
 
     a, al, b, bl = pt.imatrix("a"), pt.ivector("a_len"), pt.imatrix("b"), pt.ivector("b_len")
     fns = {
@@ -80,36 +82,36 @@ def main():
     f_ocd = pytensor.function([a, al, b, bl], optimal_completion_edit_distance(a, al, b, bl))
 
     workloads = [(1000, 50), (100, 500), (10, 5000)]
-    print(f"edit distance, vocabulary 30, best of {args.reps} runs (ratio = other / ptnative default mode)")
+    print(f"edit distance, vocabulary 30, best of {args.reps} runs in alternating turns (ratio = other / ptnative "
+          "default mode)")
     for n_pairs, length in workloads:
         A, AL, B, BL = make_batch(n_pairs, length, 30, rng)
         xs = [A[i, :AL[i]].tolist() for i in range(n_pairs)]
         ys = [B[i, :BL[i]].tolist() for i in range(n_pairs)]
         print(f"\n{n_pairs} pairs of length ~{length} ({int((AL.astype(np.int64) * BL).sum()):,} DP cells)")
-        for f in fns.values():
-            f(A, AL, B, BL)  # warm up (compile, load)
-        ref_time = ref_out = None
-        for name, f in fns.items():
-            t, out = best_of(lambda f=f: f(A, AL, B, BL), args.reps)
-            if ref_time is None:
-                ref_time, ref_out = t, out
-            np.testing.assert_array_equal(out, ref_out)
-            print(f"  {name:26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
-        f_ocd(A, AL, B, BL)
-        t, _ = best_of(lambda: f_ocd(A, AL, B, BL), args.reps)
-        print(f"  {'ptnative OCD (default)':26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
-        for name, peer in peers.items():
-            t, out = best_of(lambda peer=peer: peer(xs, ys), args.reps)
-            np.testing.assert_array_equal(out, ref_out)
-            r = t / ref_time
-            verdict = f"ptnative {r:.1f}x faster" if r >= 1 else f"ptnative {1 / r:.1f}x slower"
-            print(f"  {name:26s} {t * 1e3:10.3f} ms   ratio {r:6.2f}  ({verdict})")
+        case = f"{n_pairs} pairs of length ~{length}"
+        calls = {name: (lambda f=f: f(A, AL, B, BL)) for name, f in fns.items()}
+        calls["ptnative OCD (default)"] = lambda: f_ocd(A, AL, B, BL)
+        calls.update({name: (lambda peer=peer: peer(xs, ys)) for name, peer in peers.items()})
+        times = measure_interleaved(calls, args.reps, rounds=min(3, args.reps), settle=0.1)  # alternating turns
+        ref_time, ref_out = times["ptnative (default mode)"].best, times["ptnative (default mode)"].result
+        for name, t in times.items():
+            if name != "ptnative OCD (default)":
+                np.testing.assert_array_equal(t.result, ref_out)
+            r = t.best / ref_time
+            verdict = "" if name.startswith("ptnative") else \
+                f"  (ptnative {r:.1f}x faster)" if r >= 1 else f"  (ptnative {1 / r:.1f}x slower)"
+            print(f"  {name:26s} {t.best * 1e3:10.3f} ms   ratio {r:6.2f}{verdict}")
+            record("edit_distance", case, name, t.median, ours=name.startswith("ptnative"), best=t.best)
+        for name in missing:
+            record("edit_distance", case, name, None, note="not installed")
         xa = [A[i, :AL[i]] for i in range(n_pairs)]
         ya = [B[i, :BL[i]] for i in range(n_pairs)]
         np_reps = 1 if length >= 500 else min(args.reps, 2)
         t, out = best_of(lambda: [numpy_dp(x, y) for x, y in zip(xa, ya)], np_reps)
         np.testing.assert_array_equal(out, ref_out)
         print(f"  {'numpy row-wise DP':26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
+        record("edit_distance", case, f"numpy row-wise DP (best of {np_reps})", t, best=t)
 
 
 if __name__ == "__main__":

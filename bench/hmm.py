@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import measure_interleaved  # noqa: E402
+from timing import measure_interleaved, record  # noqa: E402
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
@@ -183,6 +183,10 @@ def main():
             for name, timing in times.items():
                 rows.append((f"T={T} B={B} K={K}", task, name, timing.median * 1e3, timing.cpu * 1e3,
                              timing.median / times["ptnative"].median))
+                record("hmm", f"{task} T={T} B={B} K={K} f64", name, timing.median, ours=name == "ptnative",
+                       best=timing.best)
+            for name in (n for n, fns in others.items() if not fns):  # bench/report.py: "not installed" rows
+                record("hmm", f"{task} T={T} B={B} K={K} f64", name, None, note="not installed")
             dyn = times.get("dynamax")
             if dyn is not None:
                 ratio = times["ptnative"].median / dyn.median

@@ -34,10 +34,11 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, lstm  # noqa: E402
-from timing import measure_interleaved  # noqa: E402  (bench/timing.py)
+from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
 DTYPE = "float32"
+CASE = f"LSTM fwd+bwd T={T} B={B} n_in=n={N} {DTYPE}, {opts.threads} thr"  # bench/report.py's row label
 
 
 def data(seed=0, T=T):
@@ -171,8 +172,10 @@ def main():
     print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
     for name, (med, mn) in results.items():
         print(f"{name:<20} {med * 1e3:10.1f} {mn * 1e3:8.1f} {med / base:15.2f} {mn / base_min:12.2f}")
+        record("lstm", CASE, name, med, ours=name.startswith("ptnative"), best=mn)
     if run is None:
         print(f"torch.nn.LSTM        skipped: {note}")
+        record("lstm", CASE, "torch.nn.LSTM", None, note=note)
     else:
         tq = results["torch.nn.LSTM"]
         print(f"\nnative2 vs torch: {base / tq[0]:.2f}x torch's time by median, {base_min / tq[1]:.2f}x by min "
@@ -190,6 +193,8 @@ def main():
     tn, ts = (both[k][:2] for k in ("native", "scan"))
     print(f"LstmGenericBase {tn[0] * 1e3:8.1f} ms (min {tn[1] * 1e3:.1f})   scan {ts[0] * 1e3:8.1f} ms "
           f"(min {ts[1] * 1e3:.1f})   scan/native {ts[0] / tn[0]:.1f}x by median, {ts[1] / tn[1]:.1f}x by min")
+    record("lstm", "LstmGenericBase, input projections given", "ptnative LstmGenericBase", tn[0], ours=True, best=tn[1])
+    record("lstm", "LstmGenericBase, input projections given", "pytensor.scan", ts[0], best=ts[1])
 
     if not opts.no_memory:
         print("\nPeak memory growth of one forward+backward, T=1000 (ru_maxrss, separate processes)")

@@ -31,7 +31,7 @@ import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 
 from ptnative.ops.rnnt import multiblank_rnnt_loss, rnnt_loss  # noqa: E402
-from timing import measure  # noqa: E402  (bench/timing.py)
+from timing import measure, record  # noqa: E402  (bench/timing.py)
 
 B, T, U, V = 8, 150, 40, 128
 
@@ -103,9 +103,14 @@ def main():
     print(f"\nrnnt_loss (blank 0, K={K}, {elements / 1e6:.2f} M joint elements)")
     ours, (cost, grad) = bench_ptnative(rnnt_loss, *data, args.mode, args.reps, blank=0)
     report("ptnative.rnnt_loss", ours, elements)
+    case = f"rnnt_loss B={B} T={T} U={U} V={V}"
+    record("rnnt", case, "ptnative.rnnt_loss", ours[0], ours=True, best=ours[1])
     ta = bench_torchaudio(*data, args.reps)
-    if ta is not None:
+    if ta is None:
+        record("rnnt", case, "torchaudio.functional.rnnt_loss", None, note="not installed (or not loadable)")
+    else:
         report("torchaudio.functional.rnnt_loss (CPU)", ta[0], elements, ours)
+        record("rnnt", case, "torchaudio.functional.rnnt_loss", ta[0][0], best=ta[0][1])
         print(f"    |cost diff| = {abs(ta[1][0] - float(cost)):.3g}, max |grad diff| = "
               f"{np.abs(ta[1][1] - grad).max():.3g}")
     if not args.no_reference:
@@ -113,6 +118,7 @@ def main():
         ref = batch_lattice(*data, blank=0)
         t_ref = time.perf_counter() - t0
         report("numpy float64 reference (1 run)", (t_ref, t_ref, time.process_time() - c0), elements, ours)
+        record("rnnt", case, "numpy float64 reference (1 run)", t_ref)
         print(f"    |cost diff| / cost = {abs(ref[0].sum() - float(cost)) / abs(ref[0].sum()):.3g}, "
               f"max |grad diff| = {np.abs(ref[1] - grad).max():.3g}")
 
@@ -127,12 +133,15 @@ def main():
     ours, (cost, grad) = bench_ptnative(multiblank_rnnt_loss, *data, args.mode, args.reps, blank=blank,
                                         big_blank_durations=durations, sigma=0.05)
     report("ptnative.multiblank_rnnt_loss", ours, elements)
+    case = f"multiblank_rnnt_loss B={B} T={T} U={U} V={V} durations {durations}"
+    record("rnnt", case, "ptnative.multiblank_rnnt_loss", ours[0], ours=True, best=ours[1])
     print("  torchaudio: no multi-blank loss (espnet/NeMo's run only on CUDA)")
     if not args.no_reference:
         c0, t0 = time.process_time(), time.perf_counter()
         ref = batch_lattice(*data, blank=blank, durations=durations, sigma=0.05)
         t_ref = time.perf_counter() - t0
         report("numpy float64 reference (1 run)", (t_ref, t_ref, time.process_time() - c0), elements, ours)
+        record("rnnt", case, "numpy float64 reference (1 run)", t_ref)
         print(f"    |cost diff| / cost = {abs(ref[0].sum() - float(cost)) / abs(ref[0].sum()):.3g}, "
               f"max |grad diff| = {np.abs(ref[1] - grad).max():.3g}")
 

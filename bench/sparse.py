@@ -25,7 +25,7 @@ from pytensor.tensor.special import log_softmax
 import ptnative  # noqa: F401
 from ptnative.ops.sparse import (crossentropy_softmax_and_gradient_z_sparse, max_and_argmax_sparse, sparse_to_dense,
                                  subtensor_batched_index)
-from timing import measure  # (bench/timing.py)
+from timing import measure_interleaved, record  # (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -38,8 +38,14 @@ rng = np.random.default_rng(0)
 results = []
 
 
-def timeit(fn, reps=opts.reps):
-    return measure(fn, reps).median
+def compare(name, ours, peers):
+    """Time ptnative's ``ours`` and each of ``peers`` ({name: fn}) in alternating turns; keep and record the row."""
+    t = measure_interleaved({"ptnative": ours, **peers}, opts.reps, rounds=3)
+    results.append((name, t["ptnative"].median, [(peer, t[peer].median) for peer in peers]))
+    case = f"{name}, T={T} B={B} D={D}"
+    record("sparse", case, "ptnative", t["ptnative"].median, ours=True, best=t["ptnative"].best)
+    for peer in peers:
+        record("sparse", case, peer, t[peer].median, best=t[peer].best)
 
 
 def close(a, b, tol=1e-4):
@@ -67,8 +73,8 @@ def np_sbi(x, idx, dy):
 
 for a, b in zip(f_ours(xv, idxv, dyv), np_sbi(xv, idxv, dyv)):
     close(a, b)
-results.append(("subtensor_batched_index fw+grad", timeit(lambda: f_ours(xv, idxv, dyv)),
-                [("numpy", timeit(lambda: np_sbi(xv, idxv, dyv))), ("pytensor", timeit(lambda: f_pt(xv, idxv, dyv)))]))
+compare("subtensor_batched_index fw+grad", lambda: f_ours(xv, idxv, dyv),
+        {"numpy": lambda: np_sbi(xv, idxv, dyv), "pytensor": lambda: f_pt(xv, idxv, dyv)})
 
 # ---------------------------------------------------------------- sparse_to_dense, max_and_argmax_sparse
 N = 2000
@@ -92,9 +98,8 @@ def np_s2d(s0, s1, w, m):
 
 close(f_ours(s0v, s1v, wv, mv), np_s2d(s0v, s1v, wv, mv))
 close(f_pt(s0v, s1v, wv, mv), np_s2d(s0v, s1v, wv, mv))
-results.append(("sparse_to_dense", timeit(lambda: f_ours(s0v, s1v, wv, mv)),
-                [("numpy", timeit(lambda: np_s2d(s0v, s1v, wv, mv))),
-                 ("pytensor", timeit(lambda: f_pt(s0v, s1v, wv, mv)))]))
+compare("sparse_to_dense", lambda: f_ours(s0v, s1v, wv, mv),
+        {"numpy": lambda: np_s2d(s0v, s1v, wv, mv), "pytensor": lambda: f_pt(s0v, s1v, wv, mv)})
 
 zeros_tb = np.zeros((T, B), DTYPE)
 om, oa = pt.matrix("om", dtype=DTYPE), pt.matrix("oa", dtype=DTYPE)
@@ -109,8 +114,8 @@ def np_maxarg(s0, s1, w, m):
 got, want = f_ours(s0v, s1v, wv, mv, zeros_tb, zeros_tb), np_maxarg(s0v, s1v, wv, mv)
 close(got[0], want[0])
 assert (got[1] == want[1])[want[0] > 0].all()
-results.append(("max_and_argmax_sparse", timeit(lambda: f_ours(s0v, s1v, wv, mv, zeros_tb, zeros_tb)),
-                [("numpy (dense)", timeit(lambda: np_maxarg(s0v, s1v, wv, mv)))]))
+compare("max_and_argmax_sparse", lambda: f_ours(s0v, s1v, wv, mv, zeros_tb, zeros_tb),
+        {"numpy (dense)": lambda: np_maxarg(s0v, s1v, wv, mv)})
 
 # ---------------------------------------------------------------- crossentropy_softmax_and_gradient_z_sparse
 T, B, D = 200, 16, 2000
@@ -146,12 +151,12 @@ for a, b in zip(f_ours(*args), np_ce(*args)):
     close(a, b)
 for a, b in zip(f_ours_g(*args), f_pt_g(*args)):
     close(a, b)
-results.append(("crossentropy sparse (ce, grad_z)", timeit(lambda: f_ours(*args)),
-                [("numpy", timeit(lambda: np_ce(*args))), ("pytensor", timeit(lambda: f_pt(*args)))]))
-results.append(("crossentropy sparse ce + grad", timeit(lambda: f_ours_g(*args)),
-                [("pytensor", timeit(lambda: f_pt_g(*args)))]))
+compare("crossentropy sparse (ce, grad_z)", lambda: f_ours(*args),
+        {"numpy": lambda: np_ce(*args), "pytensor": lambda: f_pt(*args)})
+compare("crossentropy sparse ce + grad", lambda: f_ours_g(*args),
+        {"pytensor": lambda: f_pt_g(*args)})
 
-print(f"{DTYPE}, mode {MODE or 'default'}, median of {opts.reps} runs; "
+print(f"{DTYPE}, mode {MODE or 'default'}, median of {opts.reps} runs in alternating turns; "
       "ratio = peer time / ptnative time (> 1: ptnative is faster)")
 for name, ours, peers in results:
     line = f"{name:34s} ptnative {ours * 1e3:8.2f} ms"

@@ -1,5 +1,7 @@
 """Timing shared by the benchmarks (run as scripts: ``python bench/<family>.py``)."""
 
+import json
+import os
 import time
 from typing import NamedTuple
 
@@ -38,3 +40,24 @@ def measure_interleaved(fns: dict, reps=10, rounds=3, settle=0.3, warmup=1) -> d
                 cpu[name].append(time.process_time() - c0)
     return {name: Timing(float(np.median(wall[name])), float(np.min(wall[name])), float(np.median(cpu[name])),
                          result.get(name)) for name in fns}
+
+
+RECORDS_ENV = "PTNATIVE_BENCH_RECORDS"
+
+
+def record(benchmark, case, impl, seconds, *, ours=False, best=None, note=None):
+    """Append one result row for ``bench/report.py`` to the JSON-lines file named by the environment variable
+    ``PTNATIVE_BENCH_RECORDS``; nothing happens when it is unset (a benchmark run by hand only prints).
+
+    ``benchmark``: the script's name (``"ctc"``); ``case``: the workload, e.g. ``"T=200 B=16 D=50 N=40 f32"``;
+    ``impl``: what was timed; ``seconds``: its median wall time, or None when it did not run (say why in
+    ``note``, e.g. ``"not installed"``); ``ours``: a ptnative row (the case's first one is the reference that
+    the report's ratios divide by); ``best``: the fastest call, if measured."""
+    path = os.environ.get(RECORDS_ENV)
+    if not path:
+        return
+    row = {"benchmark": benchmark, "case": case, "impl": impl,
+           "seconds": None if seconds is None else float(seconds), "ours": bool(ours),
+           "best": None if best is None else float(best), "note": note}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
