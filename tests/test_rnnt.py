@@ -346,12 +346,18 @@ def test_graph_time_validation_errors():
         args.update(kw)
         return multiblank_rnnt_loss(**args)
 
-    with pytest.raises(ValueError, match="acts must be 4-D"):
+    with pytest.raises(ValueError, match=r"^multiblank_rnnt_loss: acts must have ndim 4 \(B, T, U\+1, K\), got 3"):
         call(acts=pt.tensor3())
-    with pytest.raises(ValueError, match="durations must be >= 2"):
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: acts must have a float dtype .*got int32"):
+        call(acts=pt.itensor4())
+    with pytest.raises(ValueError, match=r"big_blank_durations\[1\] must be >= 2 \(a duration of 1 is the standard"):
         call(big_blank_durations=(2, 1))
-    with pytest.raises(TypeError, match="big_blank_durations"):
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: big_blank_durations must be a sequence of ints"):
         call(big_blank_durations=2)
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: big_blank_durations must be a sequence of ints"):
+        call(big_blank_durations=None)
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: big_blank_durations\[0\] must be an int, got float"):
+        call(big_blank_durations=(2.0,))
     with pytest.raises(ValueError, match="clamp must be >= 0"):
         call(clamp=-0.5)
     with pytest.raises(ValueError, match="fastemit_lambda must be >= 0"):
@@ -375,11 +381,15 @@ def test_graph_time_validation_errors():
         call(acts=pt.tensor4(shape=(2, 5, 3, 6)), labels=bad)
     with pytest.raises(TypeError, match="labels must have an integer dtype"):
         call(labels=labels.astype(np.float32))
-    with pytest.raises(ValueError, match="act_lens must be 1-D"):
+    with pytest.raises(ValueError, match=r"^multiblank_rnnt_loss: act_lens must have ndim 1, got 2"):
         call(act_lens=act_lens[None])
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: label_lens must have an integer dtype, got bool"):
+        call(label_lens=label_lens > 0)
+    with pytest.raises(TypeError, match=r"^multiblank_rnnt_loss: sigma must be a real number, got str"):
+        call(sigma="0.1")
     with pytest.raises(TypeError, match="rnnt_loss: blank must be an int"):
         rnnt_loss(x, labels, act_lens, label_lens, blank=0.0)
-    with pytest.raises(ValueError, match=r"^rnnt_loss: acts must be 4-D"):
+    with pytest.raises(ValueError, match=r"^rnnt_loss: acts must have ndim 4"):
         rnnt_loss(pt.tensor3(), labels, act_lens, label_lens)
     # the op itself rejects bad hyper-parameters at run time too
     op = MultiBlankRnntLoss.make_op()

@@ -11,18 +11,17 @@ details.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections import namedtuple
 from functools import cache
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 from pytensor.tensor.variable import TensorConstant
 
-from ..op import NativeOp, NativeOpGenBase
+from ..op import NativeOpGenBase
 from ..source import read_kernel_file
+from ._args import float_tensor, host_int32_scalar, int_tensor, python_int, real_number
+from ._loss import LossWithGradOp
 
 __all__ = ["MultiBlankRnntLoss", "RnntLossOp", "RnntLattice", "multiblank_rnnt_lattice", "multiblank_rnnt_loss",
            "rnnt_loss"]
@@ -34,27 +33,12 @@ RNNT_FUNCTIONS = ("multiblank_rnnt_loss", "rnnt_loss", "multiblank_rnnt_lattice"
 REDUCTIONS = ("none", "sum", "mean")
 
 
-class RnntLossOp(NativeOp):
+class RnntLossOp(LossWithGradOp):
     """The NativeOp of :class:`MultiBlankRnntLoss`, whose gradient with respect
-    to ``acts`` is its ``grads`` output times the upstream gradient of ``costs``
-    (per sequence).  No other output is differentiable."""
+    to ``acts`` is its ``grads`` output (B, T, U+1, K) times the upstream gradient
+    of ``costs`` (per sequence).  No other output is differentiable."""
 
-    def pullback(self, inputs, outputs, cotangents):
-        acts = inputs[0]
-        result = [disconnected_type() for _ in inputs]
-        if any(not isinstance(g.type, DisconnectedType) for g in cotangents[1:]):
-            result[0] = grad_not_implemented(
-                self, 0, acts, f"NativeOp {self.name!r}: only the 'costs' output has a gradient")
-            return result
-        g_costs = cotangents[0]
-        if isinstance(g_costs.type, DisconnectedType):
-            result[0] = pt.zeros_like(acts)
-        else:
-            grad = outputs[1] * g_costs.dimshuffle(0, "x", "x", "x")
-            result[0] = grad if grad.dtype == acts.dtype else pt.cast(grad, acts.dtype)
-        return result
-
-    L_op = pullback
+    grad_batch_axis = 0
 
 
 class MultiBlankRnntLoss(NativeOpGenBase):
@@ -92,7 +76,7 @@ class MultiBlankRnntLoss(NativeOpGenBase):
          "gradient": "disconnected"},
         {"name": "durations", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
          "host_memory": True, "gradient": "disconnected"},
-        {"name": "blank", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"},
+        host_int32_scalar("blank"),
         {"name": "params", "ndim": 1, "shape": (None,), "dtype": "float64", "need_contiguous": True,
          "host_memory": True, "gradient": "disconnected"},
     )
@@ -125,24 +109,6 @@ def _constant_value(v):
     return np.asarray(v.data) if isinstance(v, TensorConstant) else None
 
 
-def _real(fn, name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{fn}: {name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{fn}: {name} must be finite, got {value}")
-    return value
-
-
-def _int_tensor(fn, name, x, ndim):
-    v = pt.as_tensor_variable(x)
-    if v.ndim != ndim:
-        raise ValueError(f"{fn}: {name} must be {ndim}-D, got ndim {v.ndim} ({v.type})")
-    if not (v.dtype.startswith(("int", "uint"))):
-        raise TypeError(f"{fn}: {name} must have an integer dtype, got {v.dtype}")
-    return v if v.dtype == "int32" else pt.cast(v, "int32")
-
-
 def multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank_durations=(), sigma=0.0,
                             fastemit_lambda=0.0, clamp=-1.0):
     """All outputs of the multi-blank RNN-T op, as an :data:`RnntLattice`
@@ -154,39 +120,35 @@ def multiblank_rnnt_lattice(acts, labels, act_lens, label_lens, blank, big_blank
 
 def _lattice(fn, acts, labels, act_lens, label_lens, blank, big_blank_durations, sigma, fastemit_lambda, clamp):
     """The lattice for the user function ``fn`` (one of :data:`RNNT_FUNCTIONS`), whose name the errors carry."""
-    acts = pt.as_tensor_variable(acts)
-    if acts.ndim != 4:
-        raise ValueError(f"{fn}: acts must be 4-D (B, T, U+1, K), got ndim {acts.ndim} ({acts.type})")
-    if not acts.dtype.startswith("float"):
-        raise TypeError(f"{fn}: acts must be floating point, got {acts.dtype}")
-    labels = _int_tensor(fn, "labels", labels, 2)
-    act_lens = _int_tensor(fn, "act_lens", act_lens, 1)
-    label_lens = _int_tensor(fn, "label_lens", label_lens, 1)
+    acts = float_tensor(fn, "acts", acts, 4, layout="(B, T, U+1, K)")
+    labels = int_tensor(fn, "labels", labels, 2)
+    act_lens = int_tensor(fn, "act_lens", act_lens, 1)
+    label_lens = int_tensor(fn, "label_lens", label_lens, 1)
 
-    if isinstance(blank, bool) or not isinstance(blank, numbers.Integral):
-        raise TypeError(f"{fn}: blank must be an int, got {type(blank).__name__}")
-    blank = int(blank)
-    if isinstance(big_blank_durations, numbers.Integral | str | bytes):
-        raise TypeError(f"{fn}: big_blank_durations must be a sequence of ints")
+    blank = python_int(fn, "blank", blank, maximum=np.iinfo(np.int32).max)
+    try:
+        if isinstance(big_blank_durations, str | bytes):
+            raise TypeError
+        items = list(big_blank_durations)
+    except TypeError:
+        raise TypeError(f"{fn}: big_blank_durations must be a sequence of ints, got "
+                        f"{type(big_blank_durations).__name__} {big_blank_durations!r:.60}") from None
     durations = []
-    for d in big_blank_durations:
-        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
-            raise TypeError(f"{fn}: big_blank_durations must hold ints, got {d!r}")
+    for i, d in enumerate(items):
+        d = python_int(fn, f"big_blank_durations[{i}]", d)
         if d < 2:
-            raise ValueError(f"{fn}: big blank durations must be >= 2 (a duration of 1 is the standard blank), "
+            raise ValueError(f"{fn}: big_blank_durations[{i}] must be >= 2 (a duration of 1 is the standard blank), "
                              f"got {d}")
-        durations.append(int(d))
+        durations.append(d)
     if len(durations) > MAX_BIG_BLANKS:
         raise ValueError(f"{fn}: at most {MAX_BIG_BLANKS} big blanks are supported, got {len(durations)}")
     K = acts.type.shape[3]
     if blank < len(durations) or (K is not None and blank >= K):
         raise ValueError(f"{fn}: blank = {blank} must satisfy {len(durations)} <= blank < K = {K} "
                          f"(big blank i has class blank - 1 - i)")
-    sigma = _real(fn, "sigma", sigma)
-    fastemit_lambda = _real(fn, "fastemit_lambda", fastemit_lambda)
-    if fastemit_lambda < 0:
-        raise ValueError(f"{fn}: fastemit_lambda must be >= 0, got {fastemit_lambda}")
-    clamp = _real(fn, "clamp", clamp)
+    sigma = real_number(fn, "sigma", sigma)
+    fastemit_lambda = real_number(fn, "fastemit_lambda", fastemit_lambda, minimum=0)
+    clamp = real_number(fn, "clamp", clamp)
     if clamp < 0 and clamp != -1.0:
         raise ValueError(f"{fn}: clamp must be >= 0 (0 or -1: no clamping), got {clamp}")
 
