@@ -20,8 +20,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(VENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider tests $(PYTEST_ARGS)
 
+# Every benchmark in bench/, then docs/performance.md and docs/img/performance.png from their rows (bench/report.py).
+# BENCH_ARGS=--quick: short settings.  Peers (torch, jax, dynamax, hmmlearn, ...) are timed where installed in the
+# venv (VENV=... names another one); missing ones are listed as not installed.
 bench: $(VENV)/.installed
-	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) bench/report.py $(BENCH_ARGS)
 
 info: $(VENV)/.installed
 	cd $(VENV) && ./bin/python -m ptnative info

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import scipy
 
-from timing import measure  # (bench/timing.py)
+from timing import measure, record  # (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=200)
@@ -77,4 +77,5 @@ width = max(len(r) for r, _ in rows)
 print(f"kernel cache checks (median of the timed calls; cache {os.environ['PTNATIVE_CACHE_DIR']})")
 for label, seconds in rows:
     print(f"  {label:<{width}}  {seconds * 1e6:10.1f} us")
+    record("cache_trust", "kernel cache checks", label, seconds, ours=True)
 shutil.rmtree(os.environ["PTNATIVE_CACHE_DIR"], ignore_errors=True)

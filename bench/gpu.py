@@ -55,7 +55,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench/timing.py; the checkout's 
 
 import numpy as np  # noqa: E402
 
-from timing import measure  # noqa: E402
+from timing import measure, record  # noqa: E402
 
 REPS = opts.reps or (3 if opts.quick else 10)
 WARMUP = 1 if opts.quick else 2
@@ -82,6 +82,7 @@ class Group:
 
     def __init__(self, title):
         self.ref = None
+        self.title = title
         print(f"\n{title}")
         print(f"  {'implementation':<58} {'median ms':>10} {'min ms':>9} {'x torch':>8}  note")
 
@@ -100,10 +101,12 @@ class Group:
             self.ref = t.median
         ratio = f"{t.median / self.ref:8.2f}" if self.ref and not reference else f"{'1.00' if reference else '-':>8}"
         print(f"  {name:<58} {t.median * 1e3:10.2f} {t.best * 1e3:9.2f} {ratio}  {note}", flush=True)
+        record("gpu", self.title, name, t.median, ours=not name.startswith("torch"), best=t.best, note=note or None)
         return t.result
 
     def skip(self, name, why):
         print(f"  {name:<58} {'skipped':>10}  {why}", flush=True)
+        record("gpu", self.title, name, None, ours=not name.startswith("torch"), note=f"skipped: {why}")
 
 
 def guarded(name, make):

@@ -28,7 +28,7 @@ import numpy as np
 
 _BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _BENCH)
-from timing import measure_interleaved  # noqa: E402  (bench/timing.py)
+from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 # Run as a script, bench/ is first on sys.path, where its scripts would shadow modules that PyMC's stack tries
 # to import (ArviZ/xarray try `import sparse`, which would run bench/sparse.py): take it off again.
@@ -137,12 +137,17 @@ def main(argv=None):
                                       reps=args.reps, rounds=3, warmup=3)
         for name, t in timings.items():
             rows.append((n_steps, "logp+dlogp", name, t.median * 1e3, "ms"))
+            record("hmm_pymc", f"model logp+dlogp T={n_steps}", name, t.median, ours=name == "ptnative", best=t.best)
+        if pmx is None:
+            record("hmm_pymc", f"model logp+dlogp T={n_steps}", "pymc-extras", None, note="not installed")
         if not args.no_sample:
             for name, model in models.items():
                 wall, sampling, div = sample_time(model, args.draws, args.tune, args.chains, args.mode, args.sampler)
                 rows.append((n_steps, f"{args.sampler} {args.chains}x({args.tune}+{args.draws}), wall", name, wall,
                              "s"))
                 rows.append((n_steps, "  sampling only (PyMC's sampling_time)", name, sampling, "s"))
+                record("hmm_pymc", f"{args.sampler} {args.chains}x({args.tune}+{args.draws}) T={n_steps}, wall",
+                       name, wall, ours=name == "ptnative")
                 print(f"T={n_steps} {name}: sampled in {wall:.1f} s wall ({sampling:.1f} s sampling), "
                       f"{div} divergences", flush=True)
 

@@ -17,7 +17,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.link.jax.dispatch import jax_funcify
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import measure_interleaved  # noqa: E402
+from timing import measure_interleaved, record  # noqa: E402
 
 import ptnative  # noqa: E402
 
@@ -95,12 +95,15 @@ def main():
         print(f"\n{title} (cost + gradient; max |JAX - default| = {err:.1e})")
         for name, t in timings.items():
             print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
+            record("jax_grad", f"{title}, cost + gradient", name, t.median, ours=True, best=t.best)
     T, K, N = (60, 3, 4) if opts.quick else (500, 3, 16)
     timings, err = vmap_rows(T, K, N, rng, reps)
     print(f"\nhmm_log_likelihood T={T} K={K}, {N} problems (value + gradient; max |difference| = {err:.1e})")
     base = timings[f"one call with B={N}"].median
     for name, t in timings.items():
         print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
+        record("jax_grad", f"hmm_log_likelihood T={T} K={K}, {N} problems, value + gradient", name, t.median,
+               ours=True, best=t.best)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+"""bench/report.py (``make bench``): rows recorded by benchmarks become docs/performance.md's tables and the ratio
+chart.  Fed with small hand-made records and a fake benchmark script; no real benchmark runs here."""
+
+import importlib.util
+import json
+import os
+import struct
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load("report")
+timing = load("timing")
+
+
+def row(bench, case, impl, seconds, ours=False, best=None, note=None):
+    return {"benchmark": bench, "case": case, "impl": impl, "seconds": seconds, "ours": ours, "best": best,
+            "note": note}
+
+
+RECORDS = [row("ctc", "ctc_loss T=20", "ptnative.ctc_loss", 0.010, True, 0.009),
+           row("ctc", "ctc_loss T=20", "torch ctc_loss", 0.005, best=0.004),
+           row("ctc", "ctc_loss T=20", "pytensor.scan CTC", 0.300),
+           row("ctc", "ctc_loss T=20", "torchaudio", None, note="not installed"),
+           row("lstm", "LSTM T=10", "ptnative native2", 0.1, True),
+           row("lstm", "LSTM T=10", "ptnative lowmem", 0.2, True),
+           row("lstm", "LSTM T=10", "torch.nn.LSTM", 0.08)]
+
+
+def run(bench, status="ok", seconds=10.0, other=0.0, tail="", alternating=True, returncode=0):
+    return {"benchmark": bench, "command": f"python bench/{bench}.py", "alternating": alternating, "status": status,
+            "returncode": returncode, "seconds": seconds, "other_cores": other, "output_tail": tail}
+
+
+RUNS = [run("ctc", seconds=12.0, other=1.0, alternating=False), run("lstm", seconds=30.0, other=0.5),
+        run("hmm_pymc", status="not run", seconds=0.0, other=None, tail="pymc not installed"),
+        run("sparse", status="failed", seconds=3.0, tail="Traceback\nValueError: boom", returncode=1)]
+META = {"date": "2026-12-01 18:00 UTC", "quick": True, "note": "a test run",
+        "machine": {"cpu": "Test CPU 9000", "cores": 2, "usable_cores": 2, "memory_gib": 8.0, "os": "Linux 6",
+                    "load_average": [1.5, 1.0, 1.0], "threads_env": {}},
+        "versions": {"python": "3.11.7", "torch": None, "numpy": "2.4.6"}}
+
+
+def png_size(path):
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_record_writes_rows_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(timing.RECORDS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    timing.record("ctc", "case", "ptnative", 0.5, ours=True)
+    assert list(tmp_path.iterdir()) == []
+    path = tmp_path / "rows.jsonl"
+    monkeypatch.setenv(timing.RECORDS_ENV, str(path))
+    timing.record("ctc", "case", "ptnative", 0.5, ours=True, best=0.25)
+    timing.record("ctc", "case", "torch", None, note="not installed")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [row("ctc", "case", "ptnative", 0.5, True, 0.25), row("ctc", "case", "torch", None,
+                                                                         note="not installed")]
+
+
+def test_tables_summary_and_chart(tmp_path):
+    md, png = tmp_path / "performance.md", tmp_path / "img" / "performance.png"
+    text = report.write_report(RECORDS, RUNS, META, md, png)
+    assert md.read_text() == text
+    lines = text.splitlines()
+    # ctc: ratios are each row's median over the case's first ptnative row; peers get a verdict
+    assert "| ctc_loss T=20 | **ptnative.ctc_loss** | 10 ms | 9 ms | reference |  |" in lines
+    assert "|  | torch ctc_loss | 5 ms | 4 ms | 0.5 | ptnative 2x slower |" in lines
+    assert "|  | pytensor.scan CTC | 300 ms | - | 30 | ptnative 30x faster |" in lines
+    assert "|  | torchaudio | not installed | - |  |  |" in lines
+    # a second ptnative row is compared with the first, without a verdict
+    assert "|  | **ptnative lowmem** | 200 ms | - | 2 |  |" in lines
+    assert "|  | torch.nn.LSTM | 80 ms | - | 0.8 | ptnative 1.25x slower |" in lines
+    # summary: ctc has two peer comparisons (0.5 and 30: geometric mean 3.87), one of them ptnative's
+    assert "| [ctc](#ctc) | 2 | 1 | 3.87 | 0.5 – 30 |" in lines
+    assert "| [lstm](#lstm) | 1 | 0 | 0.8 | 0.8 – 0.8 |" in lines
+    assert "Not run: pymc not installed." in lines
+    assert "**Failed** (exit status 1, 3 s, other processes busy on 0.00 cores on average); the end of its output:" \
+        in lines
+    assert "ValueError: boom" in lines
+    assert "Ran in 12 s, other processes busy on 1.00 cores on average. Each implementation was timed after the " \
+        "other (not in alternating turns)." in lines
+    assert "Ran in 30 s, other processes busy on 0.50 cores on average. ptnative and its peers were timed in " \
+        "alternating turns." in lines
+    assert "- CPU: Test CPU 9000, 2 logical cores, 8.0 GiB memory" in lines
+    assert "| torch | not installed |" in lines
+    assert "a test run" in lines
+    # run-time weighted other load: (12 * 1.0 + 30 * 0.5 + 3 * 0) / 45 = 0.6 cores
+    assert "**Measured under load**: other processes kept on average 0.60 of the 2 cores busy" in text
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "(No chart: matplotlib is not installed.)" in lines
+        return
+    assert "![peer time / ptnative time per comparison](img/performance.png)" in lines
+    width, height = png_size(png)
+    assert width > 600 and height > 100
+
+
+def test_chart_bars(tmp_path):
+    pytest.importorskip("matplotlib")
+    bars = report.draw_chart(RECORDS, tmp_path / "chart.png")
+    assert [label for label, _ in bars] == ["ctc: ctc_loss T=20 vs torch ctc_loss",
+                                            "ctc: ctc_loss T=20 vs pytensor.scan CTC",
+                                            "lstm: LSTM T=10 vs torch.nn.LSTM"]
+    assert [ratio for _, ratio in bars] == pytest.approx([0.5, 30.0, 0.8])
+    with pytest.raises(ValueError, match="no peer was measured"):
+        report.draw_chart([r for r in RECORDS if r["ours"]], tmp_path / "none.png")
+
+
+def test_without_matplotlib_the_page_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    md, png = tmp_path / "performance.md", tmp_path / "img" / "performance.png"
+    text = report.write_report(RECORDS, RUNS, META, md, png)
+    assert "(No chart: matplotlib is not installed.)" in text.splitlines()
+    assert "|  | torch ctc_loss | 5 ms | 4 ms | 0.5 | ptnative 2x slower |" in text.splitlines()
+    assert not png.exists()
+
+
+def test_runs_a_benchmark_script_and_writes_the_page(tmp_path):
+    """A fake benchmark records rows through timing.record in a child process; one that fails and one that needs a
+    missing package are listed as such; --from-records writes the page from the kept file."""
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(BENCH)!r})
+        from timing import record
+        print("timing things", sys.argv[1:])
+        record("good", "case A", "ptnative", 0.002, ours=True)
+        record("good", "case A", "peer", 0.006)
+    """))
+    bad.write_text("print('about to fail')\nraise SystemExit(3)\n")
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({"meta": META}) + "\n")
+    runs = [report.run_benchmark(report.Benchmark("good", ("--quick-flag",)), True, records, script=good),
+            report.run_benchmark(report.Benchmark("bad"), True, records, script=bad),
+            report.run_benchmark(report.Benchmark("needy", requires=("no_such_package_for_ptnative",)), True,
+                                 records)]
+    with open(records, "a") as f:
+        for r in runs:
+            f.write(json.dumps({"run": r}) + "\n")
+    assert [r["status"] for r in runs] == ["ok", "failed", "not run"]
+    assert runs[0]["command"] == "python bench/good.py --quick-flag"
+    assert "timing things ['--quick-flag']" in runs[0]["output_tail"]
+    assert runs[1]["returncode"] == 3 and runs[1]["output_tail"] == "about to fail"
+    assert runs[2]["output_tail"] == "no_such_package_for_ptnative not installed"
+    rows, read_runs, meta = report.read_records(records)
+    assert rows == [row("good", "case A", "ptnative", 0.002, True), row("good", "case A", "peer", 0.006)]
+    assert read_runs == runs and meta == META
+
+    out = tmp_path / "docs" / "performance.md"
+    status = report.main(["--from-records", str(records), "--out", str(out)])
+    assert status == 1  # a benchmark failed
+    lines = out.read_text().splitlines()
+    assert "| case A | **ptnative** | 2 ms | - | reference |  |" in lines
+    assert "|  | peer | 6 ms | - | 3 | ptnative 3x faster |" in lines
+    assert "Not run: no_such_package_for_ptnative not installed." in lines
+    assert os.path.exists(tmp_path / "docs" / "img" / "performance.png") == (
+        importlib.util.find_spec("matplotlib") is not None)
