@@ -353,17 +353,27 @@ def test_bad_input_raises(mode):
 
 def test_bad_types_raise():
     a, al, b, bl = pair_vars()
-    with pytest.raises(TypeError, match="integer dtype"):
+    with pytest.raises(TypeError, match=r"^edit_distance: a must have an integer dtype, got float"):
         edit_distance(pt.matrix(), al, b, bl)
-    with pytest.raises(TypeError, match="ndim 1"):
+    with pytest.raises(TypeError, match=r"^edit_distance: b_len must have an integer dtype, got bool"):
+        edit_distance(a, al, b, pt.vector(dtype="bool"))
+    with pytest.raises(TypeError, match=r"^edit_distance: a must be an integer tensor, got str"):
+        edit_distance("abc", al, b, bl)
+    with pytest.raises(ValueError, match=r"^edit_distance: a_len must have ndim 1, got 2"):
         edit_distance(a, a, b, bl)
-    with pytest.raises(TypeError, match="ndim"):
+    with pytest.raises(ValueError, match=r"^next_edit_distance_row: a_n must have ndim 0 or 1, got 2"):
         next_edit_distance_row(a, al, pt.imatrix(), al, b, bl)
-    with pytest.raises(TypeError, match="ndim 2"):
+    with pytest.raises(ValueError, match=r"^next_edit_distance_reduce: a must have ndim 2, got 1"):
         next_edit_distance_reduce(a, al, al, al, b, bl)
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match=r"^next_edit_distance_reduce: optimal_completion must have ndim 0, got 1"):
+        next_edit_distance_reduce(a, a, al, al, b, bl, optimal_completion=al)
+    with pytest.raises(ValueError, match=r"^next_edit_distance_reduce: a_blank_idx must be <= 2147483647"):
+        next_edit_distance_reduce(a, a, al, al, b, bl, a_blank_idx=2**31)
+    with pytest.raises(TypeError, match=r"^next_edit_distance_reduce: a_blank_idx must have an integer dtype"):
+        next_edit_distance_reduce(a, a, al, al, b, bl, a_blank_idx=pt.dscalar())
+    with pytest.raises(ValueError, match=r"^optimal_completion_edit_distance_per_successor: successors must be >= 0"):
         optimal_completion_edit_distance_per_successor(a, al, b, bl, -1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"NativeOp 'EditDistanceOp': input 'a' \(#0\) must be int32, got float"):
         EditDistanceOp.make_op()(pt.matrix(), al, b, bl)
 
 

@@ -17,6 +17,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import read_kernel_file
+from ._args import flag, host_int32_scalar, int32_scalar, int_tensor, python_int
 
 _SUPPORT = {"edit_distance": read_kernel_file("edit_distance.cu")}
 
@@ -34,11 +35,6 @@ def _seq(name):
 
 def _vec(name):
     return {"name": name, "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-            "gradient": "disconnected"}
-
-
-def _host_scalar(name):
-    return {"name": name, "ndim": 0, "shape": (), "dtype": "int32", "need_contiguous": True, "host_memory": True,
             "gradient": "disconnected"}
 
 
@@ -121,27 +117,15 @@ class NextEditDistanceReduceOp(_EditDistanceBase):
     """
 
     in_info = NextEditDistanceRowOp.in_info[:1] + (_seq("a"),) + NextEditDistanceRowOp.in_info[2:] + (
-        _host_scalar("optimal_completion"), _host_scalar("a_blank_idx"))
+        host_int32_scalar("optimal_completion"), host_int32_scalar("a_blank_idx"))
     out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (1, 1)), "dtype": "int32", "need_contiguous": True},)
     c_fw_code = "next_edit_distance_reduce_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
 # ---------------------------------------------------------------- functional API
-def _int_tensor(x, ndim, name, fn):
-    try:
-        v = pt.as_tensor_variable(x)
-    except Exception as e:  # noqa: BLE001 - re-raised with context
-        raise TypeError(f"{fn}: {name} must be an integer tensor, got {x!r}") from e
-    if not (v.dtype.startswith(("int", "uint")) or v.dtype == "bool"):
-        raise TypeError(f"{fn}: {name} must have an integer dtype, got {v.dtype}")
-    if ndim is not None and v.ndim != ndim:
-        raise TypeError(f"{fn}: {name} must have ndim {ndim}, got {v.ndim}")
-    return v if v.dtype == "int32" else pt.cast(v, "int32")
-
-
 def _pairs(a, a_len, b, b_len, fn):
-    return (_int_tensor(a, 2, "a", fn), _int_tensor(a_len, 1, "a_len", fn), _int_tensor(b, 2, "b", fn),
-            _int_tensor(b_len, 1, "b_len", fn))
+    return (int_tensor(fn, "a", a, 2), int_tensor(fn, "a_len", a_len, 1), int_tensor(fn, "b", b, 2),
+            int_tensor(fn, "b_len", b_len, 1))
 
 
 def edit_distance(a, a_len, b, b_len):
@@ -158,9 +142,11 @@ def edit_distance(a, a_len, b, b_len):
     (B,) int32 tensor of unnormalised distances (insertion, deletion and
     substitution cost 1 each).
 
-    Raises ``TypeError`` for a wrong ndim or a non-integer dtype (other int
-    dtypes are cast to int32), and ``ValueError`` at run time for mismatched
-    batch sizes or a length outside ``[0, T]``.
+    Raises ``ValueError`` for a wrong ndim and ``TypeError`` for a dtype that
+    is not an integer one (bool included; other int dtypes are cast to int32)
+    when the graph is built, both naming the function and the argument, and
+    ``ValueError`` at run time for mismatched batch sizes or a length outside
+    ``[0, T]``.
 
     >>> d = edit_distance(a, a_len, b, b_len)   # doctest: +SKIP
     """
@@ -184,22 +170,18 @@ def optimal_completion_edit_distance_per_successor(a, a_len, b, b_len, successor
     """
     fn = "optimal_completion_edit_distance_per_successor"
     if isinstance(successors, int | np.integer) and not isinstance(successors, bool):
-        if successors < 0:
-            raise ValueError(f"{fn}: successors must be >= 0 when given as a count, got {successors}")
-        successors = np.arange(int(successors), dtype="int32")
-    succ = _int_tensor(successors, 1, "successors", fn)
+        successors = np.arange(python_int(fn, "successors", successors, 0), dtype="int32")
+    succ = int_tensor(fn, "successors", successors, 1)
     return OptimalCompletionEditDistancePerSuccessorOp.make_op()(*_pairs(a, a_len, b, b_len, fn), succ)
 
 
 def _next_inputs(last_row, a_n, a_ended, b, b_len, fn):
-    last_row = _int_tensor(last_row, 2, "last_row", fn)
-    a_n = _int_tensor(a_n, None, "a_n", fn)
+    last_row = int_tensor(fn, "last_row", last_row, 2)
+    a_n = int_tensor(fn, "a_n", a_n, (0, 1))
     if a_n.ndim == 0:
         a_n = pt.alloc(a_n, last_row.shape[0])
-    elif a_n.ndim != 1:
-        raise TypeError(f"{fn}: a_n must be a scalar or have ndim 1, got ndim {a_n.ndim}")
-    return (last_row, a_n, _int_tensor(a_ended, 1, "a_ended", fn), _int_tensor(b, 2, "b", fn),
-            _int_tensor(b_len, 1, "b_len", fn))
+    return (last_row, a_n, int_tensor(fn, "a_ended", a_ended, 1, allow_bool=True), int_tensor(fn, "b", b, 2),
+            int_tensor(fn, "b_len", b_len, 1))
 
 
 def next_edit_distance_row(last_row, a, a_n, a_ended, b, b_len):
@@ -223,12 +205,13 @@ def next_edit_distance_row(last_row, a, a_n, a_ended, b, b_len):
     at ``b_len``; so after the last step ``row[:, -1]`` is the edit distance
     and ``row.min(axis=1)`` the optimal-completion distance.
 
-    Raises ``TypeError`` for wrong ndim/dtype and ``ValueError`` at run time
+    Raises ``ValueError`` for a wrong ndim, ``TypeError`` for a non-integer
+    dtype (bool is accepted for ``a_ended`` only) and ``ValueError`` at run time
     for mismatched shapes (``last_row.shape[1] != Tb + 1``) or bad lengths.
     """
     fn = "next_edit_distance_row"
     last_row, a_n, a_ended, b, b_len = _next_inputs(last_row, a_n, a_ended, b, b_len, fn)
-    return NextEditDistanceRowOp.make_op()(last_row, _int_tensor(a, 1, "a", fn), a_n, a_ended, b, b_len)
+    return NextEditDistanceRowOp.make_op()(last_row, int_tensor(fn, "a", a, 1), a_n, a_ended, b, b_len)
 
 
 def next_edit_distance_reduce(last_row, a, a_n, a_ended, b, b_len, optimal_completion=False, a_blank_idx=-1):
@@ -254,12 +237,6 @@ def next_edit_distance_reduce(last_row, a, a_n, a_ended, b, b_len, optimal_compl
     """
     fn = "next_edit_distance_reduce"
     last_row, a_n, a_ended, b, b_len = _next_inputs(last_row, a_n, a_ended, b, b_len, fn)
-    if isinstance(optimal_completion, bool | int | np.integer):
-        optimal_completion = np.int32(bool(optimal_completion))
-    if isinstance(a_blank_idx, int | np.integer) and not isinstance(a_blank_idx, bool):
-        if not -2**31 <= a_blank_idx < 2**31:
-            raise ValueError(f"{fn}: a_blank_idx must fit in int32, got {a_blank_idx}")
-        a_blank_idx = np.int32(a_blank_idx)
-    oc = _int_tensor(optimal_completion, 0, "optimal_completion", fn)
-    blank = _int_tensor(a_blank_idx, 0, "a_blank_idx", fn)
-    return NextEditDistanceReduceOp.make_op()(last_row, _int_tensor(a, 2, "a", fn), a_n, a_ended, b, b_len, oc, blank)
+    oc = flag(fn, "optimal_completion", optimal_completion)
+    blank = int32_scalar(fn, "a_blank_idx", a_blank_idx)
+    return NextEditDistanceReduceOp.make_op()(last_row, int_tensor(fn, "a", a, 2), a_n, a_ended, b, b_len, oc, blank)
