@@ -31,14 +31,30 @@ __all__ = [
 _SUPPORT = {"sparse": read_kernel_file("sparse.cu")}
 
 
-def _fw(function: str, strict: bool | None) -> str:
-    flag = "" if strict is None else (", true" if strict else ", false")
-    return f"{function}(n_inputs, inputs, n_outputs, outputs{flag});"
+def _call(function: str, strict: str = "") -> str:
+    return f"{function}(n_inputs, inputs, n_outputs, outputs{strict});"
 
 
-class _StrictMixin:
+def _coo(name: str, **extra) -> dict:
+    """The in_info entry of an (N, B) COO array (indices and masks: no gradient)."""
+    return {"name": name, "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected",
+            **extra}
+
+
+class _SparseOpGen(NativeOpGenBase):
+    """A sparse-family op whose kernels are ``<kernel>_fw(..., strict)`` and, with ``backward``,
+    ``<kernel>_bw``: ``class X(_SparseOpGen, kernel="name", backward=False)``."""
+
+    c_extra_support_code = _SUPPORT
+    code_version = (2,)
     #: c_fw_code of the variant that raises on out-of-range indices.
     c_fw_code_strict: str = None
+
+    def __init_subclass__(cls, kernel: str, backward: bool = True, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.c_fw_code = _call(f"{kernel}_fw", ", false")
+        cls.c_fw_code_strict = _call(f"{kernel}_fw", ", true")
+        cls.c_bw_code = _call(f"{kernel}_bw") if backward else None
 
     @classmethod
     def make_strict_op(cls, **kwargs) -> NativeOp:
@@ -46,7 +62,7 @@ class _StrictMixin:
         return cls.make_op(c_fw_code=cls.c_fw_code_strict, **kwargs)
 
 
-class SubtensorBatchedIndex(_StrictMixin, NativeOpGenBase):
+class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """``y[t, b] = x[t, b, clip(trunc(idx[t, b]), 0, D - 1)]``.
 
     Inputs: ``x`` (T, B, D) float (any strides); ``idx`` (T, B) indices as floats
@@ -65,14 +81,8 @@ class SubtensorBatchedIndex(_StrictMixin, NativeOpGenBase):
     def grad_input_map(cls, x, idx, y, DY):
         return x, idx, DY
 
-    c_extra_support_code = _SUPPORT
-    c_fw_code = _fw("subtensor_batched_index_fw", False)
-    c_fw_code_strict = _fw("subtensor_batched_index_fw", True)
-    c_bw_code = _fw("subtensor_batched_index_bw", None)
-    code_version = (2,)
 
-
-class SparseToDense(_StrictMixin, NativeOpGenBase):
+class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
     """COO -> dense: ``W = _initial_W``, then ``W[s0[i,b], b, s1[i,b]] += weight[i,b]``
     for every entry that counts (``mask >= 0.1``); duplicates add up (atomics on the GPU).
 
@@ -86,11 +96,11 @@ class SparseToDense(_StrictMixin, NativeOpGenBase):
     in_info = (
         {"name": "_initial_W", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 0,
          "bw_out_var": {"shape": ((3, 0), (3, 1), (3, 2))}},
-        {"name": "s0", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "s1", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        _coo("s0"),
+        _coo("s1"),
         {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True,
          "bw_out_var": {"shape": ((0, 0), (0, 1))}},
-        {"name": "mask", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        _coo("mask"),
     )
     out_info = (
         {"name": "W", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)),
@@ -101,14 +111,8 @@ class SparseToDense(_StrictMixin, NativeOpGenBase):
     def grad_input_map(cls, _initial_W, s0, s1, weight, mask, W, DW):
         return s0, s1, mask, DW
 
-    c_extra_support_code = _SUPPORT
-    c_fw_code = _fw("sparse_to_dense_fw", False)
-    c_fw_code_strict = _fw("sparse_to_dense_fw", True)
-    c_bw_code = _fw("sparse_to_dense_bw", None)
-    code_version = (2,)
 
-
-class MaxAndArgmaxSparse(_StrictMixin, NativeOpGenBase):
+class MaxAndArgmaxSparse(_SparseOpGen, kernel="max_and_argmax_sparse", backward=False):
     """Max and argmax over the dim axis of a COO matrix ``W[s0, b, s1] = weight``.
 
     Inputs: ``s0``, ``s1``, ``weight``, ``mask`` (N, B); ``_out_max``, ``_out_arg``
@@ -121,23 +125,17 @@ class MaxAndArgmaxSparse(_StrictMixin, NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "s0", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "s1", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        _coo("s0"),
+        _coo("s1"),
         {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "mask", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "_out_max", "ndim": 2, "shape": (None, None), "need_contiguous": True, "want_inplace": 0,
-         "gradient": "disconnected"},
-        {"name": "_out_arg", "ndim": 2, "shape": (None, None), "need_contiguous": True, "want_inplace": 1,
-         "gradient": "disconnected"},
+        _coo("mask"),
+        _coo("_out_max", want_inplace=0),
+        _coo("_out_arg", want_inplace=1),
     )
     out_info = (
         {"name": "out_max", "ndim": 2, "shape": ((4, 0), (4, 1))},
         {"name": "out_arg", "ndim": 2, "shape": ((5, 0), (5, 1))},
     )
-    c_extra_support_code = _SUPPORT
-    c_fw_code = _fw("max_and_argmax_sparse_fw", False)
-    c_fw_code_strict = _fw("max_and_argmax_sparse_fw", True)
-    code_version = (2,)
 
 
 class CrossEntropySoftmaxSparseOp(NativeOp):
@@ -156,7 +154,7 @@ class CrossEntropySoftmaxSparseOp(NativeOp):
     L_op = pullback
 
 
-class CrossEntropySoftmaxAndGradientZSparse(_StrictMixin, NativeOpGenBase):
+class CrossEntropySoftmaxAndGradientZSparse(_SparseOpGen, kernel="crossentropy_softmax_sparse"):
     """Cross entropy of ``softmax(z)`` against sparse soft targets, and its gradient.
 
     Inputs: ``z`` (T, B, D) logits; ``z_mask`` (T, B) (a frame counts where
@@ -179,14 +177,11 @@ class CrossEntropySoftmaxAndGradientZSparse(_StrictMixin, NativeOpGenBase):
 
     in_info = (
         {"name": "z", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
-        {"name": "z_mask", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "y_target_t", "ndim": 2, "shape": (None, None), "need_contiguous": True,
-         "gradient": "disconnected"},
-        {"name": "y_target_i", "ndim": 2, "shape": (None, None), "need_contiguous": True,
-         "gradient": "disconnected"},
+        _coo("z_mask"),
+        _coo("y_target_t"),
+        _coo("y_target_i"),
         {"name": "y_target_w", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "y_target_mask", "ndim": 2, "shape": (None, None), "need_contiguous": True,
-         "gradient": "disconnected"},
+        _coo("y_target_mask"),
     )
     out_info = (
         {"name": "out_ce", "ndim": 2, "shape": ((0, 0), (0, 1))},
@@ -199,11 +194,6 @@ class CrossEntropySoftmaxAndGradientZSparse(_StrictMixin, NativeOpGenBase):
         return z, z_mask, y_t, y_i, y_w, y_mask, D_ce
 
     op_class = CrossEntropySoftmaxSparseOp
-    c_extra_support_code = _SUPPORT
-    c_fw_code = _fw("crossentropy_softmax_sparse_fw", False)
-    c_fw_code_strict = _fw("crossentropy_softmax_sparse_fw", True)
-    c_bw_code = _fw("crossentropy_softmax_sparse_bw", None)
-    code_version = (2,)
 
 
 # ---------------------------------------------------------------- functional API
