@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytensor.tensor as pt
 from pytensor.configdefaults import config
@@ -13,12 +14,31 @@ from pytensor.link.c.op import COp
 from pytensor.tensor.type import TensorType
 
 from . import source
-from .backends import c as c_backend
-from .settings import DEVICES
 from .device import resolve as resolve_device
-from .spec import FLOAT_GENERIC, NativeOpBase
+from .settings import DEVICES
+from .spec import FLOAT_GENERIC, NativeOpBase, array_dtype
 
 FLOAT_DTYPES = ("float32", "float64")
+
+#: The glues that PyTensor reaches through the op's own methods, by kind: ``"c"`` (PyTensor's C backend; the
+#: ``c_*`` methods hand over to its ``support_code``, ``support_code_apply``, ``init_code``, ``c_code`` and
+#: ``cache_version``) and ``"python"`` (``perform`` hands over to its ``perform``).  The modules of
+#: :mod:`ptnative.backends` register themselves here when ptnative is imported (:func:`register_glue`); this module
+#: imports no backend.  The default (Numba) and JAX modes find their glue through PyTensor's own dispatch.
+GLUES: dict[str, Any] = {}
+
+
+def register_glue(kind: str, glue: Any) -> None:
+    """Make ``glue`` (an object with the functions listed at :data:`GLUES`) NativeOp's glue of ``kind``."""
+    GLUES[kind] = glue
+
+
+def _glue(kind: str) -> Any:
+    glue = GLUES.get(kind)
+    if glue is None:  # only if ptnative.backends failed to import
+        raise RuntimeError(f"ptnative: no {kind!r} glue is registered for NativeOp (ptnative.backends was not "
+                           "imported)")
+    return glue
 
 
 class NativeOp(COp, NativeOpBase):
@@ -84,10 +104,7 @@ class NativeOp(COp, NativeOpBase):
         return f"NativeOp{{{self.name}{',inplace' if self.inplace else ''}}}"
 
     # ------------------------------------------------------------ graph
-    @staticmethod
-    def array_dtype(info, float_dtype: str) -> str:
-        dtype = info.get("dtype", FLOAT_GENERIC)
-        return float_dtype if dtype == FLOAT_GENERIC else dtype
+    array_dtype = staticmethod(array_dtype)
 
     def _node_float_dtype(self, variables) -> str:
         dtypes = {v.dtype for info, v in zip(self.in_info, variables)
@@ -114,16 +131,15 @@ class NativeOp(COp, NativeOpBase):
             label = f"NativeOp {self.name!r}: input {info.get('name', idx)!r} (#{idx})"
             if v.ndim != info["ndim"]:
                 raise TypeError(f"{label} must have ndim {info['ndim']}, got {v.ndim} ({v.type})")
-            want = self.array_dtype(info, float_dtype)
+            want = array_dtype(info, float_dtype)
             if v.dtype != want:
                 if not want.startswith("float") and not (v.dtype.startswith(("int", "uint")) or v.dtype == "bool"):
                     raise TypeError(f"{label} must be {want}, got {v.dtype}")
                 v = pt.cast(v, want)
             converted.append(v)
-        outputs = []
-        for info in self.out_info:
-            static = tuple(s if isinstance(s, int) else converted[s[0]].type.shape[s[1]] for s in info["shape"])
-            outputs.append(TensorType(self.array_dtype(info, float_dtype), shape=static)())
+        static_shapes = self.output_shapes([v.type.shape for v in converted])
+        outputs = [TensorType(array_dtype(info, float_dtype), shape=shape)()
+                   for info, shape in zip(self.out_info, static_shapes)]
         return Apply(self, converted, outputs)
 
     def __call__(self, *inputs, **kwargs):
@@ -180,34 +196,36 @@ class NativeOp(COp, NativeOpBase):
 
     # ------------------------------------------------------------ backends
     def variant(self, float_dtype: str, device: str = "cpu") -> source.Variant:
-        """The translation unit computing in ``float_dtype`` on ``device`` (``"cpu"`` or ``"cuda"``)."""
-        return _variant(self.clone_with(inplace=(), device=None), float_dtype, device)
+        """The variant computing in ``float_dtype`` on ``device`` (``"cpu"`` or ``"cuda"``): translation unit,
+        entry point and argument plan, made once per spec (see :func:`ptnative.source.variant`; the ``inplace``
+        and ``device`` props do not change it)."""
+        return source.variant(self, float_dtype, device)
 
     def target(self, node) -> tuple[str, str]:
         """(floating dtype, device) that ``node`` runs with; see :func:`ptnative.device.resolve`."""
         return self.float_dtype_of(node), resolve_device(self)
 
-    def perform(self, node, inputs, output_storage):
-        from .backends.driver import python_driver
+    def node_variant(self, node) -> source.Variant:
+        """The variant that ``node`` runs: :meth:`variant` of :meth:`target`.  What every glue starts from."""
+        return self.variant(*self.target(node))
 
-        results = python_driver(self, *self.target(node))(*inputs)
-        for storage, value in zip(output_storage, results):
-            storage[0] = value
+    def perform(self, node, inputs, output_storage):
+        _glue("python").perform(self, node, inputs, output_storage)
 
     def c_support_code(self, **kwargs):
-        return c_backend.support_code()
+        return _glue("c").support_code()
 
     def c_support_code_apply(self, node, name):
-        return c_backend.support_code_apply(self, node, name)
+        return _glue("c").support_code_apply(self, node, name)
 
     def c_init_code_apply(self, node, name):
-        return c_backend.init_code(self, node, name)
+        return _glue("c").init_code(self, node, name)
 
     def c_code(self, node, name, inputs, outputs, sub):
-        return c_backend.c_code(self, node, name, inputs, outputs, sub)
+        return _glue("c").c_code(self, node, name, inputs, outputs, sub)
 
     def c_code_cache_version_apply(self, node):
-        return c_backend.cache_version(self, node)
+        return _glue("c").cache_version(self, node)
 
     def c_code_cache_version(self):
         return (source.GLUE_VERSION, *self.code_version)
@@ -216,11 +234,6 @@ class NativeOp(COp, NativeOpBase):
 @cache
 def _grad_op_of(op: NativeOp) -> NativeOp:
     return NativeOp(**op.kwargs_for_grad_op(), float_dtypes=op.float_dtypes, device=op.device)
-
-
-@cache
-def _variant(op: NativeOp, float_dtype: str, device: str) -> source.Variant:
-    return source.generate(op, float_dtype, device)
 
 
 class NativeOpGenBase:

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
+from .plan import ArgumentPlan
+from .spec import MAX_NDIM
 
-MAX_NDIM = 8
 STATUS_VALUE = 2
 #: Bumped whenever the generated glue changes incompatibly.
 GLUE_VERSION = 5
@@ -129,33 +130,59 @@ def fill_glue(template: str, fields: dict[str, object]) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of an op: its spec, its floating type and the target."""
+    """One compiled form of a spec: per floating type and device, its translation unit (``source``, whose entry
+    point is ``symbol``) and its argument plan (how every glue calls that entry point).  Made once per
+    (spec, floating type, device) by :func:`variant`; every glue takes it from there."""
 
     symbol: str
     source: str
     device: str  # "cpu" | "cuda"
     include_dirs: tuple[str, ...] = ()
+    float_dtype: str = "float32"
+    plan: ArgumentPlan | None = None
 
     @property
     def digest(self) -> str:
         return self.symbol.rsplit("_", 1)[-1]
 
+    def __hash__(self):  # consistent with the generated __eq__, without hashing the source text each time
+        return hash((self.symbol, self.device, self.include_dirs))
 
-def generate(op, float_dtype: str, device: str = "cpu") -> Variant:
-    """The translation unit of ``op``'s fw code, computing in ``float_dtype``."""
+
+#: Every variant made in this process, by (spec identity, floating type, device); see :func:`variant`.
+_variants: dict[tuple, Variant] = {}
+_variants_lock = threading.Lock()
+
+
+def variant(spec, float_dtype: str, device: str = "cpu") -> Variant:
+    """The variant of ``spec`` (a :class:`ptnative.spec.NativeOpBase`) computing in ``float_dtype`` on ``device``,
+    computed by :func:`generate` the first time and cached on the spec's identity
+    (:attr:`ptnative.spec.NativeOpBase.variant_identity`), so that the ops of one spec (an op, its inplace
+    form, the same op on another device setting) share it and no glue computes it again."""
+    key = (spec.variant_identity, float_dtype, device)
+    found = _variants.get(key)
+    if found is None:
+        with _variants_lock:  # threads (``python -m ptnative build``) compute each variant once too
+            found = _variants.get(key)
+            if found is None:
+                found = _variants[key] = generate(spec, float_dtype, device)
+    return found
+
+
+def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
+    """The variant of ``spec``'s fw code computing in ``float_dtype`` on ``device``: its argument plan
+    (:class:`ptnative.plan.ArgumentPlan`) and the translation unit made from the spec and that plan.  Computes
+    every time; glues take variants from :func:`variant`, which calls this once per spec, type and device."""
     ctype = {"float32": "float", "float64": "double"}[float_dtype]
-    n_in, n_out = len(op.in_info), len(op.out_info)
-    dtypes = [op.array_dtype(info, float_dtype) for info in op.in_info + op.out_info]
-    ndims = [info["ndim"] for info in op.in_info + op.out_info]
-    inplace_of = [info.get("want_inplace", -1) for info in op.in_info]
-    host_memory = [bool(info.get("host_memory")) for info in op.in_info]
-    body = op.c_fw_code % {"fail": "ptn::fail_pending();"}
+    plan = ArgumentPlan.of(spec, float_dtype, device)
+    n_in, n_out = plan.n_in, plan.n_out
+    body = spec.c_fw_code % {"fail": "ptn::fail_pending();"}
 
     def ints(values):
         return "{" + ", ".join(str(int(v)) for v in values) + (", 0" if not values else "") + "}"
 
     text = f"""\
-// ptnative: op {op.name!r}, computing in {ctype}, for {device}.  Generated; do not edit.
+// ptnative: op {spec.name!r}, computing in {ctype}, for {device}.  Generated; do not edit.
 {dialect_header()}
 // Op code written with plain `assert` gets the non-aborting check.
 #pragma push_macro("assert")
@@ -165,7 +192,7 @@ namespace @NS@ {{
 typedef {ctype} Float;
 {read_kernel_file("native_op_typed.h")}
 // ---- support code
-{op.c_extra_support_code}
+{spec.c_extra_support_code}
 // ---- fw code
 static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {{
   (void)n_inputs; (void)n_outputs; (void)inputs; (void)outputs;
@@ -175,10 +202,10 @@ static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outpu
 #pragma pop_macro("assert")
 
 namespace @NS@ {{
-static const int ndims[] = {ints(ndims)};
-static const int itemsizes[] = {ints(np.dtype(d).itemsize for d in dtypes)};
-static const int inplace_of[] = {ints(inplace_of)};
-static const int host_memory[] = {ints(host_memory)};
+static const int ndims[] = {ints(plan.ndims)};
+static const int itemsizes[] = {ints(plan.itemsizes)};
+static const int inplace_of[] = {ints(plan.inplace_of)};
+static const int host_memory[] = {ints(plan.host_memory)};
 }}  // namespace @NS@
 
 extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
@@ -200,7 +227,7 @@ extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_
 extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) {{ return ptn::error_char(j); }}
 """
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]
-    symbol = f"ptn_{c_name(op.name)}_{digest}"
+    symbol = f"ptn_{c_name(spec.name)}_{digest}"
     text = text.replace("@NS@", symbol + "_ns").replace("@SYM@", symbol)
-    return Variant(symbol=symbol, source=text, device=device)
+    return Variant(symbol=symbol, source=text, device=device, float_dtype=float_dtype, plan=plan)
 

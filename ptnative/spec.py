@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .source import MAX_NDIM
-
+#: The most dimensions an array of a spec may have; the entry point's ABI (:mod:`ptnative.source`) reserves this
+#: many shape and stride entries per array.
+MAX_NDIM = 8
 #: ``"float32"`` is the generic floating type: the op runs in float32 or float64,
 #: whichever its inputs have.  The others are exact.
 FLOAT_GENERIC = "float32"
@@ -34,13 +35,19 @@ _OVERRIDE_KEYS = ("bw_in_var", "bw_out_var", "bw_grad_var")
 class FrozenDict(dict):
     """A hashable, immutable dict (spec entries are part of the op's identity)."""
 
+    __slots__ = ("_hash",)
+
     def _immutable(self, *args, **kwargs):
         raise TypeError("spec entries are immutable; copy with dict(entry)")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable
 
     def __hash__(self):
-        return hash(tuple(sorted(self.items())))
+        try:
+            return self._hash
+        except AttributeError:  # computed once: an op's identity is hashed on every variant look-up
+            self._hash = hash(tuple(sorted(self.items())))
+            return self._hash
 
     def __reduce__(self):
         return FrozenDict, (dict(self),)
@@ -53,6 +60,19 @@ def make_hashable(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return tuple(make_hashable(v) for v in obj)
     return obj
+
+
+def array_dtype(info: Mapping, float_dtype: str) -> str:
+    """The exact dtype of a spec entry when the op computes in ``float_dtype``: ``float_dtype`` for the generic
+    floating type (:data:`FLOAT_GENERIC`), the entry's own dtype otherwise."""
+    dtype = info.get("dtype", FLOAT_GENERIC)
+    return float_dtype if dtype == FLOAT_GENERIC else dtype
+
+
+def resolve_shape(shape: Sequence[Any], input_shapes: Sequence[Sequence[Any]]) -> tuple:
+    """An output's ``shape`` entry with each ref ``(in_idx, dim)`` replaced by ``input_shapes[in_idx][dim]`` (ints,
+    PyTensor variables or static sizes alike); the one place shape refs are resolved in Python."""
+    return tuple(s if isinstance(s, int) else input_shapes[s[0]][s[1]] for s in shape)
 
 
 def join_support_code(code: str | dict | Sequence[str] | None) -> str:
@@ -365,13 +385,16 @@ class NativeOpBase:
         self.cpu_support = bool(cpu_support)
         self.grad_input_map = gi_map
 
+    @property
+    def variant_identity(self) -> tuple:
+        """What this spec's variants are made of (:func:`ptnative.source.variant`): equal for specs whose
+        variants are equal, whatever else an op adds to the spec (its ``inplace`` inputs, its device setting)."""
+        return (self.name, self.in_info, self.out_info, self.c_fw_code, self.c_extra_support_code)
+
     # ---- shapes
     def output_shapes(self, input_shapes: Sequence[Sequence[Any]]) -> list[tuple]:
         """The shape of every output (dummy ones included) from the inputs' shapes."""
-        result = []
-        for info in self.out_info:
-            result.append(tuple(s if isinstance(s, int) else input_shapes[s[0]][s[1]] for s in info["shape"]))
-        return result
+        return [resolve_shape(info["shape"], input_shapes) for info in self.out_info]
 
     # ---- gradient spec
     def filter_grad_inputs(self, values: Sequence[Any]) -> list[Any]:

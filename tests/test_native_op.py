@@ -411,3 +411,37 @@ def test_parallel_parts(mode):
     assert first[0] == second[0] != first[1]
     on_pool = first[1] == second[1]
     assert on_pool == (blas.thread_pool() is not None)
+
+
+@pytest.mark.parametrize("mode", [None, "C", "CVM", "FAST_COMPILE", "JAX"],
+                         ids=["default", "C", "CVM", "FAST_COMPILE", "JAX"])
+def test_compile_of_one_node_computes_its_variant_once(mode, monkeypatch):
+    """Compiling and running a graph computes each node's variant (translation unit and argument plan) once, builds
+    no copy of the op for it, and hands every glue that one object; an op and its inplace form share it."""
+    if mode == "JAX":
+        pytest.importorskip("jax")
+    from ptnative import source
+
+    x, w, k = pt.matrix("x", dtype="float32"), pt.vector("w", dtype="float32"), pt.iscalar("k")
+    ops = [argmax_op(), scale_op()]
+    y = ops[0](x.T)
+    z, s = ops[1](x * 2, w, k)  # x * 2 may be destroyed: the inplace rewrite swaps in ScaleRows' inplace form
+    monkeypatch.setattr(source, "_variants", {})  # a cold cache for this test
+    computed, given, built = [], [], []
+    real_generate, real_variant, real_init = source.generate, NativeOp.variant, NativeOp.__init__
+    monkeypatch.setattr(source, "generate", lambda spec, *a: computed.append((spec.name, *a)) or real_generate(spec, *a))
+    monkeypatch.setattr(NativeOp, "variant", lambda self, *a: given.append(real_variant(self, *a)) or given[-1])
+    monkeypatch.setattr(NativeOp, "__init__", lambda self, *a, **kw: built.append(kw.get("inplace"))
+                        or real_init(self, *a, **kw))
+
+    f = pytensor.function([x, w, k], [y, z, s], mode=mode)
+    xv = np.arange(6, dtype="float32").reshape(2, 3)
+    got = f(xv, np.ones(3, "float32"), 1)
+    np.testing.assert_array_equal(got[0], xv.T.argmax(axis=0))
+    np.testing.assert_allclose(got[1], xv * 2 + 1)
+    assert sorted(computed) == [("ColumnArgmax", "float32", "cpu"), ("ScaleRows", "float32", "cpu")]
+    assert {v.symbol for v in given} == {source._variants[key].symbol for key in source._variants}
+    assert len({id(v) for v in given}) == 2  # the same two objects every time a glue asked
+    assert set(built) <= {(0,)}  # no op was copied to compute a variant; only the inplace rewrite makes one
+    inplace = mode not in ("FAST_COMPILE", "JAX")
+    assert any(isinstance(n.op, NativeOp) and n.op.inplace for n in f.maker.fgraph.toposort()) == inplace

@@ -16,9 +16,12 @@ variant under its symbol.
 from __future__ import annotations
 
 import ctypes
+import sys
 import zlib
+from functools import cache
 
 from ..build import build, load
+from ..op import register_glue
 from ..source import MAX_NDIM, STATUS_VALUE, Variant, c_string_literal, fill_glue, glue_sections, read_kernel_file
 
 GLUE_FILE = "pytensor_c_glue.c"
@@ -39,8 +42,7 @@ def fill(section: str, fields: dict[str, object]) -> str:
 
 def prepare(op, node) -> Variant:
     """Build the library of ``node``'s variant (if not cached) and let this process's C modules find it."""
-    float_dtype, device = op.target(node)
-    variant = op.variant(float_dtype, device)
+    variant = op.node_variant(node)
     if variant.symbol not in _prepared:
         build(variant)
         _prepared[variant.symbol] = variant
@@ -63,36 +65,34 @@ def _table(values) -> str:
     return "{" + "".join(f"{v}, " for v in values) + "0}"
 
 
-def _fields(op, node, name: str) -> dict[str, object]:
-    variant = prepare(op, node)
-    float_dtype, device = op.target(node)
-    in_info, out_info = op.in_info, op.out_info
-    label = f"NativeOp {op.name!r}"
-    checks = [(i, d, s, f"{label}: input {info.get('name', i)!r} must have size {s} in dim {d}")
-              for i, info in enumerate(in_info) for d, s in enumerate(info.get("shape") or ()) if isinstance(s, int)]
-    source_of = [-1] * len(out_info)
-    for i, info in enumerate(in_info):
-        if info.get("want_inplace", -1) >= 0:
-            source_of[info["want_inplace"]] = i
+@cache
+def layout_fields(variant: Variant, inplace: tuple[int, ...]) -> dict[str, object]:
+    """The glue's fields for ``variant`` called by an op destroying the inputs ``inplace``: its argument plan as C
+    tables (every field but the node's ``NAME``)."""
+    plan = variant.plan
     out_dims = []
-    for info in out_info:
-        dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in info["shape"]]
+    for shape in plan.out_shapes:
+        dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in shape]
         out_dims += dims + [0] * (MAX_NDIM - len(dims))
+    checks = plan.size_checks
     return {
-        "NAME": name, "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
-        "SYMBOL": c_string_literal(variant.symbol), "LABEL": c_string_literal(label),
-        "N_IN": len(in_info), "N_OUT": len(out_info), "N": len(in_info) + len(out_info), "N_CHECKS": len(checks),
-        "NDIM": _table(info["ndim"] for info in in_info + out_info),
-        "CONTIGUOUS": _table(int(info["ndim"] > 0 and bool(info.get("need_contiguous") or (
-            device == "cuda" and not info.get("host_memory")))) for info in in_info),
-        "SOURCE_OF": _table(source_of),
-        "DESTROYS": _table(int(i >= 0 and i in op.inplace) for i in source_of),
-        "TYPENUM": _table(_NPY_TYPES[op.array_dtype(info, float_dtype)] for info in out_info),
+        "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
+        "SYMBOL": c_string_literal(variant.symbol), "LABEL": c_string_literal(plan.label),
+        "N_IN": plan.n_in, "N_OUT": plan.n_out, "N": plan.n_in + plan.n_out, "N_CHECKS": len(checks),
+        "NDIM": _table(plan.ndims),
+        "CONTIGUOUS": _table(int(c) for c in plan.contiguous),
+        "SOURCE_OF": _table(plan.source_of),
+        "DESTROYS": _table(int(d) for d in plan.destroys(inplace)),
+        "TYPENUM": _table(_NPY_TYPES[dtype] for dtype in plan.out_dtypes),
         "OUT_DIMS": _table(out_dims),
-        "CHECK_INPUT": _table(c[0] for c in checks), "CHECK_DIM": _table(c[1] for c in checks),
-        "CHECK_SIZE": _table(c[2] for c in checks),
-        "CHECK_MESSAGE": "{" + "".join(c_string_literal(c[3]) + ", " for c in checks) + "0}",
+        "CHECK_INPUT": _table(c.input for c in checks), "CHECK_DIM": _table(c.dim for c in checks),
+        "CHECK_SIZE": _table(c.size for c in checks),
+        "CHECK_MESSAGE": "{" + "".join(c_string_literal(c.message) + ", " for c in checks) + "0}",
     }
+
+
+def _fields(op, node, name: str) -> dict[str, object]:
+    return dict(layout_fields(prepare(op, node), op.inplace), NAME=name)
 
 
 def support_code() -> str:
@@ -123,3 +123,6 @@ def cache_version(op, node) -> tuple[int, ...]:
     key in every process that compiles or reuses the module, so the library is built and registered here."""
     variant = prepare(op, node)
     return (TRAMPOLINE_VERSION, zlib.crc32(read_kernel_file(GLUE_FILE).encode()), int(variant.digest, 16))
+
+
+register_glue("c", sys.modules[__name__])

@@ -21,12 +21,15 @@ releases everything the graph holds.
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..build import load
 from ..errors import FROM_KERNEL, KernelRuntimeError, KernelValueError
-from ..source import MAX_NDIM, STATUS_VALUE
+from ..op import register_glue
+from ..source import MAX_NDIM, STATUS_VALUE, Variant
 
 
 @dataclass(frozen=True)
@@ -43,46 +46,37 @@ class DriverSource:
         return self.run_text + "\n" + self.driver_text
 
 
-def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool = True) -> DriverSource:
-    """The driver's text; with ``tuple_return=False`` a single output is returned bare.
-    Its globals: :data:`DRIVER_GLOBALS` and ``ext`` (the entry point); ``ptn_driver``'s also ``ptn_run``."""
-    n_in, n_out = len(op.in_info), len(op.out_info)
-    variant_symbol = op.variant(float_dtype, device).symbol
+def driver_source(variant: Variant, inplace: tuple[int, ...] = (), tuple_return: bool = True) -> DriverSource:
+    """The driver of ``variant`` (its argument plan, :class:`ptnative.plan.ArgumentPlan`, written as Python) for an
+    op destroying the inputs ``inplace``; with ``tuple_return=False`` a single output is returned bare.  Its
+    globals: :data:`DRIVER_GLOBALS` and ``ext`` (the entry point); ``ptn_driver``'s also ``ptn_run``."""
+    plan = variant.plan
+    n_in, n_out = plan.n_in, plan.n_out
     args = ", ".join(f"i{i}" for i in range(n_in))
     arrays = [f"i{i}" for i in range(n_in)] + [f"o{k}" for k in range(n_out)]
     outs = ", ".join(f"o{k}" for k in range(n_out))
     run = [f"def ptn_run({args}):"]
     driver = [f"def ptn_driver({args}):"]
-    prefix = f"NativeOp {op.name!r}: "
-    for i, info in enumerate(op.in_info):
-        if info["ndim"] > 0 and (info.get("need_contiguous") or (device == "cuda" and not info.get("host_memory"))):
-            run.append(f"    i{i} = np.ascontiguousarray(i{i})")
-        for d, s in enumerate(info.get("shape") or ()):
-            if isinstance(s, int):
-                msg = f"{prefix}input {info.get('name', i)!r} must have size {s} in dim {d}"
-                driver.append(f"    if i{i}.shape[{d}] != {s}:")
-                driver.append(f"        raise ValueError({msg!r})")  # static: Numba can raise it
-    source_of = {info["want_inplace"]: i for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
-    for k, info in enumerate(op.out_info):
-        if k in source_of:
-            i = source_of[k]
-            copy = f"np.ascontiguousarray(i{i})" if i in op.inplace else f"i{i}.copy()"
-            run.append(f"    o{k} = {copy}")
+    run += [f"    i{i} = np.ascontiguousarray(i{i})" for i in range(n_in) if plan.contiguous[i]]
+    for check in plan.size_checks:
+        driver.append(f"    if i{check.input}.shape[{check.dim}] != {check.size}:")
+        driver.append(f"        raise ValueError({check.message!r})")  # static: Numba can raise it
+    destroys = plan.destroys(inplace)
+    for k, (i, shape, dtype) in enumerate(zip(plan.source_of, plan.out_shapes, plan.out_dtypes)):
+        if i >= 0:
+            run.append(f"    o{k} = " + (f"np.ascontiguousarray(i{i})" if destroys[k] else f"i{i}.copy()"))
         else:
-            dims = [str(s) if isinstance(s, int) else f"i{s[0]}.shape[{s[1]}]" for s in info["shape"]]
-            shape = "(" + "".join(d + ", " for d in dims) + ")"
-            dtype = op.array_dtype(info, float_dtype)
-            run.append(f"    o{k} = np.empty({shape}, dtype=np.{dtype})")  # zeroed by the entry point
+            dims = [str(s) if isinstance(s, int) else f"i{s[0]}.shape[{s[1]}]" for s in shape]
+            run.append(f"    o{k} = np.empty(({''.join(d + ', ' for d in dims)}), dtype=np.{dtype})")  # zeroed by ext
     n = len(arrays)
     run += [
         f"    data = np.zeros({n}, dtype=np.int64)",
         f"    shapes = np.zeros({n * MAX_NDIM}, dtype=np.int64)",
         f"    strides = np.zeros({n * MAX_NDIM}, dtype=np.int64)",
     ]
-    infos = list(op.in_info) + list(op.out_info)
-    for j, (a, info) in enumerate(zip(arrays, infos)):
+    for j, (a, ndim) in enumerate(zip(arrays, plan.ndims)):
         run.append(f"    data[{j}] = {a}.ctypes.data")
-        for d in range(info["ndim"]):
+        for d in range(ndim):
             run.append(f"    shapes[{j * MAX_NDIM + d}] = {a}.shape[{d}]")
             run.append(f"    strides[{j * MAX_NDIM + d}] = {a}.strides[{d}]")
     run += [
@@ -92,9 +86,9 @@ def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool 
     driver += [
         f"    status, {outs} = ptn_run({args})",
         f"    if status == {STATUS_VALUE}:",
-        f"        raise KernelValueError(FROM_KERNEL, {op.name!r}, {variant_symbol!r})",
+        f"        raise KernelValueError(FROM_KERNEL, {plan.name!r}, {variant.symbol!r})",
         "    if status != 0:",
-        f"        raise KernelRuntimeError(FROM_KERNEL, {op.name!r}, {variant_symbol!r})",
+        f"        raise KernelRuntimeError(FROM_KERNEL, {plan.name!r}, {variant.symbol!r})",
         f"    return {outs}" + ("," if n_out == 1 and tuple_return else ""),
     ]
     run_text, driver_text = "\n".join(run) + "\n", "\n".join(driver) + "\n"
@@ -104,20 +98,33 @@ def driver_source(op, float_dtype: str, device: str = "cpu", tuple_return: bool 
 
 DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntimeError": KernelRuntimeError,
                   "FROM_KERNEL": FROM_KERNEL}
-_python_drivers: dict[tuple[str, str], object] = {}
+#: The Python drivers made in this process, by (variant, destroyed inputs).
+_python_drivers: dict[tuple[Variant, tuple[int, ...]], object] = {}
+
+
+def variant_driver(variant: Variant, inplace: tuple[int, ...] = ()):
+    """``variant``'s driver as a plain Python function calling its library through ctypes (made once)."""
+    key = (variant, inplace)
+    fn = _python_drivers.get(key)
+    if fn is None:
+        src = driver_source(variant, inplace)
+        env = dict(DRIVER_GLOBALS, ext=load(variant).run)
+        exec(compile(src.text, f"<ptnative driver {variant.plan.name}>", "exec"), env)
+        fn = _python_drivers[key] = env[src.function_name]
+    return fn
 
 
 def python_driver(op, float_dtype: str, device: str = "cpu"):
-    """The driver as a plain Python function calling the library through ctypes."""
-    from ..build import load
+    """The driver of ``op``'s variant (``float_dtype``, ``device``) as a plain Python function."""
+    return variant_driver(op.variant(float_dtype, device), op.inplace)
 
-    variant = op.variant(float_dtype, device)
-    src = driver_source(op, float_dtype, device)
-    key = (variant.symbol, src.digest)
-    fn = _python_drivers.get(key)
-    if fn is None:
-        lib = load(variant)
-        env = dict(DRIVER_GLOBALS, ext=lib.run)
-        exec(compile(src.text, f"<ptnative driver {op.name}>", "exec"), env)
-        fn = _python_drivers[key] = env[src.function_name]
-    return fn
+
+def perform(op, node, inputs, output_storage) -> None:
+    """``NativeOp.perform``: run ``node`` through its Python driver (Python mode, FAST_COMPILE, constant
+    folding)."""
+    results = variant_driver(op.node_variant(node), op.inplace)(*inputs)
+    for storage, value in zip(output_storage, results):
+        storage[0] = value
+
+
+register_glue("python", sys.modules[__name__])

@@ -7,7 +7,8 @@ own translation unit (dialect, kernels, entry point; see :mod:`ptnative.source`)
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
+from functools import cache
 
 from ..source import Variant, c_string_literal, fill_glue, glue_sections
 
@@ -19,24 +20,24 @@ def c_array(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in [*values, 0]) + "}"
 
 
-def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant:
-    """The translation unit of ``op``'s variant (``float_dtype``, ``device``) with its XLA FFI handler
-    ``<symbol>_ffi``: a host handler for ``"cpu"``, one on XLA's CUDA stream for ``"cuda"``.  ``include_dir`` holds
-    ``xla/ffi/api/ffi.h`` (``jax.ffi.include_dir()``)."""
-    base = op.variant(float_dtype, device)
-    infos = op.in_info + op.out_info
-    source_of = [-1] * len(op.out_info)
-    for i, info in enumerate(op.in_info):
-        if info.get("want_inplace", -1) >= 0:
-            source_of[info["want_inplace"]] = i
+@cache
+def ffi_variant(variant: Variant, include_dir: str) -> Variant:
+    """``variant`` with its XLA FFI handler ``<symbol>_ffi`` appended (a host handler for a ``"cpu"`` variant, one on
+    XLA's CUDA stream for ``"cuda"``), filled from its argument plan.  ``include_dir`` holds
+    ``xla/ffi/api/ffi.h`` (``jax.ffi.include_dir()``).  Made once per variant."""
+    plan = variant.plan
     handler = fill_glue(glue_sections(HANDLER_FILE)["handler"], {
-        "SYM": base.symbol,
-        "N_IN": str(len(op.in_info)),
-        "N_OUT": str(len(op.out_info)),
-        "ITEMSIZES": c_array(np.dtype(op.array_dtype(info, float_dtype)).itemsize for info in infos),
-        "SOURCE_OF": c_array(source_of),
-        "HOST_MEMORY": c_array(bool(info.get("host_memory")) for info in op.in_info),
-        "NAME": c_string_literal(op.name),
+        "SYM": variant.symbol,
+        "N_IN": str(plan.n_in),
+        "N_OUT": str(plan.n_out),
+        "ITEMSIZES": c_array(plan.itemsizes),
+        "SOURCE_OF": c_array(plan.source_of),
+        "HOST_MEMORY": c_array(plan.host_memory),
+        "NAME": c_string_literal(plan.name),
     })
-    return Variant(symbol=base.symbol, source=base.source + "\n" + handler, device=device,
-                   include_dirs=(include_dir,))
+    return replace(variant, source=variant.source + "\n" + handler, include_dirs=(include_dir,))
+
+
+def generate_ffi(op, float_dtype: str, device: str, include_dir: str) -> Variant:
+    """:func:`ffi_variant` of ``op``'s variant (``float_dtype``, ``device``)."""
+    return ffi_variant(op.variant(float_dtype, device), include_dir)

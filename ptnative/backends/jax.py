@@ -32,18 +32,19 @@ _libraries: dict[str, ctypes.CDLL] = {}
 _registered = False
 
 
-def ffi_target(op, float_dtype: str, device: str) -> str:
-    """Build (once) and register the FFI handler of ``op``; return its target name."""
+def ffi_target(variant) -> str:
+    """Build (once) and register the FFI handler of ``variant``; return its target name."""
     import jax
 
     from .. import blas
     from ..build import open_library
-    from .ffi_source import generate_ffi
+    from .ffi_source import ffi_variant
 
-    variant = generate_ffi(op.clone_with(inplace=(), device=None), float_dtype, device, jax.ffi.include_dir())
+    device = variant.device
+    with_handler = ffi_variant(variant, jax.ffi.include_dir())
     name = f"{variant.symbol}_{device}"
     if name not in _libraries:
-        lib = open_library(variant)
+        lib = open_library(with_handler)
         if device == "cpu":
             set_blas = getattr(lib, variant.symbol + "_set_blas")
             set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -65,13 +66,14 @@ def ffi_forward(op, node):
     if device == "cpu" and not op.cpu_support:
         raise RuntimeError(f"NativeOp {op.name!r} has no CPU implementation (cpu_support=False) and JAX runs "
                            "on the CPU")
-    target = ffi_target(op, op.float_dtype_of(node), device)
-    out_dtypes = [o.type.dtype for o in node.outputs]
-    aliases = {i: info["want_inplace"] for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0}
+    variant = op.variant(op.float_dtype_of(node), device)  # JAX's device, not the op's setting
+    target = ffi_target(variant)
+    plan = variant.plan
+    aliases = {i: k for i, k in enumerate(plan.inplace_of) if k >= 0}
 
     def forward(*inputs):
-        shapes = op.output_shapes([np.shape(x) for x in inputs])
-        result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, out_dtypes)]
+        shapes = plan.output_shapes([np.shape(x) for x in inputs])
+        result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
         call = jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases, vmap_method=VMAP_METHOD)
         axes = varying_axes(*inputs)
         return tuple(make_varying(o, axes) for o in call(*inputs))

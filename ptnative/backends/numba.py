@@ -36,13 +36,12 @@ _loaded_permanently: set[str] = set()
 
 @register_funcify_and_cache_key(NativeOp)
 def numba_funcify_native_op(op, node, **kwargs):
-    float_dtype, device = op.target(node)
-    variant = op.variant(float_dtype, device)
+    variant = op.node_variant(node)
     lib = load(variant)  # builds if needed, sets BLAS in the library
     if lib.dlopen_name not in _loaded_permanently:  # the checked library, already loaded: no file is opened
         llvm.load_library_permanently(lib.dlopen_name)
         _loaded_permanently.add(lib.dlopen_name)
-    src = driver_source(op, float_dtype, device, tuple_return=False)
+    src = driver_source(variant, op.inplace, tuple_return=False)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
     env = dict(DRIVER_GLOBALS, __name__=__name__, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
     run = compile_numba_function_src(src.run_text, src.run_name, global_env=env, cache_key=key + "_run")

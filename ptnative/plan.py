@@ -1,0 +1,117 @@
+"""The argument plan of a variant: what every glue does around the entry point, derived once from the spec.
+
+Each mode calls a variant's entry point (the ABI is in :mod:`ptnative.source`) through a glue of its own: the
+Python/Numba driver (:mod:`ptnative.backends.driver`), PyTensor's C module (:mod:`ptnative.backends.c`), the XLA
+FFI handler (:mod:`ptnative.backends.ffi_source`) and the entry point itself (``c_code/native_op_entry.h``).  They
+all do the same steps from the same facts, and those facts are this plan's fields, so that no glue reads the
+spec again:
+
+1. make the ``contiguous`` inputs C-contiguous;
+2. check the fixed input sizes (``size_checks``, each with its message);
+3. allocate the outputs in ``out_dtypes`` and ``out_shapes`` (sizes, and refs ``(input, dim)`` into the inputs'
+   shapes; :meth:`ArgumentPlan.output_shapes` resolves them);
+4. initialise them: output ``k`` starts as a copy of input ``source_of[k]`` (that input's own buffer when the op
+   destroys it, see :meth:`ArgumentPlan.destroys`), or at zero when ``source_of[k] == -1`` (zeroed by the entry
+   point on the host, by the FFI handler on XLA's device);
+5. call the entry point and turn a status into ``KernelValueError`` / ``KernelRuntimeError``.
+
+A plan is made per (spec, floating type, device), with the variant that carries it (see
+:func:`ptnative.source.generate`): the floating type fixes the dtypes, the device the contiguity (the CUDA build
+copies device inputs whole, so those must be C-contiguous).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .spec import array_dtype, resolve_shape
+
+
+@dataclass(frozen=True)
+class SizeCheck:
+    """Input ``input`` must have ``size`` elements in dimension ``dim``; ``message`` says so when it has not."""
+
+    input: int
+    dim: int
+    size: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ArgumentPlan:
+    """How a glue calls one variant's entry point (see the module docstring).  Per-array tuples list the inputs,
+    then the outputs (dummy ones included)."""
+
+    name: str  #: the op's name
+    n_in: int
+    n_out: int
+    ndims: tuple[int, ...]  #: per array
+    dtypes: tuple[str, ...]  #: per array, exact (the floating type resolved)
+    contiguous: tuple[bool, ...]  #: per input: made C-contiguous before the call
+    host_memory: tuple[bool, ...]  #: per input: read on the host also by the CUDA build
+    source_of: tuple[int, ...]  #: per output: the input it starts as a copy of, or -1 (starts at zero)
+    out_shapes: tuple[tuple[Any, ...], ...]  #: per output: an int size or an ``(input, dim)`` ref per dimension
+    size_checks: tuple[SizeCheck, ...]
+
+    @classmethod
+    def of(cls, spec, float_dtype: str, device: str) -> ArgumentPlan:
+        """The plan of ``spec`` (a :class:`ptnative.spec.NativeOpBase`) computing in ``float_dtype`` on ``device``
+        (``"cpu"`` or ``"cuda"``)."""
+        in_info, out_info = spec.in_info, spec.out_info
+        label = f"NativeOp {spec.name!r}"
+        source_of = [-1] * len(out_info)
+        for i, info in enumerate(in_info):
+            if info.get("want_inplace", -1) >= 0:
+                source_of[info["want_inplace"]] = i
+        return cls(
+            name=spec.name,
+            n_in=len(in_info),
+            n_out=len(out_info),
+            ndims=tuple(info["ndim"] for info in in_info + out_info),
+            dtypes=tuple(array_dtype(info, float_dtype) for info in in_info + out_info),
+            contiguous=tuple(info["ndim"] > 0 and bool(info.get("need_contiguous") or (
+                device == "cuda" and not info.get("host_memory"))) for info in in_info),
+            host_memory=tuple(bool(info.get("host_memory")) for info in in_info),
+            source_of=tuple(source_of),
+            out_shapes=tuple(tuple(info["shape"]) for info in out_info),
+            size_checks=tuple(
+                SizeCheck(i, d, s, f"{label}: input {info.get('name', i)!r} must have size {s} in dim {d}")
+                for i, info in enumerate(in_info) for d, s in enumerate(info.get("shape") or ())
+                if isinstance(s, int)),
+        )
+
+    @property
+    def label(self) -> str:
+        """``NativeOp '<name>'``: how every message names the op."""
+        return f"NativeOp {self.name!r}"
+
+    @property
+    def out_dtypes(self) -> tuple[str, ...]:
+        return self.dtypes[self.n_in:]
+
+    @property
+    def itemsizes(self) -> tuple[int, ...]:
+        """Bytes per element, per array."""
+        return tuple(np.dtype(d).itemsize for d in self.dtypes)
+
+    @property
+    def inplace_of(self) -> tuple[int, ...]:
+        """Per input: the output that starts as its copy (``want_inplace``), or -1."""
+        result = [-1] * self.n_in
+        for k, i in enumerate(self.source_of):
+            if i >= 0:
+                result[i] = k
+        return tuple(result)
+
+    def destroys(self, inplace: Sequence[int]) -> tuple[bool, ...]:
+        """Per output: whether it may be its source input's own buffer, for an op destroying the inputs
+        ``inplace`` (``NativeOp.inplace``; not part of the variant, which the inplace op shares)."""
+        return tuple(i >= 0 and i in inplace for i in self.source_of)
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Any]]) -> list[tuple]:
+        """Every output's shape (dummy ones included) from the inputs' shapes."""
+        return [resolve_shape(shape, input_shapes) for shape in self.out_shapes]
