@@ -26,7 +26,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from . import blas
+from . import blas, prebuilt
 from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
 from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
 from .cache import proc_fd_usable
@@ -157,9 +157,31 @@ def _warn_rebuild(path: Path, why: str) -> None:
                   UntrustedLibraryWarning, stacklevel=4)
 
 
+def _install_prebuilt(directory: Directory, path: Path) -> bool:
+    """Install the package's prebuilt library of the same name (:mod:`ptnative.prebuilt`) in the cache, if there
+    is one that passes its checks; False if there is none (a failing one also warns)."""
+    if not prebuilt.enabled():
+        return False
+    try:
+        with prebuilt.packaged() as packaged:
+            data = packaged.read_verified(path.name)
+    except Missing:
+        return False
+    except Untrusted as e:
+        warnings.warn(f"ptnative: the prebuilt library {prebuilt.prebuilt_dir() / path.name} (or its folder) {e}; "
+                      "it was not used and the kernel is being compiled", UntrustedLibraryWarning, stacklevel=5)
+        return False
+    directory.install(path.name, data)
+    log.info("installed %s from the package's prebuilt libraries", path.name)
+    return True
+
+
 def _ensure(variant: Variant, directory: Directory, path: Path, rebuild_because: str | None = None) -> int:
     """A descriptor of ``variant``'s library that passed every check, compiled first if it is missing, and
-    rebuilt (with one :class:`UntrustedLibraryWarning`) if it fails a check or ``rebuild_because`` is given."""
+    rebuilt (with one :class:`UntrustedLibraryWarning`) if it fails a check or ``rebuild_because`` is given.
+    A missing or untrusted library is first looked for among the package's prebuilt ones; a library that
+    passed its checks but could not be loaded (``rebuild_because``) is always compiled."""
+    loadable = rebuild_because is None
     if rebuild_because is None:
         try:
             return open_verified(directory, path.name)
@@ -179,7 +201,8 @@ def _ensure(variant: Variant, directory: Directory, path: Path, rebuild_because:
         if rebuild_because is not None:
             _warn_rebuild(path, rebuild_because)
             directory.discard(path.name)
-        _compile(variant, directory, path)
+        if not (loadable and _install_prebuilt(directory, path)):
+            _compile(variant, directory, path)
         try:
             return open_verified(directory, path.name)
         except Untrusted as e:

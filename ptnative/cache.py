@@ -167,6 +167,7 @@ class Directory:
 
     def __init__(self, path: Path):
         self.path = path
+        self.owners = frozenset({os.geteuid()})  # whose files it may hold
         try:
             self.fd = os.open(path, _DIR_FLAGS)
         except OSError as e:
@@ -212,7 +213,8 @@ class Directory:
 
     def open_checked(self, name: str) -> tuple[int, os.stat_result]:
         """Open ``name`` without following a symbolic link; :class:`Untrusted` unless it is a regular file owned
-        by the user and not writable by group or others.  The caller closes the descriptor."""
+        by the user (one of :attr:`owners`) and not writable by group or others.  The caller closes the
+        descriptor."""
         try:
             fd = os.open(name, _OPEN_FLAGS, dir_fd=self.fd)
         except FileNotFoundError:
@@ -225,7 +227,7 @@ class Directory:
         problem = None
         if not stat.S_ISREG(st.st_mode):
             problem = "is not a regular file"
-        elif st.st_uid != os.geteuid():
+        elif st.st_uid not in self.owners:
             problem = f"is owned by {_user(st.st_uid)}, not by you"
         elif st.st_mode & 0o022:
             problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
@@ -312,6 +314,55 @@ class Directory:
         self.discard(name)
         self.replace(lib_tmp, name)
         self.replace(rec_tmp, name + RECORD_SUFFIX)
+
+
+class PackagedDirectory(Directory):
+    """The read-only directory of libraries built with the installed package (``ptnative/prebuilt``), trusted as
+    much as ptnative's own modules next to it: the directory and every file in it must be owned by the user, by
+    root or by the owner of the package directory (whose Python code this process already runs), and neither may
+    be writable by group or others nor be a symbolic link.  A library is used only through :meth:`read_verified`,
+    which checks it against its integrity record; the cache then installs those bytes as its own (and checks them
+    again when it loads them)."""
+
+    def __init__(self, path: Path, package_owner: int):
+        self.path = path
+        self.owners = frozenset({os.geteuid(), 0, package_owner})
+        try:
+            self.fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise Missing("is not there (ptnative was installed without prebuilt libraries)") from None
+        except OSError as e:
+            raise Untrusted("is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})") \
+                from None
+        st = os.fstat(self.fd)
+        problem = None
+        if st.st_uid not in self.owners:
+            problem = f"is owned by {_user(st.st_uid)}, not by you, root or the package's owner"
+        elif st.st_mode & 0o022:
+            problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        if problem:
+            os.close(self.fd)
+            raise Untrusted(problem)
+
+    def read_verified(self, name: str) -> bytes:
+        """The bytes of library ``name``, read once and matching its integrity record (size, SHA-256);
+        :class:`Missing` if it is not there, :class:`Untrusted` (with the reason) if it fails a check."""
+        fd, st = self.open_checked(name)
+        try:
+            record = self.read_record(name)
+            chunks, offset = [], 0
+            while chunk := os.pread(fd, 1 << 20, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) != record["size"]:
+            raise Untrusted(f"has {len(data)} bytes but its integrity record says {record['size']} (truncated or "
+                            "replaced)")
+        if hashlib.sha256(data).hexdigest() != record["sha256"]:
+            raise Untrusted("does not match the SHA-256 in its integrity record (modified or replaced)")
+        return data
 
 
 _verified: set[tuple] = set()

@@ -33,7 +33,7 @@ def _dir_size(path) -> int:
 
 
 def info() -> None:
-    from . import __version__, blas, build
+    from . import __version__, blas, build, prebuilt
 
     rows = [
         ("ptnative", __version__),
@@ -62,6 +62,9 @@ def info() -> None:
         libs = list(cache.glob("*.so"))
         rows.append(("kernel cache", f"{cache}: passes the checks (private directory; {len(libs)} libraries, "
                                      f"{_dir_size(cache) / 2**20:.1f} MiB)"))
+    shipped = prebuilt.count()
+    rows.append(("prebuilt libraries", f"{prebuilt.prebuilt_dir()}: {shipped} (CPU, built with the package)"
+                 if shipped is not None else "none (kernels compile on first use)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

@@ -15,7 +15,8 @@ def run(*args):
 def test_info():
     out = run("info")
     assert out.returncode == 0, out.stderr
-    for field in ("ptnative", "pytensor", "numba", "C++ compiler", "nvcc", "GPU", "BLAS", "kernel cache"):
+    for field in ("ptnative", "pytensor", "numba", "C++ compiler", "nvcc", "GPU", "BLAS", "kernel cache",
+                  "prebuilt libraries"):
         assert field in out.stdout
 
 

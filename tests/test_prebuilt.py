@@ -1,0 +1,199 @@
+"""Prebuilt libraries shipped inside the package (ptnative/prebuilt.py, docs/install.md): used only under exactly
+the cache's name (same source, compiler, flags, CPU), only if they pass their checks, copied into the kernel cache;
+anything else compiles as before.
+
+Each case has its own kernel cache and its own stand-in for the package's ``prebuilt`` folder, filled by building
+the README's tiny ``Double`` op into a scratch cache (about a second).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import ptnative
+from ptnative import build, prebuilt
+from ptnative.cache import RECORD_SUFFIX, UntrustedLibraryWarning
+
+ROOT = Path(__file__).resolve().parents[1]
+NOBODY = 65534
+
+DOUBLE = dict(
+    in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},),
+    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},),
+    c_extra_support_code="""
+        DEF_KERNEL void twice_prebuilt(const Float* x, Float* y, int64_t n) {
+          for (int64_t i = threadIdx.x + blockDim.x * blockIdx.x; i < n; i += blockDim.x * gridDim.x)
+            y[i] = 2 * x[i];
+        }""",
+    c_fw_code="start_dev_kernel(twice_prebuilt, (Ndarray_DEV_DATA(inputs[0]), Ndarray_DEV_DATA(*outputs[0]), "
+              "Ndarray_DIMS(inputs[0])[0]));",
+    name="DoublePrebuilt",
+)
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """A folder holding Double's float64 library and its record, as the package would ship them."""
+    base = tmp_path_factory.mktemp("shipped")
+    source_cache = base / "source-cache"
+    old = os.environ.get("PTNATIVE_CACHE_DIR")
+    os.environ["PTNATIVE_CACHE_DIR"] = str(source_cache)
+    try:
+        path = build.build(ptnative.NativeOp(**DOUBLE).variant("float64"))
+    finally:
+        if old is None:
+            del os.environ["PTNATIVE_CACHE_DIR"]
+        else:
+            os.environ["PTNATIVE_CACHE_DIR"] = old
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch, shipped):
+    """(variant, the stand-in prebuilt folder, the fresh cache, the list of compiled library names)."""
+    folder = tmp_path / "prebuilt"
+    folder.mkdir(mode=0o755)
+    for name in (shipped.name, shipped.name + RECORD_SUFFIX):
+        shutil.copyfile(shipped.parent / name, folder / name)
+        os.chmod(folder / name, 0o644)
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: folder)
+    monkeypatch.setenv("PTNATIVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PTNATIVE_PREBUILT", raising=False)
+    compiled = []
+    real_compile = build._compile
+
+    def counting_compile(variant, directory, path):
+        compiled.append(path.name)
+        real_compile(variant, directory, path)
+
+    monkeypatch.setattr(build, "_compile", counting_compile)
+    return ptnative.NativeOp(**DOUBLE).variant("float64"), folder, tmp_path / "cache", compiled
+
+
+def build_quietly(variant):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UntrustedLibraryWarning)
+        return build.build(variant)
+
+
+def test_a_matching_prebuilt_library_is_copied_into_the_cache_not_compiled(setup, shipped):
+    variant, folder, cache, compiled = setup
+    path = build_quietly(variant)
+    assert compiled == []
+    assert path == cache / shipped.name
+    assert path.read_bytes() == (folder / shipped.name).read_bytes()
+    assert (cache / (shipped.name + RECORD_SUFFIX)).is_file()
+    assert os.stat(path).st_mode & 0o077 == 0  # the cache's own private copy
+    x = pt.vector("x", dtype="float64")
+    f = pytensor.function([x], ptnative.NativeOp(**DOUBLE)(x), mode="FAST_COMPILE")
+    np.testing.assert_array_equal(f(np.array([1.5, -2.0, 0.0])), [3.0, -4.0, 0.0])
+    assert compiled == []
+
+
+def test_other_flags_give_another_name_and_a_compile(setup, monkeypatch):
+    variant, _, _, compiled = setup
+    monkeypatch.setattr(build, "CXX_FLAGS", [*build.CXX_FLAGS, "-DPTN_PREBUILT_TEST_FLAG=1"])
+    build_quietly(variant)
+    assert compiled == [build.library_path(variant).name]
+
+
+def test_other_compiler_version_gives_another_name_and_a_compile(setup, monkeypatch):
+    variant, _, _, compiled = setup
+    real_version = build.compiler_version
+    monkeypatch.setattr(build, "compiler_version", lambda cmd: real_version(cmd) + " (patched)")
+    build_quietly(variant)
+    assert len(compiled) == 1
+
+
+def test_turned_off_by_environment(setup, monkeypatch):
+    variant, _, _, compiled = setup
+    monkeypatch.setenv("PTNATIVE_PREBUILT", "0")
+    build_quietly(variant)
+    assert len(compiled) == 1
+
+
+def tamper_bytes(folder, name):
+    data = bytearray((folder / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / name).write_bytes(bytes(data))
+
+
+def tamper_record(folder, name):
+    (folder / (name + RECORD_SUFFIX)).unlink()
+
+
+def tamper_link(folder, name):
+    os.rename(folder / name, folder / "elsewhere.so")
+    os.symlink(folder / "elsewhere.so", folder / name)
+
+
+def tamper_file_mode(folder, name):
+    os.chmod(folder / name, 0o666)
+
+
+def tamper_folder_mode(folder, name):
+    os.chmod(folder, 0o777)
+
+
+def tamper_owner(folder, name):
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    os.chown(folder / name, NOBODY, NOBODY)
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (tamper_bytes, "does not match the SHA-256"),
+    (tamper_record, "has no integrity record"),
+    (tamper_link, "is a symbolic link"),
+    (tamper_file_mode, "is writable by group or others"),
+    (tamper_folder_mode, "is writable by group or others"),
+    (tamper_owner, "is owned by uid 65534"),
+])
+def test_a_prebuilt_library_failing_a_check_is_not_used_but_compiled(setup, shipped, tamper, reason):
+    variant, folder, _, compiled = setup
+    tamper(folder, shipped.name)
+    with pytest.warns(UntrustedLibraryWarning, match=rf"prebuilt library .*{reason}.*being compiled"):
+        path = build.build(variant)
+    assert compiled == [shipped.name] and path.is_file()
+
+
+def test_a_missing_folder_compiles_without_warning(setup, monkeypatch, tmp_path):
+    variant, _, _, compiled = setup
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: tmp_path / "no-such-folder")
+    build_quietly(variant)
+    assert len(compiled) == 1
+    assert prebuilt.count() is None
+
+
+def test_count(setup):
+    assert prebuilt.count() == 1
+
+
+def test_prebuild_without_a_compiler_installs_nothing_and_succeeds(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PTNATIVE_CXX=str(tmp_path / "no-such-compiler"))
+    out = subprocess.run([sys.executable, "-m", "ptnative.prebuilt", str(tmp_path / "dest")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "no C++ compiler" in out.stderr and "compile on first use" in out.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def test_prune_keeps_only_recorded_libraries(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir(mode=0o700)
+    for name in ("a.so", "a.so" + RECORD_SUFFIX, "a.cpp", "a.so.lock", "b.so", "c.so" + RECORD_SUFFIX):
+        (dest / name).write_text(name)
+        os.chmod(dest / name, 0o600)
+    (dest / ".x.build").mkdir()
+    assert prebuilt._prune(dest) == 1
+    assert sorted(os.listdir(dest)) == ["a.so", "a.so" + RECORD_SUFFIX]
+    assert os.stat(dest / "a.so").st_mode & 0o777 == 0o644 and os.stat(dest).st_mode & 0o777 == 0o755
