@@ -3,7 +3,7 @@ table per benchmark: ptnative against each peer, times and ratios, with the mach
 docs/img/performance.png (a chart of the ratios).
 
     python bench/report.py [--quick] [--only ctc,lstm] [--note TEXT] [--keep-records FILE]
-    python bench/report.py --from-records FILE      (re-write the page from a kept run, measuring nothing)
+    python bench/report.py --from-records FILE...   (re-write the page from kept runs, measuring nothing)
 
 Each benchmark runs as its own process (``python bench/<name>.py``, with shorter settings under ``--quick``) and
 appends its rows through ``timing.record`` to the JSON-lines file named by ``PTNATIVE_BENCH_RECORDS``.  A peer
@@ -164,9 +164,8 @@ def run_benchmark(bench, quick, records_path, timeout=None, script=None):
     missing = [p for p in bench.requires if importlib.util.find_spec(p) is None]
     args = bench.quick_args if quick else bench.full_args
     command = ["python", f"bench/{script.name}", *args]
-    run = {"benchmark": bench.name, "command": " ".join(command), "alternating": bench.alternating,
-           "status": "ok", "returncode": 0,
-           "seconds": 0.0, "other_cores": None, "output_tail": ""}
+    run = {"benchmark": bench.name, "command": " ".join(command), "alternating": bench.alternating, "status": "ok",
+           "returncode": 0, "seconds": 0.0, "other_cores": None, "output_tail": ""}
     if missing:
         run.update(status="not run", output_tail=f"{', '.join(missing)} not installed")
         return run
@@ -213,6 +212,26 @@ def read_records(path):
             else:
                 records.append(row)
     return records, runs, meta
+
+
+def merge_records(kept):
+    """One (records, runs, meta) from several ``read_records`` results: each benchmark's rows and run from the last
+    one that ran it (in the place where it first ran), the machine and versions of the last, the dates of all."""
+    records, runs, metas = [], [], []
+    for rows, file_runs, meta in kept:
+        again = {r["benchmark"] for r in file_runs} | {r["benchmark"] for r in rows}
+        records = [r for r in records if r["benchmark"] not in again] + rows
+        for run in file_runs:
+            same = [i for i, r in enumerate(runs) if r["benchmark"] == run["benchmark"]]
+            if same:
+                runs[same[0]] = run
+            else:
+                runs.append(run)
+        metas.append(meta)
+    unique = lambda values: list(dict.fromkeys(v for v in values if v))  # noqa: E731
+    return records, runs, dict(metas[-1] if metas else {}, date=" and ".join(unique(m.get("date") for m in metas)),
+                               note=" ".join(unique(m.get("note") for m in metas)),
+                               quick=any(m.get("quick") for m in metas))
 
 
 # ------------------------------------------------------------------ tables
@@ -351,7 +370,7 @@ def render(records, runs, meta, png_name, chart_note):
            "`bench/hmm_pymc.py`; then `make bench VENV=that-venv`, or run "
            "`PYTHONPATH=$PWD that-venv/bin/python bench/report.py` from the checkout.",
            "",
-           f"Run of {meta.get('date', 'an unknown date')}, {mode}, {sum(r['seconds'] for r in runs):.0f} s in all."]
+           f"Run of {meta.get('date') or 'an unknown date'}, {mode}, {sum(r['seconds'] for r in runs):.0f} s in all."]
     if meta.get("note"):
         out += ["", md_escape(meta["note"])]
     out += ["", "## Machine", "",
@@ -461,14 +480,16 @@ def main(argv=None):
     parser.add_argument("--note", default="", help="a sentence for the page (e.g. what else ran meanwhile)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per benchmark before it is killed")
     parser.add_argument("--keep-records", default=None, help="keep the raw rows in this JSON-lines file")
-    parser.add_argument("--from-records", default=None, help="write the page from a kept file, measuring nothing")
+    parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
+                        help="write the page from kept files, measuring nothing; a benchmark in several files is "
+                             "taken from the last one (re-measure one with --only and --keep-records)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
     parser.add_argument("--png", default=None, help="default: img/performance.png next to --out")
     args = parser.parse_args(argv)
     png = args.png or str(Path(args.out).parent / "img" / "performance.png")
 
     if args.from_records:
-        records, runs, meta = read_records(args.from_records)
+        records, runs, meta = merge_records([read_records(f) for f in args.from_records])
     else:
         path = Path(args.keep_records) if args.keep_records else Path(tempfile.mkstemp(suffix=".jsonl")[1])
         path.write_text("")

@@ -170,3 +170,17 @@ def test_runs_a_benchmark_script_and_writes_the_page(tmp_path):
     assert "Not run: no_such_package_for_ptnative not installed." in lines
     assert os.path.exists(tmp_path / "docs" / "img" / "performance.png") == (
         importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_merge_takes_each_benchmark_from_the_last_file():
+    lstm_again = [row("lstm", "LSTM T=10", "ptnative native2", 0.05, True), row("lstm", "LSTM T=10", "torch.nn.LSTM",
+                                                                                0.1)]
+    first = (RECORDS, RUNS[:2], dict(META, date="d1"))
+    second = (lstm_again, [run("lstm", seconds=5.0)], dict(META, date="d2", note="re-run"))
+    records, runs, meta = report.merge_records([first, second])
+    assert [(r["benchmark"], r["seconds"]) for r in runs] == [("ctc", 12.0), ("lstm", 5.0)]
+    assert [r for r in records if r["benchmark"] == "lstm"] == lstm_again
+    assert [r for r in records if r["benchmark"] == "ctc"] == RECORDS[:4]
+    assert meta["date"] == "d1 and d2" and meta["note"] == "a test run re-run"
+    assert "|  | torch.nn.LSTM | 100 ms | - | 2 | ptnative 2x faster |" in report.render(
+        records, runs, meta, "p.png", None).splitlines()
