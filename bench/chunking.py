@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.chunking import chunk, n_chunks, unchunk
-from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
+from timing import measure_against  # noqa: E402  (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -35,12 +35,8 @@ NC = n_chunks(T, SIZE, STEP)
 
 def compare(name, ours, peers):
     """Time ptnative's ``ours`` and each of ``peers`` ({name: fn}) in alternating turns; keep and record the row."""
-    t = measure_interleaved({"ptnative": ours, **peers}, opts.reps, rounds=3)
+    t = measure_against("chunking", f"{name}, T={T} B={B} D={D}", ours, peers, opts.reps)
     results.append((name, t["ptnative"].median, [(peer, t[peer].median) for peer in peers]))
-    case = f"{name}, T={T} B={B} D={D}"
-    record("chunking", case, "ptnative", t["ptnative"].median, ours=True, best=t["ptnative"].best)
-    for peer in peers:
-        record("chunking", case, peer, t[peer].median, best=t[peer].best)
 
 
 rng = np.random.default_rng(0)

@@ -25,7 +25,7 @@ from pytensor.tensor.special import log_softmax
 import ptnative  # noqa: F401
 from ptnative.ops.sparse import (crossentropy_softmax_and_gradient_z_sparse, max_and_argmax_sparse, sparse_to_dense,
                                  subtensor_batched_index)
-from timing import measure_interleaved, record  # (bench/timing.py)
+from timing import measure_against  # (bench/timing.py)
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--reps", type=int, default=20)
@@ -40,12 +40,8 @@ results = []
 
 def compare(name, ours, peers):
     """Time ptnative's ``ours`` and each of ``peers`` ({name: fn}) in alternating turns; keep and record the row."""
-    t = measure_interleaved({"ptnative": ours, **peers}, opts.reps, rounds=3)
+    t = measure_against("sparse", f"{name}, T={T} B={B} D={D}", ours, peers, opts.reps)
     results.append((name, t["ptnative"].median, [(peer, t[peer].median) for peer in peers]))
-    case = f"{name}, T={T} B={B} D={D}"
-    record("sparse", case, "ptnative", t["ptnative"].median, ours=True, best=t["ptnative"].best)
-    for peer in peers:
-        record("sparse", case, peer, t[peer].median, best=t[peer].best)
 
 
 def close(a, b, tol=1e-4):

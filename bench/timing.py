@@ -61,3 +61,12 @@ def record(benchmark, case, impl, seconds, *, ours=False, best=None, note=None):
            "best": None if best is None else float(best), "note": note}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def measure_against(benchmark, case, ours, peers: dict, reps=10, rounds=3) -> dict:
+    """Time ptnative's ``ours`` (as ``"ptnative"``) and each of ``peers`` ({name: fn}) in alternating turns
+    (``measure_interleaved``), record every row with ``record``, and return {name: Timing}."""
+    timings = measure_interleaved({"ptnative": ours, **peers}, reps, rounds=rounds)
+    for name, t in timings.items():
+        record(benchmark, case, name, t.median, ours=name == "ptnative", best=t.best)
+    return timings

@@ -184,3 +184,18 @@ def test_merge_takes_each_benchmark_from_the_last_file():
     assert meta["date"] == "d1 and d2" and meta["note"] == "a test run re-run"
     assert "|  | torch.nn.LSTM | 100 ms | - | 2 | ptnative 2x faster |" in report.render(
         records, runs, meta, "p.png", None).splitlines()
+
+
+def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
+    path = tmp_path / "rows.jsonl"
+    monkeypatch.setenv(timing.RECORDS_ENV, str(path))
+    calls = []
+    timings = timing.measure_against("demo", "case", lambda: calls.append("ours") or 1,
+                                     {"peer": lambda: calls.append("peer") or 2}, reps=4, rounds=2)
+    assert timings["ptnative"].result == 1 and timings["peer"].result == 2
+    # two rounds, each: one warm-up call and two timed calls of ptnative, then the same of the peer
+    assert calls == ["ours"] * 3 + ["peer"] * 3 + ["ours"] * 3 + ["peer"] * 3
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["benchmark"], r["case"], r["impl"], r["ours"]) for r in rows] == [("demo", "case", "ptnative", True),
+                                                                                 ("demo", "case", "peer", False)]
+    assert rows[0]["seconds"] == timings["ptnative"].median and rows[1]["best"] == timings["peer"].best
