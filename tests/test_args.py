@@ -38,6 +38,8 @@ CASES = [
      r"^some_function: n must have an integer dtype, got float64"),
     ("int for float", lambda: A.float_tensor(FN, "x", pt.imatrix(), 2), TypeError,
      r"^some_function: x must have a float dtype \(float32 or float64\), got int32"),
+    ("complex for float", lambda: A.float_tensor(FN, "x", pt.zmatrix(), 2, cast_int=True), TypeError,
+     r"^some_function: x must have a real or bool dtype, got complex128"),
     ("complex for real", lambda: A.real_tensor(FN, "w", pt.matrix(dtype="complex64"), 2, "float64"), TypeError,
      r"^some_function: w must have a real or bool dtype, got complex64"),
     ("not array-like", lambda: A.int_tensor(FN, "labels", "abc", 2), TypeError,
@@ -83,6 +85,8 @@ def test_accepted_values_and_their_types():
     assert A.int_tensor(FN, "a", pt.lvector(), (0, 1)).ndim == 1
     x = pt.tensor3(dtype="float32")
     assert A.float_tensor(FN, "x", x, 3) is x
+    assert A.float_tensor(FN, "x", x, 3, cast_int=True) is x
+    assert A.float_tensor(FN, "x", pt.itensor3(), 3, cast_int=True).dtype == "float64"
     assert A.real_tensor(FN, "m", np.ones((2, 2), bool), 2, "float64").dtype == "float64"
     m = pt.matrix(dtype="int16")
     assert A.real_tensor(FN, "m", m, 2) is m  # dtype None: kept

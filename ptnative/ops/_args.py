@@ -66,13 +66,18 @@ def int_tensor(fn: str, name: str, x, ndim, allow_bool: bool = False, layout: st
     return v if v.dtype == "int32" else pt.cast(v, "int32")
 
 
-def float_tensor(fn: str, name: str, x, ndim, layout: str = ""):
+def float_tensor(fn: str, name: str, x, ndim, layout: str = "", cast_int: bool = False):
     """``x`` as a floating tensor of ``ndim`` dimensions, dtype unchanged (the ops compute in float32 or
-    float64).  ``ValueError`` for a wrong ndim, ``TypeError`` for a non-floating dtype."""
+    float64); with ``cast_int``, integer and bool tensors are accepted and cast to float64.
+
+    ``ValueError`` for a wrong ndim, ``TypeError`` for any other dtype."""
     v = tensor(fn, name, x, ndim, "a float tensor", layout)
-    if not v.dtype.startswith("float"):
-        raise TypeError(f"{fn}: {name} must have a float dtype (float32 or float64), got {v.dtype}")
-    return v
+    if v.dtype.startswith("float"):
+        return v
+    if cast_int and (v.dtype.startswith(("int", "uint")) or v.dtype == "bool"):
+        return pt.cast(v, "float64")
+    kinds = "a real or bool dtype" if cast_int else "a float dtype (float32 or float64)"
+    raise TypeError(f"{fn}: {name} must have {kinds}, got {v.dtype}")
 
 
 def real_tensor(fn: str, name: str, x, ndim, dtype: str | None = None, layout: str = ""):
