@@ -56,14 +56,14 @@ class Benchmark(NamedTuple):
 
 KNOWN = {b.name: b for b in [
     Benchmark("ctc", ("--quick",), alternating=False),
-    Benchmark("lstm", ("--reps", "5", "--no-memory")),
-    Benchmark("hmm", ("--reps", "9")),
-    Benchmark("hmm_pymc", ("--steps", "500", "--reps", "60", "--no-sample"), requires=("pymc",)),
+    Benchmark("lstm", ("--reps", "5", "--no-memory"), alternating=True),
+    Benchmark("hmm", ("--reps", "9"), alternating=True),
+    Benchmark("hmm_pymc", ("--steps", "500", "--reps", "60", "--no-sample"), requires=("pymc",), alternating=True),
     Benchmark("rnnt", ("--reps", "3", "--no-reference"), alternating=False),
-    Benchmark("edit_distance", ("--reps", "2")),
-    Benchmark("chunking", ("--reps", "6")),
-    Benchmark("sparse", ("--reps", "6")),
-    Benchmark("jax_grad", ("--quick",), requires=("jax",)),
+    Benchmark("edit_distance", ("--reps", "2"), alternating=True),
+    Benchmark("chunking", ("--reps", "6"), alternating=True),
+    Benchmark("sparse", ("--reps", "6"), alternating=True),
+    Benchmark("jax_grad", ("--quick",), requires=("jax",), alternating=True),
     Benchmark("cache_trust", ("--reps", "40"), alternating=False),
     Benchmark("gpu", ("--quick",), alternating=False),
 ]}
@@ -325,13 +325,13 @@ def summary_table(records, runs):
 
 
 def describe(bench):
-    """The first line of a benchmark script's docstring (read, not imported)."""
+    """The first paragraph of a benchmark script's docstring (read, not imported), on one line."""
     path = BENCH_DIR / f"{bench}.py"
     try:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     except (OSError, SyntaxError):
         return ""
-    return doc.strip().splitlines()[0] if doc else ""
+    return " ".join(doc.strip().split("\n\n")[0].split()) if doc else ""
 
 
 def load_sentence(runs, machine):
@@ -345,7 +345,8 @@ def load_sentence(runs, machine):
     if mean > OTHER_LOAD_NOTED:
         return (f"**Measured under load**: other processes kept on average {mean:.2f} of the {cores} cores busy "
                 f"while the benchmarks ran (up to {peak:.2f} during one benchmark): absolute times are slower and "
-                f"noisier than on a quiet machine; peers were timed in the same turns, so ratios suffer less.")
+                f"noisier than on a quiet machine; ratios suffer less where ptnative and its peers were timed in "
+                f"alternating turns.")
     return (f"A quiet machine: other processes used on average {mean:.2f} of the {cores} cores while the "
             f"benchmarks ran.")
 
@@ -404,7 +405,10 @@ def render(records, runs, meta, png_name, chart_note):
             out += [f"**Failed** (exit status {run['returncode']}, {status}); the end of its output:", "", "```",
                     run["output_tail"], "```", ""]
         else:
-            out += [f"Ran in {status}." + TURNS.get(run.get("alternating"), ""), ""]
+            alternating = run.get("alternating")
+            if alternating is None:
+                alternating = KNOWN.get(bench, Benchmark(bench)).alternating
+            out += [f"Ran in {status}." + TURNS.get(alternating, ""), ""]
         if bench in by_bench:
             out += [benchmark_table(by_bench[bench]), ""]
         elif run["status"] == "ok":
@@ -428,26 +432,35 @@ def draw_chart(records, png_path, title="peer time / ptnative time (above 1: ptn
     comps = comparisons(records)
     if not comps:
         raise ValueError("no peer was measured")
-    bars = [(f"{bench}: {case} vs {peer}", ratio) for bench, case, peer, ratio in comps]
-    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.3 * len(bars)))
-    y = list(range(len(bars)))[::-1]
-    ratios = [r for _, r in bars]
-    colors = ["#2a9d4a" if r >= 1 else "#d1495b" for r in ratios]
-    ax.barh(y, [math.log10(r) for r in ratios], color=colors, height=0.7)
-    ax.axvline(0, color="black", linewidth=0.8)
-    lo, hi = min(min(math.log10(r) for r in ratios), 0), max(max(math.log10(r) for r in ratios), 0)
-    pad = 0.12 * max(hi - lo, 0.5)
+    bars = [(f"{case} vs {peer}", ratio) for _, case, peer, ratio in comps]
+    slots = []  # top to bottom: (label, ratio), a benchmark's name heading its group with ratio None
+    for i, (bench, _, _, _) in enumerate(comps):
+        if i == 0 or bench != comps[i - 1][0]:
+            slots.append((bench, None))
+        slots.append(bars[i])
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.28 * len(slots)))
+    y = list(range(len(slots)))[::-1]
+    logs = [math.log10(r) for _, r in bars]
+    lo, hi = min(min(logs), 0), max(max(logs), 0)
+    pad = 0.15 * max(hi - lo, 0.5)
     ax.set_xlim(lo - pad, hi + pad)
-    ticks = [t for t in range(math.floor(lo - pad), math.ceil(hi + pad) + 1)]
-    ax.set_xticks(ticks, [f"{10.0 ** t:g}x" for t in ticks])
-    for yi, r in zip(y, ratios):
+    for yi, (label, r) in zip(y, slots):
+        if r is None:
+            ax.axhline(yi + 0.5, color="grey", linewidth=0.6)
+            continue
+        ax.barh(yi, math.log10(r), color="#2a9d4a" if r >= 1 else "#d1495b", height=0.7)
         ax.text(math.log10(r), yi, f" {r:.3g}x " if r < 10 else f" {r:.0f}x ", va="center",
                 ha="left" if r >= 1 else "right", fontsize=8)
-    ax.set_yticks(y, [label for label, _ in bars], fontsize=8)
-    benches = [b for b, _, _, _ in comps]
-    for i in range(1, len(benches)):
-        if benches[i] != benches[i - 1]:
-            ax.axhline(y[i] + 0.5, color="grey", linewidth=0.5, linestyle=":")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ticks = list(range(math.floor(lo - pad), math.ceil(hi + pad) + 1))
+    ax.set_xticks(ticks, [f"{10.0 ** t:g}x" for t in ticks])
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_yticks(y, [label for label, _ in slots], fontsize=8)
+    for tick, (_, r) in zip(ax.get_yticklabels(), slots):
+        if r is None:
+            tick.set_fontweight("bold")
+            tick.set_fontsize(10)
+    ax.set_ylim(-0.6, len(slots) - 0.4)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

@@ -113,9 +113,8 @@ def test_tables_summary_and_chart(tmp_path):
 def test_chart_bars(tmp_path):
     pytest.importorskip("matplotlib")
     bars = report.draw_chart(RECORDS, tmp_path / "chart.png")
-    assert [label for label, _ in bars] == ["ctc: ctc_loss T=20 vs torch ctc_loss",
-                                            "ctc: ctc_loss T=20 vs pytensor.scan CTC",
-                                            "lstm: LSTM T=10 vs torch.nn.LSTM"]
+    assert [label for label, _ in bars] == ["ctc_loss T=20 vs torch ctc_loss", "ctc_loss T=20 vs pytensor.scan CTC",
+                                            "LSTM T=10 vs torch.nn.LSTM"]
     assert [ratio for _, ratio in bars] == pytest.approx([0.5, 30.0, 0.8])
     with pytest.raises(ValueError, match="no peer was measured"):
         report.draw_chart([r for r in RECORDS if r["ours"]], tmp_path / "none.png")
