@@ -16,9 +16,11 @@ $(VENV)/.installed: $(SOURCES)
 demo: $(VENV)/.installed
 	cd $(VENV) && ./bin/python -m ptnative demo
 
-# Set up and run the tests against the installed package (import mode importlib: not the checkout's sources).
+# Set up and run the tests against the installed package (import mode importlib: not the checkout's sources), in
+# PYTEST_JOBS processes (pytest-xdist, a test extra; default: one per core; 0 runs them in this process).
+PYTEST_JOBS ?= auto
 test: $(VENV)/.installed
-	$(VENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider tests $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider -n $(PYTEST_JOBS) tests $(PYTEST_ARGS)
 
 # Every benchmark in bench/, then docs/performance.md and docs/img/performance.png from their rows (bench/report.py).
 # BENCH_ARGS=--quick: short settings.  Peers (torch, jax, dynamax, hmmlearn, ...) are timed where installed in the
@@ -65,10 +67,12 @@ matrix:
 	$(MAKE) test-env ENV=$(ENVS)/py313 PYTHON="$(PY313)" HOST=
 
 # One environment: ENV (a folder, recreated), PYTHON (its interpreter), HOST (pip requirements installed first).
+# Its install skips the prebuilt kernels (PTNATIVE_PREBUILD, default 0 here): the rows share one kernel cache, where
+# each kernel they use is compiled once for all of them (or was put by `make test`).
 test-env:
 	@if [ -z "$(PYTHON)" ]; then echo "SKIPPED $(ENV): no interpreter found (set PYTHON)"; exit 0; fi; \
 	set -e; start=$$(date +%s); rm -rf $(ENV); \
-	$(PYTHON) scripts/check_no_downgrade.py --venv $(ENV) --python $(PYTHON) \
+	PTNATIVE_PREBUILD=$${PTNATIVE_PREBUILD:-0} $(PYTHON) scripts/check_no_downgrade.py --venv $(ENV) --python $(PYTHON) \
 		$(foreach h,$(HOST),--host '$(h)') --install ".[test]"; \
 	$(ENV)/bin/python -c 'import pytensor, sys; print("$(ENV): Python", sys.version.split()[0], "pytensor", pytensor.__version__)'; \
 	$(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider $(MATRIX_TESTS) $(PYTEST_ARGS); \
