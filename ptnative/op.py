@@ -92,13 +92,13 @@ class NativeOp(COp, NativeOpBase):
         self.float_dtypes = float_dtypes
         inplace = tuple(sorted(set(int(i) for i in inplace)))
         for i in inplace:
-            if not (0 <= i < len(self.in_info)) or self.in_info[i].get("want_inplace", -1) < 0:
+            if i not in self.want_inplace_map:
                 raise ValueError(f"NativeOp {self.name!r}: input {i} has no want_inplace and cannot be destroyed")
         self.inplace = inplace
         if device is not None and device not in DEVICES:
             raise ValueError(f"NativeOp {self.name!r}: device must be one of {DEVICES} or None, got {device!r}")
         self.device = device
-        self.destroy_map = {self.in_info[i]["want_inplace"]: [i] for i in inplace}
+        self.destroy_map = {self.want_inplace_map[i]: [i] for i in inplace}
 
     def __str__(self):
         return f"NativeOp{{{self.name}{',inplace' if self.inplace else ''}}}"
@@ -158,7 +158,7 @@ class NativeOp(COp, NativeOpBase):
         return [[info.get("gradient") != "disconnected"] * len(node.outputs) for info in self.in_info]
 
     def inplace_on_inputs(self, allowed_inplace_inputs):
-        wanted = tuple(i for i in allowed_inplace_inputs if self.in_info[i].get("want_inplace", -1) >= 0)
+        wanted = tuple(i for i in allowed_inplace_inputs if i in self.want_inplace_map)
         if not wanted or wanted == self.inplace:
             return self
         return self.clone_with(inplace=tuple(set(self.inplace) | set(wanted)))

@@ -64,9 +64,8 @@ class ArgumentPlan:
         in_info, out_info = spec.in_info, spec.out_info
         label = f"NativeOp {spec.name!r}"
         source_of = [-1] * len(out_info)
-        for i, info in enumerate(in_info):
-            if info.get("want_inplace", -1) >= 0:
-                source_of[info["want_inplace"]] = i
+        for i, k in spec.want_inplace_map.items():
+            source_of[k] = i
         return cls(
             name=spec.name,
             n_in=len(in_info),

@@ -15,7 +15,7 @@ from .op import NativeOp
 @node_rewriter([NativeOp], inplace=True)
 def native_op_inplace(fgraph, node):
     op = node.op
-    wanted = [i for i, info in enumerate(op.in_info) if info.get("want_inplace", -1) >= 0 and i not in op.inplace]
+    wanted = [i for i in op.want_inplace_map if i not in op.inplace]
     if not wanted:
         return False
     candidates = set(inplace_candidates(fgraph, [node.inputs[i] for i in wanted]))

@@ -391,6 +391,12 @@ class NativeOpBase:
         variants are equal, whatever else an op adds to the spec (its ``inplace`` inputs, its device setting)."""
         return (self.name, self.in_info, self.out_info, self.c_fw_code, self.c_extra_support_code)
 
+    @property
+    def want_inplace_map(self) -> dict[int, int]:
+        """``{input: output}`` for every input with a ``want_inplace``: that output starts as the input's copy, or
+        is the input's own buffer in an op that destroys it."""
+        return {i: info["want_inplace"] for i, info in enumerate(self.in_info) if info.get("want_inplace", -1) >= 0}
+
     # ---- shapes
     def output_shapes(self, input_shapes: Sequence[Sequence[Any]]) -> list[tuple]:
         """The shape of every output (dummy ones included) from the inputs' shapes."""
