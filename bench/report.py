@@ -52,6 +52,7 @@ class Benchmark(NamedTuple):
     full_args: tuple = ()
     requires: tuple = ()  # packages without which the benchmark cannot run at all
     alternating: bool | None = None  # times ptnative and its peers in alternating turns (None: not known)
+    ratios: bool = True  # its rows of a case are comparable (False: unrelated measurements, no ratio column)
 
 
 KNOWN = {b.name: b for b in [
@@ -64,7 +65,7 @@ KNOWN = {b.name: b for b in [
     Benchmark("chunking", ("--reps", "6"), alternating=True),
     Benchmark("sparse", ("--reps", "6"), alternating=True),
     Benchmark("jax_grad", ("--quick",), requires=("jax",), alternating=True),
-    Benchmark("cache_trust", ("--reps", "40"), alternating=False),
+    Benchmark("cache_trust", ("--reps", "40"), ratios=False),
     Benchmark("gpu", ("--quick",), alternating=False),
 ]}
 
@@ -286,11 +287,11 @@ def md_escape(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def benchmark_table(rows_by_case):
+def benchmark_table(rows_by_case, ratios=True):
     lines = ["| case | implementation | median | best | time / ptnative | |",
              "|---|---|--:|--:|--:|---|"]
     for case, rows in rows_by_case.items():
-        ref = reference(rows)
+        ref = reference(rows) if ratios else None
         for i, r in enumerate(rows):
             impl = f"**{md_escape(r['impl'])}**" if r["ours"] else md_escape(r["impl"])
             if r["seconds"] is None:
@@ -298,7 +299,7 @@ def benchmark_table(rows_by_case):
             else:
                 time_cell = format_seconds(r["seconds"])
                 ratio = r["seconds"] / ref["seconds"] if ref is not None else None
-                ratio_cell = "reference" if r is ref else format_ratio(ratio)
+                ratio_cell = "reference" if r is ref else format_ratio(ratio) if ratios else ""
                 remark = verdict(ratio) if ratio is not None and not r["ours"] else ""
                 if r.get("note"):
                     remark = f"{remark}; {md_escape(r['note'])}" if remark else md_escape(r["note"])
@@ -408,9 +409,9 @@ def render(records, runs, meta, png_name, chart_note):
             alternating = run.get("alternating")
             if alternating is None:
                 alternating = KNOWN.get(bench, Benchmark(bench)).alternating
-            out += [f"Ran in {status}." + TURNS.get(alternating, ""), ""]
+            out += [f"Ran in {status}." + (TURNS.get(alternating, "") if bench in by_bench else ""), ""]
         if bench in by_bench:
-            out += [benchmark_table(by_bench[bench]), ""]
+            out += [benchmark_table(by_bench[bench], KNOWN.get(bench, Benchmark(bench)).ratios), ""]
         elif run["status"] == "ok":
             last = run["output_tail"].strip().splitlines()[-1:] or ["(no output)"]
             out += [f"No rows recorded; its output ends: `{md_escape(last[0])}`", ""]
