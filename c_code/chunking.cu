@@ -50,14 +50,7 @@ static void ptn_chunk_read_params(Ndarray* params, int64_t* size, int64_t* step)
   ptn_chunk_check_dim("chunk_params ndim", Ndarray_NDIM(params), 1);
   ptn_chunk_check_dim("chunk_params size", Ndarray_DIMS(params)[0], 2);
   Float host[2];
-#if CUDA
-  HANDLE_ERROR(cudaMemcpyAsync(host, Ndarray_DEV_DATA(params), 2 * sizeof(Float), cudaMemcpyDeviceToHost,
-                               CUDA_CUR_STREAM));
-  HANDLE_ERROR(cudaStreamSynchronize(CUDA_CUR_STREAM));
-#else
-  host[0] = Ndarray_DEV_DATA(params)[0];
-  host[1] = Ndarray_DEV_DATA(params)[Ndarray_STRIDE(params, 0)];
-#endif
+  Ndarray_copy_to_host(host, Ndarray_DEV_DATA(params), 2 * sizeof(Float));  // need_contiguous
   const char* names[2] = {"chunk_size", "chunk_step"};
   int64_t vals[2];
   for (int k = 0; k < 2; ++k) {

@@ -7,7 +7,7 @@
 // entries that count are skipped (SubtensorBatchedIndex clips instead), or,
 // with `strict`, raise ValueError.
 
-DEV_FUNC inline int64_t ptn_sp_index(Float v, int64_t n) {
+HOST_FUNC DEV_FUNC inline int64_t ptn_sp_index(Float v, int64_t n) {
   if (!(v > Float(-1)) || !(v < Float(n))) return -1;
   return (int64_t)v;
 }
@@ -18,7 +18,7 @@ DEV_FUNC inline int64_t ptn_sp_clip(Float v, int64_t n) {
   return (int64_t)v;
 }
 
-DEV_FUNC inline bool ptn_sp_counts(Float mask) { return mask >= Float(0.1); }
+HOST_FUNC DEV_FUNC inline bool ptn_sp_counts(Float mask) { return mask >= Float(0.1); }
 
 [[noreturn]] static void ptn_sp_range_error(const char* op_what, const char* arr, int64_t i, int64_t b, Float v,
                                             int64_t n) {
@@ -27,21 +27,44 @@ DEV_FUNC inline bool ptn_sp_counts(Float mask) { return mask >= Float(0.1); }
   ptn::raise(PTN_STATUS_VALUE, s.str());
 }
 
-#if !CUDA
-// CPU loops over (time index, dim index) entries: whether entry (i, b) lands inside (T, D).  Out-of-range
-// entries are skipped, or raise with `strict`.
-static bool ptn_sp_in_range(const char* op_what, const char* name0, const char* name1, int64_t i, int64_t b, Float v0,
-                            int64_t T, Float v1, int64_t D, bool strict, int64_t* t, int64_t* j) {
-  *t = ptn_sp_index(v0, T);
-  *j = ptn_sp_index(v1, D);
-  if (*t >= 0 && *j >= 0) return true;
-  if (strict) {
-    if (*t < 0) ptn_sp_range_error(op_what, name0, i, b, v0, T);
-    ptn_sp_range_error(op_what, name1, i, b, v1, D);
-  }
-  return false;
-}
+// A 2-D float array that host code can read: its data (a host copy on CUDA) and element strides.
+struct PtnSpHost {
+  std::vector<Float> copy;
+  const Float* p = 0;
+  int64_t s0 = 0, s1 = 0;
+  Float at(int64_t i, int64_t b) const { return p[i * s0 + b * s1]; }
+};
+
+static void ptn_sp_host(Ndarray* a, PtnSpHost* h) {
+  h->s0 = Ndarray_STRIDE(a, 0);
+  h->s1 = Ndarray_STRIDE(a, 1);
+#if CUDA
+  h->copy.resize(Ndarray_SIZE(a));  // device arrays are C-contiguous
+  Ndarray_copy_to_host(h->copy.data(), Ndarray_DEV_DATA(a), h->copy.size() * sizeof(Float));
+  h->p = h->copy.data();
+#else
+  h->p = Ndarray_DEV_DATA(a);
 #endif
+}
+
+// The strict variants' check, by host code before any kernel runs (so the message is the same on CUDA): every
+// entry (i, b) of `first` (n, B) that counts (`mask` >= 0.1; every entry without a mask) must be in range for
+// `n_first`, and its `second` (when given) for `n_second`.  Raises for the first entry in (i, b) order that is not.
+static void ptn_sp_strict_check(const char* op_what, Ndarray* first, const char* first_name, int64_t n_first,
+                                Ndarray* second, const char* second_name, int64_t n_second, Ndarray* mask) {
+  PtnSpHost h0, h1, hm;
+  ptn_sp_host(first, &h0);
+  if (second) ptn_sp_host(second, &h1);
+  if (mask) ptn_sp_host(mask, &hm);
+  const int64_t n = Ndarray_DIMS(first)[0], B = Ndarray_DIMS(first)[1];
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < B; ++b) {
+      if (mask && !ptn_sp_counts(hm.at(i, b))) continue;
+      if (ptn_sp_index(h0.at(i, b), n_first) < 0) ptn_sp_range_error(op_what, first_name, i, b, h0.at(i, b), n_first);
+      if (second && ptn_sp_index(h1.at(i, b), n_second) < 0)
+        ptn_sp_range_error(op_what, second_name, i, b, h1.at(i, b), n_second);
+    }
+}
 
 static void ptn_sp_check(const char* what, int64_t got, int64_t want) {
   if (got != want) {
@@ -59,139 +82,117 @@ static void ptn_sp_check_entries(Ndarray** arrs, const char** names, int n_arrs,
   }
 }
 
+// The kernels below are grid-stride loops, the same on both targets (on the CPU start_dev_kernel runs one thread).
+// Out-of-range entries are skipped (or clipped); the strict variants check them on the host first.
+
 // ---------------------------------------------------------------- SubtensorBatchedIndex
-#if CUDA
-DEF_KERNEL void ptn_sbi_fw_kernel(const Float* x, int64_t T, int64_t B, int64_t D, int64_t xs0, int64_t xs1,
-                                  int64_t xs2, const Float* idx, int64_t is0, int64_t is1, Float* y, bool strict) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < T * B; k += (int64_t)gridDim.x * blockDim.x) {
-    int64_t t = k / B, b = k % B;
-    Float v = idx[t * is0 + b * is1];
-    if (strict) assert_cmp(ptn_sp_index(v, D), >=, 0);
-    y[k] = x[t * xs0 + b * xs1 + ptn_sp_clip(v, D) * xs2];
+// x (or D_x) (T, B, D) and idx (T, B), both strided.
+struct PtnSbiArgs {
+  int64_t T, B, D, xs0, xs1, xs2, is0, is1;
+  const Float* idx;
+};
+
+static PtnSbiArgs ptn_sbi_args(Ndarray* x, Ndarray* idx) {
+  const int64_t T = Ndarray_DIMS(x)[0], B = Ndarray_DIMS(x)[1];
+  ptn_sp_check("idx dim 0", Ndarray_DIMS(idx)[0], T);
+  ptn_sp_check("idx dim 1", Ndarray_DIMS(idx)[1], B);
+  return PtnSbiArgs{T, B, Ndarray_DIMS(x)[2], Ndarray_STRIDE(x, 0), Ndarray_STRIDE(x, 1), Ndarray_STRIDE(x, 2),
+                    Ndarray_STRIDE(idx, 0), Ndarray_STRIDE(idx, 1), Ndarray_DEV_DATA(idx)};
+}
+
+DEF_KERNEL void ptn_sbi_fw_kernel(PtnSbiArgs a, const Float* x, Float* y) {
+  GRID_LOOP(k, a.T * a.B) {
+    const int64_t t = k / a.B, b = k % a.B;
+    y[k] = x[t * a.xs0 + b * a.xs1 + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D) * a.xs2];
   }
 }
-DEF_KERNEL void ptn_sbi_bw_kernel(Float* dx, int64_t T, int64_t B, int64_t D, const Float* idx, int64_t is0,
-                                  int64_t is1, const Float* dy, int64_t ds0, int64_t ds1) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < T * B; k += (int64_t)gridDim.x * blockDim.x) {
-    int64_t t = k / B, b = k % B;
-    dx[k * D + ptn_sp_clip(idx[t * is0 + b * is1], D)] = dy[t * ds0 + b * ds1];
+
+// dx is C-contiguous.
+DEF_KERNEL void ptn_sbi_bw_kernel(PtnSbiArgs a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
+  GRID_LOOP(k, a.T * a.B) {
+    const int64_t t = k / a.B, b = k % a.B;
+    dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
   }
 }
-#endif
 
 // inputs: x (T,B,D), idx (T,B); outputs: y (T,B) with y[t,b] = x[t, b, clip(idx[t,b])].
 static void subtensor_batched_index_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
                                        bool strict) {
   assert_cmp(n_inputs, ==, 2);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray* x = inputs[0];
-  Ndarray* idx = inputs[1];
-  Ndarray* y = *outputs[0];
-  const int64_t T = Ndarray_DIMS(x)[0], B = Ndarray_DIMS(x)[1], D = Ndarray_DIMS(x)[2];
-  ptn_sp_check("idx dim 0", Ndarray_DIMS(idx)[0], T);
-  ptn_sp_check("idx dim 1", Ndarray_DIMS(idx)[1], B);
-  if (T * B == 0) return;
-  if (D == 0) ptn::raise(PTN_STATUS_VALUE, "SubtensorBatchedIndex: x has size 0 in its last dim, nothing to index");
-  const Float* xp = Ndarray_DEV_DATA(x);
-  const Float* ip = Ndarray_DEV_DATA(idx);
-  const int64_t xs0 = Ndarray_STRIDE(x, 0), xs1 = Ndarray_STRIDE(x, 1), xs2 = Ndarray_STRIDE(x, 2);
-  const int64_t is0 = Ndarray_STRIDE(idx, 0), is1 = Ndarray_STRIDE(idx, 1);
-#if CUDA
-  start_dev_kernel(ptn_sbi_fw_kernel, (xp, T, B, D, xs0, xs1, xs2, ip, is0, is1, Ndarray_DEV_DATA(y), strict));
+  const PtnSbiArgs a = ptn_sbi_args(inputs[0], inputs[1]);
+  if (a.T * a.B == 0) return;
+  if (a.D == 0) ptn::raise(PTN_STATUS_VALUE, "SubtensorBatchedIndex: x has size 0 in its last dim, nothing to index");
+  if (strict) ptn_sp_strict_check("SubtensorBatchedIndex", inputs[1], "idx", a.D, 0, 0, 0, 0);
+  start_dev_kernel(ptn_sbi_fw_kernel, (a, Ndarray_DEV_DATA(inputs[0]), Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
-#else
-  Float* yp = Ndarray_DEV_DATA(y);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < B; ++b) {
-      Float v = ip[t * is0 + b * is1];
-      if (strict && ptn_sp_index(v, D) < 0) ptn_sp_range_error("SubtensorBatchedIndex", "idx", t, b, v, D);
-      yp[t * B + b] = xp[t * xs0 + b * xs1 + ptn_sp_clip(v, D) * xs2];
-    }
-#endif
 }
 
 // inputs: x (shape only), idx (T,B), D_y (T,B); outputs: D_x (T,B,D), zero but at the selected entries.
 static void subtensor_batched_index_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 3);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray* idx = inputs[1];
   Ndarray* dy = inputs[2];
-  Ndarray* dx = *outputs[0];
-  const int64_t T = Ndarray_DIMS(dx)[0], B = Ndarray_DIMS(dx)[1], D = Ndarray_DIMS(dx)[2];
-  ptn_sp_check("idx dim 0", Ndarray_DIMS(idx)[0], T);
-  ptn_sp_check("idx dim 1", Ndarray_DIMS(idx)[1], B);
-  ptn_sp_check("D_y dim 0", Ndarray_DIMS(dy)[0], T);
-  ptn_sp_check("D_y dim 1", Ndarray_DIMS(dy)[1], B);
-  if (T * B == 0 || D == 0) return;
-  const Float* ip = Ndarray_DEV_DATA(idx);
-  const Float* dyp = Ndarray_DEV_DATA(dy);
-  const int64_t is0 = Ndarray_STRIDE(idx, 0), is1 = Ndarray_STRIDE(idx, 1);
-  const int64_t ds0 = Ndarray_STRIDE(dy, 0), ds1 = Ndarray_STRIDE(dy, 1);
-#if CUDA
-  start_dev_kernel(ptn_sbi_bw_kernel, (Ndarray_DEV_DATA(dx), T, B, D, ip, is0, is1, dyp, ds0, ds1));
+  const PtnSbiArgs a = ptn_sbi_args(*outputs[0], inputs[1]);
+  ptn_sp_check("D_y dim 0", Ndarray_DIMS(dy)[0], a.T);
+  ptn_sp_check("D_y dim 1", Ndarray_DIMS(dy)[1], a.B);
+  if (a.T * a.B == 0 || a.D == 0) return;
+  start_dev_kernel(ptn_sbi_bw_kernel, (a, Ndarray_DEV_DATA(dy), Ndarray_STRIDE(dy, 0), Ndarray_STRIDE(dy, 1),
+                                       Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
-#else
-  Float* dxp = Ndarray_DEV_DATA(dx);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < B; ++b)
-      dxp[(t * B + b) * D + ptn_sp_clip(ip[t * is0 + b * is1], D)] = dyp[t * ds0 + b * ds1];
-#endif
+}
+
+// ---------------------------------------------------------------- COO entries
+// An op's (N, B) entry arrays (C-contiguous) and the (T, B, D) space they index.
+struct PtnSpEntries {
+  int64_t N, T, B, D;
+  const Float* s0;
+  const Float* s1;
+  const Float* mask;
+  // The flat (t, b, j) slot of entry k; -1 when it does not count or is out of range.
+  DEV_FUNC int64_t slot(int64_t k) const {
+    if (!ptn_sp_counts(mask[k])) return -1;
+    const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
+    return t < 0 || j < 0 ? -1 : (t * B + k % B) * D + j;
+  }
+};
+
+// The entries s0, s1, mask, after checking that they and `others` are (N, B) with N = s0.shape[0].
+static PtnSpEntries ptn_sp_entries(Ndarray** arrs, const char** names, int n_arrs, int i_s0, int i_s1, int i_mask,
+                                   int64_t T, int64_t B, int64_t D) {
+  const int64_t N = Ndarray_DIMS(arrs[i_s0])[0];
+  ptn_sp_check_entries(arrs, names, n_arrs, N, B);
+  return PtnSpEntries{N, T, B, D, Ndarray_DEV_DATA(arrs[i_s0]), Ndarray_DEV_DATA(arrs[i_s1]),
+                      Ndarray_DEV_DATA(arrs[i_mask])};
 }
 
 // ---------------------------------------------------------------- SparseToDense
-#if CUDA
-DEF_KERNEL void ptn_s2d_kernel(Float* W, const Float* s0, const Float* s1, const Float* w, const Float* mask,
-                               int64_t N, int64_t T, int64_t B, int64_t D, bool strict) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < N * B; k += (int64_t)gridDim.x * blockDim.x) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (strict) {
-      assert_cmp(t, >=, 0);
-      assert_cmp(j, >=, 0);
-    }
-    if (t < 0 || j < 0) continue;
-    elem_atomic_add(&W[(t * B + k % B) * D + j], w[k]);
+DEF_KERNEL void ptn_s2d_kernel(PtnSpEntries e, const Float* w, Float* W) {
+  GRID_LOOP(k, e.N * e.B) {
+    const int64_t s = e.slot(k);
+    if (s >= 0) elem_atomic_add(&W[s], w[k]);
   }
 }
-DEF_KERNEL void ptn_s2d_bw_kernel(const Float* dW, const Float* s0, const Float* s1, const Float* mask, Float* dw,
-                                  int64_t N, int64_t T, int64_t B, int64_t D) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < N * B; k += (int64_t)gridDim.x * blockDim.x) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (t < 0 || j < 0) continue;
-    dw[k] = dW[(t * B + k % B) * D + j];
+
+DEF_KERNEL void ptn_s2d_bw_kernel(PtnSpEntries e, const Float* dW, Float* dw) {
+  GRID_LOOP(k, e.N * e.B) {
+    const int64_t s = e.slot(k);
+    if (s >= 0) dw[k] = dW[s];
   }
 }
-#endif
 
 // inputs: _initial_W (T,B,D) [= W], s0, s1, weight, mask (N,B); outputs: W with W[s0, b, s1] += weight.
 static void sparse_to_dense_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs, bool strict) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
   Ndarray* W = *outputs[0];
-  const int64_t T = Ndarray_DIMS(W)[0], B = Ndarray_DIMS(W)[1], D = Ndarray_DIMS(W)[2];
-  const int64_t N = Ndarray_DIMS(inputs[1])[0];
   const char* names[4] = {"s0", "s1", "weight", "mask"};
-  ptn_sp_check_entries(inputs + 1, names, 4, N, B);
-  if (N * B == 0) return;
-  const Float* s0 = Ndarray_DEV_DATA(inputs[1]);
-  const Float* s1 = Ndarray_DEV_DATA(inputs[2]);
-  const Float* w = Ndarray_DEV_DATA(inputs[3]);
-  const Float* mask = Ndarray_DEV_DATA(inputs[4]);
-#if CUDA
-  start_dev_kernel(ptn_s2d_kernel, (Ndarray_DEV_DATA(W), s0, s1, w, mask, N, T, B, D, strict));
+  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
+                                        Ndarray_DIMS(W)[2]);
+  if (e.N * e.B == 0) return;
+  if (strict) ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
+  start_dev_kernel(ptn_s2d_kernel, (e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W)));
   HANDLE_LAST_ERROR();
-#else
-  Float* Wp = Ndarray_DEV_DATA(W);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t k = i * B + b;
-      if (!ptn_sp_counts(mask[k])) continue;
-      int64_t t, j;
-      if (!ptn_sp_in_range("SparseToDense", "s0", "s1", i, b, s0[k], T, s1[k], D, strict, &t, &j)) continue;
-      Wp[(t * B + b) * D + j] += w[k];
-    }
-#endif
 }
 
 // inputs: s0, s1, mask (N,B), D_W (T,B,D) [= D__initial_W]; outputs: D__initial_W (= D_W), D_weight (N,B).
@@ -200,50 +201,30 @@ static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   assert_cmp(n_outputs, ==, 2);
   Ndarray* dW = *outputs[0];
   Ndarray* dw = *outputs[1];
-  const int64_t T = Ndarray_DIMS(dW)[0], B = Ndarray_DIMS(dW)[1], D = Ndarray_DIMS(dW)[2];
-  const int64_t N = Ndarray_DIMS(inputs[0])[0];
-  Ndarray* entries[4] = {inputs[0], inputs[1], inputs[2], dw};
+  Ndarray* arrs[4] = {inputs[0], inputs[1], inputs[2], dw};
   const char* names[4] = {"s0", "s1", "mask", "D_weight"};
-  ptn_sp_check_entries(entries, names, 4, N, B);
-  if (N * B == 0) return;
-  const Float* s0 = Ndarray_DEV_DATA(inputs[0]);
-  const Float* s1 = Ndarray_DEV_DATA(inputs[1]);
-  const Float* mask = Ndarray_DEV_DATA(inputs[2]);
-#if CUDA
-  start_dev_kernel(ptn_s2d_bw_kernel, (Ndarray_DEV_DATA(dW), s0, s1, mask, Ndarray_DEV_DATA(dw), N, T, B, D));
+  const PtnSpEntries e = ptn_sp_entries(arrs, names, 4, 0, 1, 2, Ndarray_DIMS(dW)[0], Ndarray_DIMS(dW)[1],
+                                        Ndarray_DIMS(dW)[2]);
+  if (e.N * e.B == 0) return;
+  start_dev_kernel(ptn_s2d_bw_kernel, (e, Ndarray_DEV_DATA(dW), Ndarray_DEV_DATA(dw)));
   HANDLE_LAST_ERROR();
-#else
-  const Float* dWp = Ndarray_DEV_DATA(dW);
-  Float* dwp = Ndarray_DEV_DATA(dw);
-  for (int64_t k = 0; k < N * B; ++k) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (t < 0 || j < 0) continue;
-    dwp[k] = dWp[(t * B + k % B) * D + j];
-  }
-#endif
 }
 
 // ---------------------------------------------------------------- MaxAndArgmaxSparse
-#if CUDA
-// One thread per batch entry, entries in order (the first of equal maxima wins, as on the CPU).
-DEF_KERNEL void ptn_maxarg_kernel(const Float* s0, const Float* s1, const Float* w, const Float* mask, Float* out_max,
-                                  Float* out_arg, int64_t N, int64_t T, int64_t B, bool strict) {
-  for (int64_t b = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; b < B; b += (int64_t)gridDim.x * blockDim.x) {
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t k = i * B + b;
-      if (!ptn_sp_counts(mask[k])) continue;
-      const int64_t t = ptn_sp_index(s0[k], T);
-      if (strict) assert_cmp(t, >=, 0);
-      if (t < 0) continue;
-      if (w[k] > out_max[t * B + b]) {
-        out_max[t * B + b] = w[k];
-        out_arg[t * B + b] = trunc(s1[k]);
+// One thread per batch entry, entries in order: the first of equal maxima wins.  s1 is not range-checked.
+DEF_KERNEL void ptn_maxarg_kernel(PtnSpEntries e, const Float* w, Float* out_max, Float* out_arg) {
+  GRID_LOOP(b, e.B) {
+    for (int64_t i = 0; i < e.N; ++i) {
+      const int64_t k = i * e.B + b;
+      if (!ptn_sp_counts(e.mask[k])) continue;
+      const int64_t t = ptn_sp_index(e.s0[k], e.T);
+      if (t >= 0 && w[k] > out_max[t * e.B + b]) {
+        out_max[t * e.B + b] = w[k];
+        out_arg[t * e.B + b] = trunc(e.s1[k]);
       }
     }
   }
 }
-#endif
 
 // inputs: s0, s1, weight, mask (N,B), _out_max (T,B) [= out_max], _out_arg (T,B) [= out_arg].
 static void max_and_argmax_sparse_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs, bool strict) {
@@ -254,36 +235,13 @@ static void max_and_argmax_sparse_fw(int n_inputs, Ndarray** inputs, int n_outpu
   const int64_t T = Ndarray_DIMS(out_max)[0], B = Ndarray_DIMS(out_max)[1];
   ptn_sp_check("max_and_argmax_sparse: out_arg dim 0 (out_max.shape[0])", Ndarray_DIMS(out_arg)[0], T);
   ptn_sp_check("max_and_argmax_sparse: out_arg dim 1 (out_max.shape[1])", Ndarray_DIMS(out_arg)[1], B);
-  const int64_t N = Ndarray_DIMS(inputs[0])[0];
   const char* names[4] = {"s0", "s1", "weight", "mask"};
-  ptn_sp_check_entries(inputs, names, 4, N, B);
-  if (N * B == 0) return;
-  const Float* s0 = Ndarray_DEV_DATA(inputs[0]);
-  const Float* s1 = Ndarray_DEV_DATA(inputs[1]);
-  const Float* w = Ndarray_DEV_DATA(inputs[2]);
-  const Float* mask = Ndarray_DEV_DATA(inputs[3]);
-#if CUDA
-  start_dev_kernel(ptn_maxarg_kernel,
-                   (s0, s1, w, mask, Ndarray_DEV_DATA(out_max), Ndarray_DEV_DATA(out_arg), N, T, B, strict));
+  const PtnSpEntries e = ptn_sp_entries(inputs, names, 4, 0, 1, 3, T, B, 0);
+  if (e.N * B == 0) return;
+  if (strict) ptn_sp_strict_check("MaxAndArgmaxSparse", inputs[0], "s0", T, 0, 0, 0, inputs[3]);
+  start_dev_kernel(ptn_maxarg_kernel, (e, Ndarray_DEV_DATA(inputs[2]), Ndarray_DEV_DATA(out_max),
+                                       Ndarray_DEV_DATA(out_arg)));
   HANDLE_LAST_ERROR();
-#else
-  Float* mp = Ndarray_DEV_DATA(out_max);
-  Float* ap = Ndarray_DEV_DATA(out_arg);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t k = i * B + b;
-      if (!ptn_sp_counts(mask[k])) continue;
-      const int64_t t = ptn_sp_index(s0[k], T);
-      if (t < 0) {
-        if (strict) ptn_sp_range_error("MaxAndArgmaxSparse", "s0", i, b, s0[k], T);
-        continue;
-      }
-      if (w[k] > mp[t * B + b]) {
-        mp[t * B + b] = w[k];
-        ap[t * B + b] = std::trunc(s1[k]);
-      }
-    }
-#endif
 }
 
 // ---------------------------------------------------------------- CrossEntropySoftmaxAndGradientZSparse
@@ -291,11 +249,13 @@ static void max_and_argmax_sparse_fw(int n_inputs, Ndarray** inputs, int n_outpu
 // max_z = max(z), then per counted entry (i, b) with t = s0, j = s1 in range on a counted frame:
 // ce[t,b] -= w * log_softmax(z)[t,b,j] and grad_z[t,b,j] -= w (duplicates add up).
 // Backward: D_z = D_ce * (sum_j y_j * softmax - y), D_w = -D_ce * log_softmax at the entry.
+//
+// Per frame (counted, D > 0): lse[f] = log-sum-exp of z[f], max_z[f] (when given) its max, and p[f] (when given)
+// softmax(z[f]) * scale[f] (scale 1 when not given; a zero scale leaves p[f] as it is).
 
 #if CUDA
 #define PTN_CE_BLOCK 256
-// One block per frame: max and log-sum-exp by a shared-memory reduction.  Writes lse[f] (and max_z, and
-// p = softmax * scale[f] into `p` when given) for the frames that count.
+// One block per frame: max and log-sum-exp by a shared-memory reduction.
 DEF_KERNEL void ptn_ce_frame_kernel(const Float* z, const Float* z_mask, int64_t F, int64_t D, Float* lse,
                                     Float* max_z, Float* p, const Float* scale) {
   __shared__ Float buf[PTN_CE_BLOCK];
@@ -326,53 +286,12 @@ DEF_KERNEL void ptn_ce_frame_kernel(const Float* z, const Float* z_mask, int64_t
       lse[f] = l;
       if (max_z) max_z[f] = m;
     }
-    if (p) {
-      const Float sc = scale ? scale[f] : Float(1);
+    const Float sc = scale ? scale[f] : Float(1);
+    if (p && sc != Float(0))
       for (int64_t j = threadIdx.x; j < D; j += blockDim.x) p[f * D + j] = sc * exp(zr[j] - l);
-    }
   }
-}
-
-// Per entry: ce and grad_z (forward, dw == 0) or D_z and D_w (backward, coef = D_ce).
-DEF_KERNEL void ptn_ce_entry_kernel(const Float* z, const Float* z_mask, const Float* lse, const Float* s0,
-                                    const Float* s1, const Float* w,
-                                    const Float* mask, int64_t N, int64_t T, int64_t B, int64_t D, Float* ce,
-                                    Float* grad, const Float* coef, Float* dw, bool strict) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < N * B; k += (int64_t)gridDim.x * blockDim.x) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (strict) {
-      assert_cmp(t, >=, 0);
-      assert_cmp(j, >=, 0);
-    }
-    if (t < 0 || j < 0) continue;
-    const int64_t f = t * B + k % B;
-    if (!(z_mask[f] > Float(0.5))) continue;  // frame does not count
-    const Float l = lse[f];
-    const Float c = coef ? coef[f] : Float(1);
-    const Float logp = z[f * D + j] - l;
-    if (ce) elem_atomic_add(&ce[f], -w[k] * logp);
-    elem_atomic_add(&grad[f * D + j], -c * w[k]);
-    if (dw) dw[k] = -c * logp;
-  }
-}
-
-DEF_KERNEL void ptn_ce_ysum_kernel(const Float* s0, const Float* s1, const Float* w, const Float* mask, int64_t N,
-                                   int64_t T, int64_t B, int64_t D, Float* ysum) {
-  for (int64_t k = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; k < N * B; k += (int64_t)gridDim.x * blockDim.x) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (t < 0 || j < 0) continue;
-    elem_atomic_add(&ysum[t * B + k % B], w[k]);
-  }
-}
-
-DEF_KERNEL void ptn_ce_scale_kernel(Float* ysum, const Float* d_ce, int64_t F) {
-  for (int64_t f = threadIdx.x + (int64_t)blockDim.x * blockIdx.x; f < F; f += (int64_t)gridDim.x * blockDim.x)
-    ysum[f] *= d_ce[f];
 }
 #else
-// The frame's log-sum-exp; writes softmax * scale into p (when given) and the max into max_z (when given).
 static inline Float ptn_ce_frame(const Float* zr, int64_t D, Float* p, Float scale, Float* max_z) {
   Float m = zr[0];
   for (int64_t j = 1; j < D; ++j) m = zr[j] > m ? zr[j] : m;
@@ -392,16 +311,57 @@ static inline Float ptn_ce_frame(const Float* zr, int64_t D, Float* p, Float sca
 }
 #endif
 
-static void ptn_ce_check(Ndarray** inputs, int64_t* T, int64_t* B, int64_t* D, int64_t* N) {
+static void ptn_ce_frames(const Float* z, const Float* z_mask, int64_t F, int64_t D, Float* lse, Float* max_z, Float* p,
+                          const Float* scale) {
+  if (F == 0 || D == 0) return;
+#if CUDA
+  start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0, (z, z_mask, F, D, lse, max_z, p, scale));
+#else
+  for (int64_t f = 0; f < F; ++f) {
+    if (!(z_mask[f] > Float(0.5))) continue;
+    const Float sc = scale ? scale[f] : Float(1);
+    lse[f] = ptn_ce_frame(z + f * D, D, p && sc != Float(0) ? p + f * D : (Float*)0, sc, max_z ? max_z + f : 0);
+  }
+#endif
+}
+
+// Per counted entry on a counted frame: ce and grad_z (forward: coef and dw null) or D_z and D_w (backward:
+// coef = D_ce, ce null).  Entries in order, so that duplicates add up in the same order on the CPU.
+DEF_KERNEL void ptn_ce_entry_kernel(PtnSpEntries e, const Float* z, const Float* z_mask, const Float* lse,
+                                    const Float* w, Float* ce, Float* grad, const Float* coef, Float* dw) {
+  GRID_LOOP(k, e.N * e.B) {
+    const int64_t s = e.slot(k);
+    if (s < 0) continue;
+    const int64_t f = s / e.D, j = s % e.D;
+    if (!(z_mask[f] > Float(0.5))) continue;  // frame does not count
+    const Float c = coef ? coef[f] : Float(1);
+    const Float logp = z[f * e.D + j] - lse[f];
+    if (ce) elem_atomic_add(&ce[f], -w[k] * logp);
+    elem_atomic_add(&grad[f * e.D + j], -c * w[k]);
+    if (dw) dw[k] = -c * logp;
+  }
+}
+
+// ysum[f] = D_ce[f] * (sum of the weights of the counted entries of frame f).
+DEF_KERNEL void ptn_ce_ysum_kernel(PtnSpEntries e, const Float* w, Float* ysum) {
+  GRID_LOOP(k, e.N * e.B) {
+    const int64_t s = e.slot(k);
+    if (s >= 0) elem_atomic_add(&ysum[s / e.D], w[k]);
+  }
+}
+
+DEF_KERNEL void ptn_ce_scale_kernel(Float* ysum, const Float* d_ce, int64_t F) {
+  GRID_LOOP(f, F) ysum[f] *= d_ce[f];
+}
+
+// z (T,B,D), z_mask (T,B), then the entries y_target_t, y_target_i, y_target_w, y_target_mask (N,B).
+static PtnSpEntries ptn_ce_entries(Ndarray** inputs) {
   Ndarray* z = inputs[0];
-  *T = Ndarray_DIMS(z)[0];
-  *B = Ndarray_DIMS(z)[1];
-  *D = Ndarray_DIMS(z)[2];
-  ptn_sp_check("z_mask dim 0", Ndarray_DIMS(inputs[1])[0], *T);
-  ptn_sp_check("z_mask dim 1", Ndarray_DIMS(inputs[1])[1], *B);
-  *N = Ndarray_DIMS(inputs[2])[0];
+  const int64_t T = Ndarray_DIMS(z)[0], B = Ndarray_DIMS(z)[1];
+  ptn_sp_check("z_mask dim 0", Ndarray_DIMS(inputs[1])[0], T);
+  ptn_sp_check("z_mask dim 1", Ndarray_DIMS(inputs[1])[1], B);
   const char* names[4] = {"y_target_t", "y_target_i", "y_target_w", "y_target_mask"};
-  ptn_sp_check_entries(inputs + 2, names, 4, *N, *B);
+  return ptn_sp_entries(inputs + 2, names, 4, 0, 1, 3, T, B, Ndarray_DIMS(z)[2]);
 }
 
 // inputs: z (T,B,D), z_mask (T,B), y_target_t, y_target_i, y_target_w, y_target_mask (N,B);
@@ -410,48 +370,22 @@ static void crossentropy_softmax_sparse_fw(int n_inputs, Ndarray** inputs, int n
                                            bool strict) {
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 3);
-  int64_t T, B, D, N;
-  ptn_ce_check(inputs, &T, &B, &D, &N);
-  const int64_t F = T * B;
-  if (F == 0 && N * B == 0) return;
+  const PtnSpEntries e = ptn_ce_entries(inputs);
+  const int64_t F = e.T * e.B;
+  if (strict && e.N * e.B > 0)
+    ptn_sp_strict_check("CrossEntropySoftmaxAndGradientZSparse", inputs[2], "y_target_t", e.T, inputs[3],
+                        "y_target_i", e.D, inputs[5]);
+  if (F == 0) return;
   const Float* z = Ndarray_DEV_DATA(inputs[0]);
   const Float* z_mask = Ndarray_DEV_DATA(inputs[1]);
-  const Float* s0 = Ndarray_DEV_DATA(inputs[2]);
-  const Float* s1 = Ndarray_DEV_DATA(inputs[3]);
-  const Float* w = Ndarray_DEV_DATA(inputs[4]);
-  const Float* mask = Ndarray_DEV_DATA(inputs[5]);
-  Float* ce = Ndarray_DEV_DATA(*outputs[0]);
   Float* grad = Ndarray_DEV_DATA(*outputs[1]);
-  Float* max_z = Ndarray_DEV_DATA(*outputs[2]);
-#if CUDA
   ptn::Scratch scratch;
   Float* lse = scratch.get<Float>(F);
-  if (F > 0) start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
-                               (z, z_mask, F, D, lse, max_z, grad, (const Float*)0));
-  if (N * B > 0 && F > 0)
-    start_dev_kernel(ptn_ce_entry_kernel, (z, z_mask, lse, s0, s1, w, mask, N, T, B, D, ce, grad, (const Float*)0,
-                                           (Float*)0, strict));
+  ptn_ce_frames(z, z_mask, F, e.D, lse, Ndarray_DEV_DATA(*outputs[2]), grad, (const Float*)0);
+  if (e.N * e.B > 0)
+    start_dev_kernel(ptn_ce_entry_kernel, (e, z, z_mask, lse, Ndarray_DEV_DATA(inputs[4]), Ndarray_DEV_DATA(*outputs[0]),
+                                           grad, (const Float*)0, (Float*)0));
   HANDLE_LAST_ERROR();
-#else
-  std::vector<Float> lse(F, Float(0));
-  for (int64_t f = 0; f < F; ++f) {
-    if (!(z_mask[f] > Float(0.5)) || D == 0) continue;
-    lse[f] = ptn_ce_frame(z + f * D, D, grad + f * D, Float(1), max_z + f);
-  }
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t k = i * B + b;
-      if (!ptn_sp_counts(mask[k])) continue;
-      int64_t t, j;
-      if (!ptn_sp_in_range("CrossEntropySoftmaxAndGradientZSparse", "y_target_t", "y_target_i", i, b, s0[k], T, s1[k],
-                           D, strict, &t, &j))
-        continue;
-      const int64_t f = t * B + b;
-      if (!(z_mask[f] > Float(0.5))) continue;  // frame does not count
-      ce[f] -= w[k] * (z[f * D + j] - lse[f]);
-      grad[f * D + j] -= w[k];
-    }
-#endif
 }
 
 // inputs: z, z_mask, y_target_t, y_target_i, y_target_w, y_target_mask, D_out_ce (T,B);
@@ -459,60 +393,23 @@ static void crossentropy_softmax_sparse_fw(int n_inputs, Ndarray** inputs, int n
 static void crossentropy_softmax_sparse_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 2);
-  int64_t T, B, D, N;
-  ptn_ce_check(inputs, &T, &B, &D, &N);
-  ptn_sp_check("D_out_ce dim 0", Ndarray_DIMS(inputs[6])[0], T);
-  ptn_sp_check("D_out_ce dim 1", Ndarray_DIMS(inputs[6])[1], B);
-  const int64_t F = T * B;
-  if (F == 0 || N * B == 0) return;  // without counted entries, ce = 0 and both gradients are 0
+  const PtnSpEntries e = ptn_ce_entries(inputs);
+  ptn_sp_check("D_out_ce dim 0", Ndarray_DIMS(inputs[6])[0], e.T);
+  ptn_sp_check("D_out_ce dim 1", Ndarray_DIMS(inputs[6])[1], e.B);
+  const int64_t F = e.T * e.B;
+  if (F == 0 || e.N * e.B == 0) return;  // without counted entries, ce = 0 and both gradients are 0
   const Float* z = Ndarray_DEV_DATA(inputs[0]);
   const Float* z_mask = Ndarray_DEV_DATA(inputs[1]);
-  const Float* s0 = Ndarray_DEV_DATA(inputs[2]);
-  const Float* s1 = Ndarray_DEV_DATA(inputs[3]);
   const Float* w = Ndarray_DEV_DATA(inputs[4]);
-  const Float* mask = Ndarray_DEV_DATA(inputs[5]);
   const Float* d_ce = Ndarray_DEV_DATA(inputs[6]);
   Float* dz = Ndarray_DEV_DATA(*outputs[0]);
-  Float* dw = Ndarray_DEV_DATA(*outputs[1]);
-#if CUDA
   ptn::Scratch scratch;
-  Float* tmp = scratch.get<Float>(2 * F);
-  Float* ysum = tmp;
-  Float* lse = tmp + F;
+  Float* ysum = scratch.get<Float>(F);
+  Float* lse = scratch.get<Float>(F);
   Ndarray_memset(ysum, 0, F * sizeof(Float));
-  start_dev_kernel(ptn_ce_ysum_kernel, (s0, s1, w, mask, N, T, B, D, ysum));
-  start_dev_kernel(ptn_ce_scale_kernel, (ysum, d_ce, F));  // ysum * D_ce
-  start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
-                    (z, z_mask, F, D, lse, (Float*)0, dz, (const Float*)ysum));
-  start_dev_kernel(ptn_ce_entry_kernel, (z, z_mask, lse, s0, s1, w, mask, N, T, B, D, (Float*)0, dz, d_ce, dw, false));
+  start_dev_kernel(ptn_ce_ysum_kernel, (e, w, ysum));
+  start_dev_kernel(ptn_ce_scale_kernel, (ysum, d_ce, F));
+  ptn_ce_frames(z, z_mask, F, e.D, lse, (Float*)0, dz, ysum);
+  start_dev_kernel(ptn_ce_entry_kernel, (e, z, z_mask, lse, w, (Float*)0, dz, d_ce, Ndarray_DEV_DATA(*outputs[1])));
   HANDLE_LAST_ERROR();
-#else
-  std::vector<Float> ysum(F, Float(0)), lse(F, Float(0));
-  for (int64_t k = 0; k < N * B; ++k) {
-    if (!ptn_sp_counts(mask[k])) continue;
-    const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-    if (t < 0 || j < 0) continue;
-    ysum[t * B + k % B] += w[k];
-  }
-  for (int64_t f = 0; f < F; ++f) {
-    if (!(z_mask[f] > Float(0.5)) || D == 0) continue;
-    const Float scale = ysum[f] * d_ce[f];
-    if (scale == Float(0)) {
-      lse[f] = ptn_ce_frame(z + f * D, D, (Float*)0, Float(0), (Float*)0);
-    } else {
-      lse[f] = ptn_ce_frame(z + f * D, D, dz + f * D, scale, (Float*)0);
-    }
-  }
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t k = i * B + b;
-      if (!ptn_sp_counts(mask[k])) continue;
-      const int64_t t = ptn_sp_index(s0[k], T), j = ptn_sp_index(s1[k], D);
-      if (t < 0 || j < 0) continue;
-      const int64_t f = t * B + b;
-      if (!(z_mask[f] > Float(0.5))) continue;  // frame does not count
-      dz[f * D + j] -= d_ce[f] * w[k];
-      dw[k] = -d_ce[f] * (z[f * D + j] - lse[f]);
-    }
-#endif
 }
