@@ -1,9 +1,10 @@
-"""The translation unit of one op variant: dialect headers, the op's support
-code and its fw code wrapped in a C entry point.
+"""Variants: what a spec compiles to per floating type and device, made once and shared by every glue.
 
-The same text is compiled by ptnative's own build (g++ or nvcc, see
-:mod:`ptnative.build`) and pasted into PyTensor's C modules (see
-:mod:`ptnative.backends.c`).  The entry point's ABI::
+A :class:`Variant` is the translation unit of one op variant (dialect headers, the op's support code and its fw
+code wrapped in a C entry point), its entry point's symbol and its argument plan (:mod:`ptnative.plan`).
+:func:`variant` makes each once per (spec, floating type, device); :func:`generate` is the computation.  The
+text is compiled by ptnative's own build (g++ or nvcc, see :mod:`ptnative.build`); every glue
+(:mod:`ptnative.backends`) calls its entry point as the plan says.  The entry point's ABI::
 
     int <symbol>(void** data, const int64_t* shapes, const int64_t* strides,
                  char* err, int64_t errlen);
@@ -15,6 +16,9 @@ Outputs are allocated by the caller and zeroed by the entry point; a
 message in ``err``.  The CUDA build takes host arrays too (C-contiguous ones):
 it copies them to device buffers that it keeps for the next call, runs, and
 copies the outputs back; ``host_memory`` inputs stay on the host.
+
+This module also reads the files of ``c_code/`` (kernels, dialect headers and glue templates with named
+sections).
 """
 
 from __future__ import annotations
