@@ -445,3 +445,32 @@ def test_compile_of_one_node_computes_its_variant_once(mode, monkeypatch):
     assert set(built) <= {(0,)}  # no op was copied to compute a variant; only the inplace rewrite makes one
     inplace = mode not in ("FAST_COMPILE", "JAX")
     assert any(isinstance(n.op, NativeOp) and n.op.inplace for n in f.maker.fgraph.toposort()) == inplace
+
+
+def test_dependencies_run_from_backends_to_the_spec():
+    """The spec, the plan, the variant and the op import no backend (the backends register themselves with the op
+    and with PyTensor's dispatch), and the spec side imports nothing of the op: imports at any level, lazy ones
+    included."""
+    import ast
+    import importlib
+
+    def imported(module_name):
+        module = importlib.import_module(module_name)
+        tree = ast.parse(open(module.__file__).read())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative to the ptnative package
+                    base = "ptnative" + ("." + base if base else "")
+                names |= {f"{base}.{a.name}" for a in node.names} | {base}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+        return {n for n in names if n.startswith("ptnative")}
+
+    for name in ("ptnative.spec", "ptnative.plan", "ptnative.source", "ptnative.op"):
+        assert not {n for n in imported(name) if n.startswith("ptnative.backends")}, name
+    for name in ("ptnative.spec", "ptnative.plan", "ptnative.source"):
+        assert not {n for n in imported(name) if n == "ptnative.op" or n.startswith("ptnative.op.")}, name
+    assert imported("ptnative.spec") == set()
+    assert set(ptnative.op.GLUES) == {"c", "python"}
