@@ -102,7 +102,7 @@ def main():
             verdict = "" if name.startswith("ptnative") else \
                 f"  (ptnative {r:.1f}x faster)" if r >= 1 else f"  (ptnative {1 / r:.1f}x slower)"
             print(f"  {name:26s} {t.best * 1e3:10.3f} ms   ratio {r:6.2f}{verdict}")
-            record("edit_distance", case, name, t.median, ours=name.startswith("ptnative"), best=t.best)
+            record("edit_distance", case, name, t.median, ours=name.startswith("ptnative"), best=t.best, cpu=t.cpu)
         for name in missing:
             record("edit_distance", case, name, None, note="not installed")
         xa = [A[i, :AL[i]] for i in range(n_pairs)]

@@ -184,7 +184,7 @@ def main():
                 rows.append((f"T={T} B={B} K={K}", task, name, timing.median * 1e3, timing.cpu * 1e3,
                              timing.median / times["ptnative"].median))
                 record("hmm", f"{task} T={T} B={B} K={K} f64", name, timing.median, ours=name == "ptnative",
-                       best=timing.best)
+                       best=timing.best, cpu=timing.cpu)
             for name in (n for n, fns in others.items() if not fns):  # bench/report.py: "not installed" rows
                 record("hmm", f"{task} T={T} B={B} K={K} f64", name, None, note="not installed")
             dyn = times.get("dynamax")

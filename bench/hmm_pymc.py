@@ -137,7 +137,8 @@ def main(argv=None):
                                       reps=args.reps, rounds=3, warmup=3)
         for name, t in timings.items():
             rows.append((n_steps, "logp+dlogp", name, t.median * 1e3, "ms"))
-            record("hmm_pymc", f"model logp+dlogp T={n_steps}", name, t.median, ours=name == "ptnative", best=t.best)
+            record("hmm_pymc", f"model logp+dlogp T={n_steps}", name, t.median, ours=name == "ptnative", best=t.best,
+                   cpu=t.cpu)
         if pmx is None:
             record("hmm_pymc", f"model logp+dlogp T={n_steps}", "pymc-extras", None, note="not installed")
         if not args.no_sample:

@@ -95,7 +95,7 @@ def main():
         print(f"\n{title} (cost + gradient; max |JAX - default| = {err:.1e})")
         for name, t in timings.items():
             print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
-            record("jax_grad", f"{title}, cost + gradient", name, t.median, ours=True, best=t.best)
+            record("jax_grad", f"{title}, cost + gradient", name, t.median, ours=True, best=t.best, cpu=t.cpu)
     T, K, N = (60, 3, 4) if opts.quick else (500, 3, 16)
     timings, err = vmap_rows(T, K, N, rng, reps)
     print(f"\nhmm_log_likelihood T={T} K={K}, {N} problems (value + gradient; max |difference| = {err:.1e})")
@@ -103,7 +103,7 @@ def main():
     for name, t in timings.items():
         print(f"  {name:34s} {t.median * 1e3:8.3f} ms  ({t.median / base:.2f}x)")
         record("jax_grad", f"hmm_log_likelihood T={T} K={K}, {N} problems, value + gradient", name, t.median,
-               ours=True, best=t.best)
+               ours=True, best=t.best, cpu=t.cpu)
 
 
 if __name__ == "__main__":

@@ -288,8 +288,10 @@ def md_escape(text):
 
 
 def benchmark_table(rows_by_case, ratios=True):
-    lines = ["| case | implementation | median | best | time / ptnative | |",
-             "|---|---|--:|--:|--:|---|"]
+    """A benchmark's Markdown table; a CPU column where some row has a CPU time."""
+    cpu = any(r.get("cpu") is not None for rows in rows_by_case.values() for r in rows)
+    lines = [f"| case | implementation | median | best |{' CPU |' if cpu else ''} time / ptnative | |",
+             f"|---|---|--:|--:|{'--:|' if cpu else ''}--:|---|"]
     for case, rows in rows_by_case.items():
         ref = reference(rows) if ratios else None
         for i, r in enumerate(rows):
@@ -303,8 +305,9 @@ def benchmark_table(rows_by_case, ratios=True):
                 remark = verdict(ratio) if ratio is not None and not r["ours"] else ""
                 if r.get("note"):
                     remark = f"{remark}; {md_escape(r['note'])}" if remark else md_escape(r["note"])
+            cpu_cell = f" {format_seconds(r.get('cpu'))} |" if cpu else ""
             lines.append(f"| {md_escape(case) if i == 0 else ''} | {impl} | {time_cell} | "
-                         f"{format_seconds(r.get('best'))} | {ratio_cell} | {remark} |")
+                         f"{format_seconds(r.get('best'))} |{cpu_cell} {ratio_cell} | {remark} |")
     return "\n".join(lines)
 
 
@@ -362,7 +365,9 @@ def render(records, runs, meta, png_name, chart_note):
            "Written by `make bench` (`python bench/report.py`; `make bench BENCH_ARGS=--quick` for a short run); "
            "do not edit by hand. Each benchmark in `bench/` runs as its own process and times ptnative and its peers "
            "on the same data after checking that their results agree (each section says whether in alternating "
-           "turns). Times are medians of the timed calls (best: the fastest call). **time / ptnative** divides by "
+           "turns). Times are medians of the timed calls (best: the fastest call; CPU, where measured: the "
+           "median process CPU time of a call, all its threads together, which a busy machine inflates less than wall "
+           "time for one-thread code). **time / ptnative** divides by "
            "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "
            "slower.",
            "",

@@ -104,13 +104,13 @@ def main():
     ours, (cost, grad) = bench_ptnative(rnnt_loss, *data, args.mode, args.reps, blank=0)
     report("ptnative.rnnt_loss", ours, elements)
     case = f"rnnt_loss B={B} T={T} U={U} V={V}"
-    record("rnnt", case, "ptnative.rnnt_loss", ours[0], ours=True, best=ours[1])
+    record("rnnt", case, "ptnative.rnnt_loss", ours[0], ours=True, best=ours[1], cpu=ours[2])
     ta = bench_torchaudio(*data, args.reps)
     if ta is None:
         record("rnnt", case, "torchaudio.functional.rnnt_loss", None, note="not installed (or not loadable)")
     else:
         report("torchaudio.functional.rnnt_loss (CPU)", ta[0], elements, ours)
-        record("rnnt", case, "torchaudio.functional.rnnt_loss", ta[0][0], best=ta[0][1])
+        record("rnnt", case, "torchaudio.functional.rnnt_loss", ta[0][0], best=ta[0][1], cpu=ta[0][2])
         print(f"    |cost diff| = {abs(ta[1][0] - float(cost)):.3g}, max |grad diff| = "
               f"{np.abs(ta[1][1] - grad).max():.3g}")
     if not args.no_reference:
@@ -134,7 +134,7 @@ def main():
                                         big_blank_durations=durations, sigma=0.05)
     report("ptnative.multiblank_rnnt_loss", ours, elements)
     case = f"multiblank_rnnt_loss B={B} T={T} U={U} V={V} durations {durations}"
-    record("rnnt", case, "ptnative.multiblank_rnnt_loss", ours[0], ours=True, best=ours[1])
+    record("rnnt", case, "ptnative.multiblank_rnnt_loss", ours[0], ours=True, best=ours[1], cpu=ours[2])
     print("  torchaudio: no multi-blank loss (espnet/NeMo's run only on CUDA)")
     if not args.no_reference:
         c0, t0 = time.process_time(), time.perf_counter()

@@ -45,20 +45,21 @@ def measure_interleaved(fns: dict, reps=10, rounds=3, settle=0.3, warmup=1) -> d
 RECORDS_ENV = "PTNATIVE_BENCH_RECORDS"
 
 
-def record(benchmark, case, impl, seconds, *, ours=False, best=None, note=None):
+def record(benchmark, case, impl, seconds, *, ours=False, best=None, cpu=None, note=None):
     """Append one result row for ``bench/report.py`` to the JSON-lines file named by the environment variable
     ``PTNATIVE_BENCH_RECORDS``; nothing happens when it is unset (a benchmark run by hand only prints).
 
     ``benchmark``: the script's name (``"ctc"``); ``case``: the workload, e.g. ``"T=200 B=16 D=50 N=40 f32"``;
     ``impl``: what was timed; ``seconds``: its median wall time, or None when it did not run (say why in
     ``note``, e.g. ``"not installed"``); ``ours``: a ptnative row (the case's first one is the reference that
-    the report's ratios divide by); ``best``: the fastest call, if measured."""
+    the report's ratios divide by); ``best``: the fastest call, ``cpu``: the median process CPU time of a call (all
+    threads), if measured."""
     path = os.environ.get(RECORDS_ENV)
     if not path:
         return
     row = {"benchmark": benchmark, "case": case, "impl": impl,
            "seconds": None if seconds is None else float(seconds), "ours": bool(ours),
-           "best": None if best is None else float(best), "note": note}
+           "best": None if best is None else float(best), "cpu": None if cpu is None else float(cpu), "note": note}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -68,5 +69,5 @@ def measure_against(benchmark, case, ours, peers: dict, reps=10, rounds=3) -> di
     (``measure_interleaved``), record every row with ``record``, and return {name: Timing}."""
     timings = measure_interleaved({"ptnative": ours, **peers}, reps, rounds=rounds)
     for name, t in timings.items():
-        record(benchmark, case, name, t.median, ours=name == "ptnative", best=t.best)
+        record(benchmark, case, name, t.median, ours=name == "ptnative", best=t.best, cpu=t.cpu)
     return timings

@@ -25,9 +25,9 @@ report = load("report")
 timing = load("timing")
 
 
-def row(bench, case, impl, seconds, ours=False, best=None, note=None):
+def row(bench, case, impl, seconds, ours=False, best=None, note=None, cpu=None):
     return {"benchmark": bench, "case": case, "impl": impl, "seconds": seconds, "ours": ours, "best": best,
-            "note": note}
+            "cpu": cpu, "note": note}
 
 
 RECORDS = [row("ctc", "ctc_loss T=20", "ptnative.ctc_loss", 0.010, True, 0.009),
@@ -68,9 +68,11 @@ def test_record_writes_rows_only_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv(timing.RECORDS_ENV, str(path))
     timing.record("ctc", "case", "ptnative", 0.5, ours=True, best=0.25)
     timing.record("ctc", "case", "torch", None, note="not installed")
+    timing.record("ctc", "case", "peer", 0.75, cpu=1.5)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == [row("ctc", "case", "ptnative", 0.5, True, 0.25), row("ctc", "case", "torch", None,
-                                                                         note="not installed")]
+                                                                         note="not installed"),
+                    row("ctc", "case", "peer", 0.75, cpu=1.5)]
 
 
 def test_tables_summary_and_chart(tmp_path):
@@ -198,3 +200,11 @@ def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
     assert [(r["benchmark"], r["case"], r["impl"], r["ours"]) for r in rows] == [("demo", "case", "ptnative", True),
                                                                                  ("demo", "case", "peer", False)]
     assert rows[0]["seconds"] == timings["ptnative"].median and rows[1]["best"] == timings["peer"].best
+
+
+def test_cpu_column_where_measured():
+    rows = [row("rnnt", "case", "ptnative", 0.010, True, cpu=0.004), row("rnnt", "case", "numpy", 0.5)]
+    lines = report.benchmark_table(report.cases(rows)["rnnt"]).splitlines()
+    assert lines[0] == "| case | implementation | median | best | CPU | time / ptnative | |"
+    assert lines[2:] == ["| case | **ptnative** | 10 ms | - | 4 ms | reference |  |",
+                         "|  | numpy | 500 ms | - | - | 50 | ptnative 50x faster |"]
