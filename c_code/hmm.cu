@@ -18,7 +18,9 @@
 // a NaN in the shared parameters does so for every sequence with a frame.  The gradients of the shared
 // parameters are NaN when any sequence is.  +inf log-probabilities raise.
 //
-// fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: c_code/fsa_common.cu, pasted before this file.
+// fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: fsa_common.h.
+
+#include "fsa_common.h"
 
 // The dialect's scratch memory, under the name the HMM kernels of other files use.
 typedef ptn::Scratch HmmScratch;

@@ -1,8 +1,7 @@
 // Shared by the HMM inference ops (hmm_viterbi.cu, hmm_posteriors.cu, hmm_sample.cu): the input checks in the
 // user's terms, and the scaled forward filter.
 //
-// Pasted after fsa_common.cu and hmm.cu (HmmScratch, hmm_prep, hmm_checked_max, hmm_exp_row, hmm_check_shape,
-// the CPU matvec).
+// Uses hmm.cu's helpers (HmmScratch, hmm_prep, hmm_checked_max, hmm_exp_row, hmm_check_shape, the CPU matvec).
 //
 // The filter keeps alpha_t (normalised to sum 1), its normaliser c_t and the emission shift m_t per (t, b):
 // pred = alpha_{t-1} A (pi at t = 0, A and pi the shifted exps of hmm_prep), m_t = max log e_t(k) over the states
@@ -10,6 +9,9 @@
 // emission among the reachable states keeps c_t >= pred(k*) > 0 whatever the gaps between log-densities, so the
 // filter never needs a log-space fallback for emissions; a transition, initial or final weight below e^-708
 // times the largest one of its array is 0 in double and counts as impossible.
+
+#include "fsa_common.h"
+#include "hmm.cu"
 
 enum { HMM_CHECK_UNIFORM = 100 };  // uniforms[i, j] = value is not in [0, 1) (an FsaCheck code of ours)
 

@@ -17,8 +17,8 @@
 //
 // A sequence without a path gets all-zero marginals, counts and gradients; one with a NaN input NaN marginals and
 // counts (and NaN gradients; the shared parameters' gradients are then NaN).  The empty series: zeros.
-//
-// Pasted after fsa_common.cu, hmm.cu and hmm_infer.cu.
+
+#include "hmm_infer.cu"
 
 struct HmmPostState {
   double *alpha, *c, *m;  // hidden outputs of the forward op

@@ -5,8 +5,8 @@
 // drawn with uniform u is the first k whose cumulative weight exceeds u times the total (the last state of
 // positive weight if rounding leaves none).  Padded frames get -1, as do all frames of a sequence with a NaN input
 // or without a path.  A uniform outside [0, 1) on a valid frame raises.
-//
-// Pasted after fsa_common.cu, hmm.cu and hmm_infer.cu.
+
+#include "hmm_infer.cu"
 
 // The state drawn from weights w (K) with uniform u; -1 if no weight is positive.
 DEV_FUNC inline int32_t hmm_sample_pick(const double* w, int64_t K, double u) {

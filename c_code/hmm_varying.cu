@@ -10,8 +10,8 @@
 //
 // A NaN in a sequence's emissions (valid frames) or in a matrix or initial row it uses gives it the log-likelihood
 // NaN and NaN in every gradient entry it touches.  No path: -inf, gradient 0.  The empty series: 0.
-//
-// Pasted after fsa_common.cu, hmm.cu and hmm_infer.cu.
+
+#include "hmm_infer.cu"
 
 struct HmmVarying {
   int64_t Ta, Ba, Bp;

@@ -4,8 +4,8 @@
 // max_k delta_{T_b-1}(k) + log f(k).  Ties go to the lowest state, at the end and at every step of the backtrace.
 // Padded frames get -1; a sequence with a NaN input or without a path gets -1 on every frame and the score NaN
 // or -inf.  One thread per sequence; the backpointers live in a (T, B, K) int32 scratch.
-//
-// Pasted after fsa_common.cu, hmm.cu and hmm_infer.cu.
+
+#include "hmm_infer.cu"
 
 // One step: cur(j) = max_i prev(i) + log A(i, j), bp(j) = its lowest argmax.  lAd: log A in double, rows padded
 // to Kp with -inf.  CPU: four columns at a time in vector registers.

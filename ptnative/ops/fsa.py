@@ -1,4 +1,4 @@
-"""Sequence models on automata (kernels in ``c_code/fsa.cu`` and ``c_code/hmm.cu``).
+"""Sequence models on automata (kernels in ``c_code/fsa_*.cu``, ``c_code/ctc_*.cu`` and ``c_code/hmm.cu``).
 
 Automata are edge lists: ``edges`` (4, E) int32 with rows ``(from state, to state,
 emission index, sequence index)``, ``weights`` (E,), ``start_end_states`` (2, B)
@@ -29,12 +29,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 
 from ..op import NativeOp, NativeOpGenBase
-from ..source import read_kernel_file
-
-# support code is joined in sorted key order: the shared part ("a_common") comes first
-_COMMON = read_kernel_file("fsa_common.cu")
-_FSA = {"a_common": _COMMON, "fsa": read_kernel_file("fsa.cu")}
-_HMM = {"a_common": _COMMON, "hmm": read_kernel_file("hmm.cu")}
+from ..source import kernel_unit
 
 
 def _hidden(name, shape):
@@ -98,7 +93,7 @@ class FastBaumWelchOp(NativeOpGenBase):
         {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
         {"name": "sums", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
     )
-    c_extra_support_code = _FSA
+    c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
     c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -125,7 +120,7 @@ class MultiEndFastBaumWelchOp(NativeOpGenBase):
         _arr("state_buffer", 2, shape=(2, None)),
     )
     out_info = FastBaumWelchOp.out_info
-    c_extra_support_code = _FSA
+    c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
     c_fw_code = "multi_end_fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -186,7 +181,7 @@ class SegmentFastBaumWelchOp(NativeOpGenBase):
         {"name": "normalization_factors", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
         {"name": "posterior_weigths", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
     )
-    c_extra_support_code = _FSA
+    c_extra_support_code = kernel_unit("fsa_segmental.cu")
     c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
     code_version = (2,)
 
@@ -225,7 +220,7 @@ class FastViterbiOp(NativeOpGenBase):
         {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
         {"name": "scores", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
     )
-    c_extra_support_code = _FSA
+    c_extra_support_code = kernel_unit("fsa_viterbi.cu")
     c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -260,7 +255,7 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
         {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
         {"name": "start_end_states", "ndim": 2, "shape": (2, (1, 0)), "dtype": "int32", "need_contiguous": True},
     )
-    c_extra_support_code = _FSA
+    c_extra_support_code = kernel_unit("ctc_fsa.cu")
     c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -312,8 +307,8 @@ class CtcFsaLossOp(NativeOpGenBase):
         {"name": "loss", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
         {"name": "grad", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
     )
-    c_extra_support_code = _FSA
-    c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs, false);"
+    c_extra_support_code = kernel_unit("ctc_loss.cu")
+    c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
     op_class = _LossWithGradOp
 
@@ -331,8 +326,8 @@ class CtcViterbiLossOp(NativeOpGenBase):
 
     in_info = CtcFsaLossOp.in_info
     out_info = CtcFsaLossOp.out_info
-    c_extra_support_code = _FSA
-    c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs, true);"
+    c_extra_support_code = kernel_unit("ctc_loss_viterbi.cu")
+    c_fw_code = "ctc_loss_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
     op_class = _LossWithGradOp
 
@@ -364,7 +359,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     )
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9)
-    c_extra_support_code = _HMM
+    c_extra_support_code = kernel_unit("hmm.cu")
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (4,)

@@ -17,15 +17,13 @@ from __future__ import annotations
 import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
-from ..source import read_kernel_file
-from .fsa import _COMMON, _arr, _as_float, _hidden
-
-# support code is joined in sorted key order: fsa_common.cu, hmm.cu (helpers), hmm_infer.cu, then the op's file
-_BASE = {"a_common": _COMMON, "b_hmm": read_kernel_file("hmm.cu"), "c_infer": read_kernel_file("hmm_infer.cu")}
+from ..source import kernel_unit
+from .fsa import _arr, _as_float, _hidden
 
 
 def _support(name):
-    return {**_BASE, "d_" + name: read_kernel_file(f"hmm_{name}.cu")}
+    """The support code of the op in ``c_code/hmm_<name>.cu`` (which includes what it needs)."""
+    return kernel_unit(f"hmm_{name}.cu")
 
 
 def _model_inputs(disc):

@@ -1,5 +1,10 @@
-// Shared by the automaton kernels (pasted before fsa.cu and hmm.cu): an exp for x <= 0, the record of a failed
-// input check, and the prefix-mask lengths (through the dialect's ptn_prefix_mask_length).
+// Shared by the automaton kernels (fsa_automaton.h and the files that include it) and the HMM kernels (hmm.cu):
+// an exp for x <= 0, the record of a failed input check and its message in the user's terms, and the lengths of a
+// 0/1 prefix mask (through the dialect's ptn_prefix_mask_length).
+//
+// Checks: a kernel records the first failed check of the user's input in an FsaCheck (device memory) and skips
+// the failing item; the host reads the record after the launch (fsa_raise_check) and raises a ValueError whose
+// message names the function and the argument as the user knows them (FsaTerms).
 
 // The dialect's grid-stride loop, under the name the automaton kernels of other files use.
 #define FSA_LOOP(i, n) GRID_LOOP(i, n)
@@ -54,7 +59,7 @@ DEV_FUNC inline double fsa_exp(double x) {
 // ---------------------------------------------------------------- input checks
 // Kernels record the first failed check of the user's input here (device memory; the first failure wins) and
 // skip the failing item; the host reads the record after the launch and raises a ValueError that names the
-// function and the argument (fsa_check_message in fsa.cu / hmm.cu).  What i, j, k and value mean depends on
+// function and the argument (fsa_check_message below).  What i, j, k and value mean depends on
 // the code.
 enum FsaCheckCode {
   FSA_CHECK_OK = 0,

@@ -1,0 +1,165 @@
+// Viterbi over an edge-list automaton (fsa_automaton.h), max-plus in +log space: the core that FastViterbi
+// (fsa_viterbi.cu) and the fused CTC Viterbi loss (ctc_loss_viterbi.cu) run, as vit_run(VitProblem).
+//
+// Shapes: scores am (T, B, D) +log; edges (4, E), weights w (E,) +log; start and end state per sequence (B,);
+// lengths (B,); outputs align (T, B) int32 and score (B,).
+//
+//   val_0(start_b) = 0, val_{t+1}(q) = max over edges e = (p -> q, d) of sequence b, t < T_b:
+//                                     val_t(p) + w_e + am[t, b, d],
+//   score_b = val_{T_b}(end_b); align[t, b] = the emission of the best path's edge at frame t (0 past T_b and
+//   without a path, score -inf).  Ties go to the lowest edge index, at every frame of the backtrace.  Computed in
+//   Float (the scores' type).  vit_rows scans the rows of valid frames for NaN (the sequence then gets the score
+//   NaN and the alignment 0) and, for logits, writes their log-softmax.
+
+#include "fsa_automaton.h"
+
+DEF_KERNEL void vit_init(int64_t n, Float* val, int32_t* idx) {
+  GRID_LOOP(i, n) {
+    val[i] = -(Float)INFINITY;
+    idx[i] = 0x7fffffff;
+  }
+}
+
+DEF_KERNEL void vit_set_start(int64_t n_batch, const int32_t* start, Float* val0) {
+  GRID_LOOP(b, n_batch) val0[start[b]] = Float(0);
+}
+
+DEV_FUNC inline Float vit_candidate(int64_t t, int64_t e, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                                    const int32_t* emis, const int32_t* seq, const Float* w, const Float* am,
+                                    const Float* val_t) {
+  Float pv = val_t[from[e]];
+  if (!(pv > -(Float)INFINITY)) return -(Float)INFINITY;
+  Float v = pv + w[e] + am[(t * n_batch + seq[e]) * n_classes + emis[e]];
+  return v > -(Float)INFINITY ? v : -(Float)INFINITY;  // NaN: impossible here; its sequence is marked NaN
+}
+
+DEF_KERNEL void vit_max(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                        const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
+                        const Float* w, const Float* am, const Float* val_t, Float* val_next) {
+  GRID_LOOP(e, n_edges) {
+    if (t >= seq_len[seq[e]]) continue;
+    Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
+    if (v > -(Float)INFINITY) fsa_atomic_max(val_next + to[e], v);
+  }
+}
+
+// Ties go to the lowest edge index.
+DEF_KERNEL void vit_arg(int64_t t, int64_t n_edges, int64_t n_batch, int64_t n_classes, const int32_t* from,
+                        const int32_t* to, const int32_t* emis, const int32_t* seq, const int32_t* seq_len,
+                        const Float* w, const Float* am, const Float* val_t, const Float* val_next, int32_t* idx_next) {
+  GRID_LOOP(e, n_edges) {
+    if (t >= seq_len[seq[e]]) continue;
+    Float v = vit_candidate(t, e, n_batch, n_classes, from, emis, seq, w, am, val_t);
+    if (v > -(Float)INFINITY && v == val_next[to[e]]) elem_atomic_min(idx_next + to[e], (int32_t)e);
+  }
+}
+
+// NaN sequences get score NaN and the alignment 0.
+DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states, int64_t n_edges,
+                              const int32_t* from, const int32_t* emis, const int32_t* end, const int32_t* seq_len,
+                              const int32_t* nan, const Float* val, const int32_t* idx, int32_t* out, Float* score) {
+  GRID_LOOP(b, n_batch) {
+    int64_t len = seq_len[b];
+    int32_t cur = end[b];
+    Float sc = nan[b] ? (Float)NAN_F : val[len * n_states + cur];
+    score[b] = sc;
+    for (int64_t t = n_time - 1; t >= 0; --t) {
+      int32_t label = 0;
+      if (t < len && sc > -(Float)INFINITY) {
+        int32_t e = idx[(t + 1) * n_states + cur];
+        if (e >= 0 && e < n_edges) {
+          label = emis[e];
+          cur = from[e];
+        }
+      }
+      out[t * n_batch + b] = label;
+    }
+  }
+}
+
+enum { VIT_SCAN = 0, VIT_LOGITS = 1, VIT_LOGPROBS = 2 };
+
+// One block per row (t, b) with t < seq_len[b]: a NaN marks sequence b in `nan`.  VIT_LOGITS / VIT_LOGPROBS
+// record a +inf (infinitely likely) entry; VIT_LOGITS writes the row's log-softmax into lp (all -inf for a row
+// of -inf logits).
+DEF_KERNEL void vit_rows(int mode, int64_t n_rows, int64_t n_batch, int64_t n_classes, const Float* x,
+                         const int32_t* seq_len, Float* lp, int32_t* nan, FsaCheck* check) {
+  DEF_SHARED(double, sh);
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const int64_t b = r % n_batch, t = r / n_batch;
+    if (t >= seq_len[b]) continue;
+    const Float* row = x + r * n_classes;
+    double m = -INFINITY, n_nan = 0.0;
+    for (int64_t d = tid; d < n_classes; d += nt) {
+      double v = (double)row[d];
+      if (v > m) m = v;
+      if (v != v) n_nan += 1.0;
+    }
+    m = block_max(sh, m);  // the same in every thread of the block
+    n_nan = block_sum(sh, n_nan);
+    if (n_nan > 0.0) {
+      if (tid == 0) nan[b] = 1;
+      continue;
+    }
+    if (mode == VIT_SCAN) continue;
+    if (m == INFINITY) {
+      if (tid == 0) {
+        int64_t d = 0;
+        while (d + 1 < n_classes && !((double)row[d] == INFINITY)) ++d;
+        fsa_fail(check, FSA_CHECK_SCORE_INFINITE, t, b, d, (double)row[d]);
+      }
+      continue;
+    }
+    if (mode != VIT_LOGITS) continue;
+    double sum = 0.0;
+    if (m > -INFINITY)
+      for (int64_t d = tid; d < n_classes; d += nt) sum += exp((double)row[d] - m);
+    sum = block_sum(sh, sum);
+    const double lse = m + log(sum);
+    for (int64_t d = tid; d < n_classes; d += nt)
+      lp[r * n_classes + d] = m > -INFINITY ? (Float)((double)row[d] - lse) : -(Float)INFINITY;
+  }
+}
+
+static void vit_row_pass(int mode, int64_t T, int64_t B, int64_t D, const Float* x, const int32_t* seq_len, Float* lp,
+                         int32_t* nan, FsaCheck* check) {
+  const int64_t n_rows = T * B;
+  if (n_rows == 0) return;
+  start_dev_kernel2(vit_rows, std::min<int64_t>(n_rows, 65535), FSA_ROW_THREADS, FSA_ROW_THREADS * sizeof(double),
+                    (mode, n_rows, B, D, x, seq_len, lp, nan, check));
+}
+
+DEF_KERNEL void fsa_mark_nan_weights(int64_t n_edges, const int32_t* seq, const Float* w, int32_t* nan) {
+  GRID_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
+}
+
+struct VitProblem {
+  int64_t T, B, D, E, S;
+  const Float* am;  // +log scores (T, B, D)
+  const int32_t *from, *to, *emis, *seq;
+  const Float* w;
+  const int32_t *start, *end;
+  const int32_t* seq_len;  // checked lengths
+  const int32_t* nan;      // (B,) NaN sequences
+  int32_t* align;          // (T, B)
+  Float* score;            // (B,)
+};
+
+static void vit_run(ptn::Scratch& scratch, const VitProblem& p) {
+  const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
+  if (B == 0) return;
+  Float* val = scratch.get<Float>((T + 1) * S);
+  int32_t* idx = scratch.get<int32_t>((T + 1) * S);
+  start_dev_kernel(vit_init, ((T + 1) * S, val, idx));
+  start_dev_kernel(vit_set_start, (B, p.start, val));
+  for (int64_t t = 0; t < T; ++t) {
+    const Float* v_t = val + t * S;
+    Float* v_next = val + (t + 1) * S;
+    start_dev_kernel(vit_max, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next));
+    start_dev_kernel(vit_arg, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next,
+                               idx + (t + 1) * S));
+  }
+  start_dev_kernel(vit_backtrack, (T, B, S, E, p.from, p.emis, p.end, p.seq_len, p.nan, val, idx, p.align, p.score));
+  HANDLE_LAST_ERROR();
+}
