@@ -1,7 +1,8 @@
 """Variants: what a spec compiles to per floating type and device, made once and shared by every glue.
 
 A :class:`Variant` is the translation unit of one op variant (dialect headers, the op's support code and its fw
-code wrapped in a C entry point), its entry point's symbol and its argument plan (:mod:`ptnative.plan`).
+code wrapped in a C entry point: the template ``c_code/variant_unit.cc``, filled), its entry point's symbol and its
+argument plan (:mod:`ptnative.plan`).
 :func:`variant` makes each once per (spec, floating type, device); :func:`generate` is the computation.  The
 text is compiled by ptnative's own build (g++ or nvcc, see :mod:`ptnative.build`); every glue
 (:mod:`ptnative.backends`) calls its entry point as the plan says.  The entry point's ABI::
@@ -35,6 +36,8 @@ from .plan import ArgumentPlan
 from .spec import MAX_NDIM
 
 STATUS_VALUE = 2
+#: The template of every variant's translation unit (see :func:`generate`).
+UNIT_FILE = "variant_unit.cc"
 #: Bumped whenever the generated glue changes incompatibly.
 GLUE_VERSION = 5
 
@@ -179,57 +182,19 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
     every time; glues take variants from :func:`variant`, which calls this once per spec, type and device."""
     ctype = {"float32": "float", "float64": "double"}[float_dtype]
     plan = ArgumentPlan.of(spec, float_dtype, device)
-    n_in, n_out = plan.n_in, plan.n_out
     body = spec.c_fw_code % {"fail": "ptn::fail_pending();"}
 
     def ints(values):
         return "{" + ", ".join(str(int(v)) for v in values) + (", 0" if not values else "") + "}"
 
-    text = f"""\
-// ptnative: op {spec.name!r}, computing in {ctype}, for {device}.  Generated; do not edit.
-{dialect_header()}
-// Op code written with plain `assert` gets the non-aborting check.
-#pragma push_macro("assert")
-#undef assert
-#define assert(x) ptn_assert(x)
-namespace @NS@ {{
-typedef {ctype} Float;
-{read_kernel_file("native_op_typed.h")}
-// ---- support code
-{spec.c_extra_support_code}
-// ---- fw code
-static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {{
-  (void)n_inputs; (void)n_outputs; (void)inputs; (void)outputs;
-{body}
-}}
-}}  // namespace @NS@
-#pragma pop_macro("assert")
-
-namespace @NS@ {{
-static const int ndims[] = {ints(plan.ndims)};
-static const int itemsizes[] = {ints(plan.itemsizes)};
-static const int inplace_of[] = {ints(plan.inplace_of)};
-static const int host_memory[] = {ints(plan.host_memory)};
-}}  // namespace @NS@
-
-extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {{
-  using namespace @NS@;
-  return ptn::run_entry(&body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides, err,
-                        errlen);
-}}
-#if PTN_CUDA
-extern "C" PTN_EXPORT int ptn_@SYM@_run_on_device(cudaStream_t stream, void** data, const int64_t* shapes,
-                                                 const int64_t* strides, char* err, int64_t errlen) {{
-  using namespace @NS@;
-  return ptn::run_entry_device(stream, &body, {n_in}, {n_out}, ndims, itemsizes, inplace_of, data, shapes, strides,
-                               err, errlen);
-}}
-#endif
-
-extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) {{ ptn::set_blas(sgemm, dgemm); }}
-
-extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) {{ return ptn::error_char(j); }}
-"""
+    text = fill_glue(glue_sections(UNIT_FILE)["unit"], {
+        "OP": repr(spec.name), "CTYPE": ctype, "DEVICE": device,
+        "DIALECT": dialect_header(), "TYPED": read_kernel_file("native_op_typed.h"),
+        "SUPPORT": spec.c_extra_support_code, "BODY": body,
+        "NDIMS": ints(plan.ndims), "ITEMSIZES": ints(plan.itemsizes), "INPLACE_OF": ints(plan.inplace_of),
+        "HOST_MEMORY": ints(plan.host_memory), "N_IN": plan.n_in, "N_OUT": plan.n_out,
+        "NS": "@NS@", "SYM": "@SYM@",  # filled after hashing
+    })
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]
     symbol = f"ptn_{c_name(spec.name)}_{digest}"
     text = text.replace("@NS@", symbol + "_ns").replace("@SYM@", symbol)

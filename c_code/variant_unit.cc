@@ -1,0 +1,59 @@
+// The translation unit of one op variant: ptnative/source.py (generate) fills the section below with plain
+// substitutions (ptnative.source.fill_glue) and compiles it with g++ or nvcc (ptnative/build.py).  Not compiled on
+// its own.  Its text is part of every kernel's cache key, like the dialect headers: editing it rebuilds every
+// library.
+//
+//   @OP@          the op's name as a Python repr (one line: it never holds a raw line end)
+//   @CTYPE@       float | double;  @DEVICE@  cpu | cuda
+//   @DIALECT@     c_code/native_op.h with its #includes inlined;  @TYPED@  c_code/native_op_typed.h
+//   @SUPPORT@     the op's c_extra_support_code;  @BODY@  its c_fw_code, %-formatted
+//   @NDIMS@ @ITEMSIZES@ @INPLACE_OF@ @HOST_MEMORY@   the argument plan's tables (ptnative/plan.py), brace-enclosed
+//   @N_IN@ @N_OUT@  the number of inputs and outputs (dummy outputs included)
+//   @NS@ @SYM@    left as they are: replaced after hashing by the namespace and the entry point's symbol,
+//                 ptn_<name>_<first 16 hex digits of the SHA-256 of the filled text>
+// The entry point's ABI is documented at the top of ptnative/source.py.
+
+//@section unit
+// ptnative: op @OP@, computing in @CTYPE@, for @DEVICE@.  Generated; do not edit.
+@DIALECT@
+// Op code written with plain `assert` gets the non-aborting check.
+#pragma push_macro("assert")
+#undef assert
+#define assert(x) ptn_assert(x)
+namespace @NS@ {
+typedef @CTYPE@ Float;
+@TYPED@
+// ---- support code
+@SUPPORT@
+// ---- fw code
+static void body(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  (void)n_inputs; (void)n_outputs; (void)inputs; (void)outputs;
+@BODY@
+}
+}  // namespace @NS@
+#pragma pop_macro("assert")
+
+namespace @NS@ {
+static const int ndims[] = @NDIMS@;
+static const int itemsizes[] = @ITEMSIZES@;
+static const int inplace_of[] = @INPLACE_OF@;
+static const int host_memory[] = @HOST_MEMORY@;
+}  // namespace @NS@
+
+extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {
+  using namespace @NS@;
+  return ptn::run_entry(&body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides, err,
+                        errlen);
+}
+#if PTN_CUDA
+extern "C" PTN_EXPORT int ptn_@SYM@_run_on_device(cudaStream_t stream, void** data, const int64_t* shapes,
+                                                 const int64_t* strides, char* err, int64_t errlen) {
+  using namespace @NS@;
+  return ptn::run_entry_device(stream, &body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, data, shapes, strides,
+                               err, errlen);
+}
+#endif
+
+extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) { ptn::set_blas(sgemm, dgemm); }
+
+extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) { return ptn::error_char(j); }
