@@ -53,6 +53,19 @@ def test_fill_glue_is_one_pass():
     with pytest.raises(KeyError, match="@Z@ has no value"):
         fill_glue("@Z@", {})
     assert set(glue_sections("pytensor_c_glue.c")) == {"support_code", "support_code_apply", "init_code_apply", "code"}
+    assert set(glue_sections("variant_unit.cc")) == {"unit"}
+
+
+def test_op_code_enters_the_translation_unit_verbatim():
+    """Placeholders of the unit's template inside an op's code or name are text, not filled (one pass), except the
+    namespace and symbol markers, which stand for this variant's own."""
+    op = NativeOp(({"ndim": 1},), ({"ndim": 1, "shape": ((0, 0),)},), "/* @BODY@ @N_IN@ %(fail)s @X */",
+                  c_extra_support_code="// @SUPPORT@ @DIALECT@ @OP@\n", name="@OP@ @CTYPE@")
+    variant = op.variant("float32")
+    assert "/* @BODY@ @N_IN@ ptn::fail_pending(); @X */" in variant.source
+    assert "// @SUPPORT@ @DIALECT@ @OP@\n" in variant.source
+    assert variant.source.startswith("// ptnative: op '@OP@ @CTYPE@', computing in float, for cpu.")
+    assert "@NS@" not in variant.source and "@SYM@" not in variant.source and variant.symbol + "_ns" in variant.source
 
 
 FW = """
