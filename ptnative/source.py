@@ -184,8 +184,8 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
     plan = ArgumentPlan.of(spec, float_dtype, device)
     body = spec.c_fw_code % {"fail": "ptn::fail_pending();"}
 
-    def ints(values):
-        return "{" + ", ".join(str(int(v)) for v in values) + (", 0" if not values else "") + "}"
+    def ints(values):  # an op without inputs has empty input tables: "{0}", as C wants no empty initialiser
+        return "{" + (", ".join(str(int(v)) for v in values) or "0") + "}"
 
     text = fill_glue(glue_sections(UNIT_FILE)["unit"], {
         "OP": repr(spec.name), "CTYPE": ctype, "DEVICE": device,

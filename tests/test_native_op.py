@@ -474,3 +474,13 @@ def test_dependencies_run_from_backends_to_the_spec():
         assert not {n for n in imported(name) if n == "ptnative.op" or n.startswith("ptnative.op.")}, name
     assert imported("ptnative.spec") == set()
     assert set(ptnative.op.GLUES) == {"c", "python"}
+
+
+def test_op_without_inputs(mode):
+    """An op may have no inputs (fixed output shapes): its input tables are empty, which C spells ``{0}``."""
+    op = NativeOp((), ({"name": "ramp", "ndim": 1, "shape": (4,)},),
+                  "for (int64_t j = 0; j < 4; ++j) Ndarray_DEV_DATA(*outputs[0])[j] = (Float)j / 2;",
+                  name="RampOfFour")
+    y = op()
+    assert y.type.shape == (4,) and y.dtype == pytensor.config.floatX
+    np.testing.assert_array_equal(pytensor.function([], y, mode=mode)(), [0, 0.5, 1, 1.5])
