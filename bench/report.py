@@ -263,7 +263,12 @@ def reference(rows):
     return next((r for r in rows if r["ours"] and r["seconds"]), None)
 
 
-def comparisons(records):
+def ratio_time(row, by):
+    """The time a ratio uses: the median, or with ``by="best"`` the fastest call where it was measured."""
+    return row["best"] if by == "best" and row.get("best") else row["seconds"]
+
+
+def comparisons(records, by="median"):
     """[(benchmark, case, peer, ratio = peer time / ptnative time)] for every measured peer row."""
     out = []
     for bench, by_case in cases(records).items():
@@ -271,7 +276,7 @@ def comparisons(records):
             ref = reference(rows)
             for r in rows:
                 if ref is not None and not r["ours"] and r["seconds"]:
-                    out.append((bench, case, r["impl"], r["seconds"] / ref["seconds"]))
+                    out.append((bench, case, r["impl"], ratio_time(r, by) / ratio_time(ref, by)))
     return out
 
 
@@ -287,7 +292,7 @@ def md_escape(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def benchmark_table(rows_by_case, ratios=True):
+def benchmark_table(rows_by_case, ratios=True, by="median"):
     """A benchmark's Markdown table; a CPU column where some row has a CPU time."""
     cpu = any(r.get("cpu") is not None for rows in rows_by_case.values() for r in rows)
     lines = [f"| case | implementation | median | best |{' CPU |' if cpu else ''} time / ptnative | |",
@@ -300,7 +305,7 @@ def benchmark_table(rows_by_case, ratios=True):
                 time_cell, ratio_cell, remark = md_escape(r.get("note") or "not run"), "", ""
             else:
                 time_cell = format_seconds(r["seconds"])
-                ratio = r["seconds"] / ref["seconds"] if ref is not None else None
+                ratio = ratio_time(r, by) / ratio_time(ref, by) if ref is not None else None
                 ratio_cell = "reference" if r is ref else format_ratio(ratio) if ratios else ""
                 remark = verdict(ratio) if ratio is not None and not r["ours"] else ""
                 if r.get("note"):
@@ -311,11 +316,11 @@ def benchmark_table(rows_by_case, ratios=True):
     return "\n".join(lines)
 
 
-def summary_table(records, runs):
+def summary_table(records, runs, by="median"):
     lines = ["| benchmark | comparisons with peers | ptnative faster in | geometric mean of peer / ptnative | range |",
              "|---|--:|--:|--:|---|"]
     by_bench = {}
-    for bench, _, _, ratio in comparisons(records):
+    for bench, _, _, ratio in comparisons(records, by):
         by_bench.setdefault(bench, []).append(ratio)
     for bench in dict.fromkeys([r["benchmark"] for r in runs] + list(by_bench)):
         ratios = by_bench.get(bench)
@@ -357,7 +362,7 @@ def load_sentence(runs, machine):
 
 def render(records, runs, meta, png_name, chart_note):
     """The page's Markdown text."""
-    machine, vers = meta.get("machine", {}), meta.get("versions", {})
+    machine, vers, by = meta.get("machine", {}), meta.get("versions", {}), meta.get("ratio_by", "median")
     by_bench = cases(records)
     mode = "quick settings (`--quick`)" if meta.get("quick") else "full settings"
     out = ["# Performance",
@@ -367,9 +372,12 @@ def render(records, runs, meta, png_name, chart_note):
            "on the same data after checking that their results agree (each section says whether in alternating "
            "turns). Times are medians of the timed calls (best: the fastest call; CPU, where measured: the "
            "median process CPU time of a call, all its threads together, which a busy machine inflates less than wall "
-           "time for one-thread code). **time / ptnative** divides by "
-           "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "
-           "slower.",
+           "time for one-thread code). **time / ptnative** divides a row's "
+           + ("fastest call (its median where no fastest call was measured) by that of " if by == "best" else
+              "median by that of ")
+           + "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "
+           "slower." + (" Ratios from the fastest calls (`--ratio-by best`) are steadier than medians on a machine "
+                        "that other work keeps busy." if by == "best" else ""),
            "",
            "Peers are optional packages: a missing one is a row that says *not installed*. To measure them all, "
            "install next to ptnative's dependencies: `torch` (CPU build), `torchaudio`, `jax`, `dynamax`, "
@@ -397,7 +405,7 @@ def render(records, runs, meta, png_name, chart_note):
     out += ["", "## At a glance", ""]
     out.append(f"![peer time / ptnative time per comparison](img/{png_name})" if not chart_note else
                f"(No chart: {chart_note}.)")
-    out += ["", summary_table(records, runs), ""]
+    out += ["", summary_table(records, runs, by), ""]
     for run in runs:
         bench = run["benchmark"]
         out += [f"## {bench}", "", f"`{run['command']}`: {describe(bench)}", ""]
@@ -416,18 +424,18 @@ def render(records, runs, meta, png_name, chart_note):
                 alternating = KNOWN.get(bench, Benchmark(bench)).alternating
             out += [f"Ran in {status}." + (TURNS.get(alternating, "") if bench in by_bench else ""), ""]
         if bench in by_bench:
-            out += [benchmark_table(by_bench[bench], KNOWN.get(bench, Benchmark(bench)).ratios), ""]
+            out += [benchmark_table(by_bench[bench], KNOWN.get(bench, Benchmark(bench)).ratios, by), ""]
         elif run["status"] == "ok":
             last = run["output_tail"].strip().splitlines()[-1:] or ["(no output)"]
             out += [f"No rows recorded; its output ends: `{md_escape(last[0])}`", ""]
     for bench in by_bench:  # rows of benchmarks without a run entry (records merged from elsewhere)
         if bench not in {r["benchmark"] for r in runs}:
-            out += [f"## {bench}", "", benchmark_table(by_bench[bench]), ""]
+            out += [f"## {bench}", "", benchmark_table(by_bench[bench], by=by), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
 # ------------------------------------------------------------------ chart
-def draw_chart(records, png_path, title="peer time / ptnative time (above 1: ptnative is faster)"):
+def draw_chart(records, png_path, by="median"):
     """A horizontal bar per peer comparison, log scale, 1 marked; returns the [(label, ratio)] drawn, top first.
     Raises ImportError without matplotlib, ValueError when there is nothing to draw."""
     import matplotlib
@@ -435,7 +443,7 @@ def draw_chart(records, png_path, title="peer time / ptnative time (above 1: ptn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    comps = comparisons(records)
+    comps = comparisons(records, by)
     if not comps:
         raise ValueError("no peer was measured")
     bars = [(f"{case} vs {peer}", ratio) for _, case, peer, ratio in comps]
@@ -467,7 +475,8 @@ def draw_chart(records, png_path, title="peer time / ptnative time (above 1: ptn
             tick.set_fontweight("bold")
             tick.set_fontsize(10)
     ax.set_ylim(-0.6, len(slots) - 0.4)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(f"peer time / ptnative time ({'fastest calls' if by == 'best' else 'medians'}; above 1: ptnative "
+                 "is faster)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     Path(png_path).parent.mkdir(parents=True, exist_ok=True)
@@ -480,7 +489,7 @@ def write_report(records, runs, meta, md_path, png_path):
     """Draw the chart (if matplotlib is there and a peer was measured), then write the page; returns the page."""
     chart_note = None
     try:
-        draw_chart(records, png_path)
+        draw_chart(records, png_path, meta.get("ratio_by", "median"))
     except ImportError:
         chart_note = "matplotlib is not installed"
     except ValueError as e:
@@ -502,6 +511,9 @@ def main(argv=None):
     parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
                         help="write the page from kept files, measuring nothing; a benchmark in several files is "
                              "taken from the last one (re-measure one with --only and --keep-records)")
+    parser.add_argument("--ratio-by", choices=("median", "best"), default=None,
+                        help="which time the ratios and the chart divide: each row's median (default) or its fastest "
+                             "call (steadier on a busy machine)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
     parser.add_argument("--png", default=None, help="default: img/performance.png next to --out")
     args = parser.parse_args(argv)
@@ -525,6 +537,8 @@ def main(argv=None):
         records, runs, _ = read_records(path)
         if not args.keep_records:
             path.unlink()
+    if args.ratio_by:
+        meta["ratio_by"] = args.ratio_by
     write_report(records, runs, meta, args.out, png)
     failed = [r["benchmark"] for r in runs if r["status"] == "failed"]
     print(f"wrote {args.out} and {png}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))

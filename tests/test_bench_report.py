@@ -208,3 +208,12 @@ def test_cpu_column_where_measured():
     assert lines[0] == "| case | implementation | median | best | CPU | time / ptnative | |"
     assert lines[2:] == ["| case | **ptnative** | 10 ms | - | 4 ms | reference |  |",
                          "|  | numpy | 500 ms | - | - | 50 | ptnative 50x faster |"]
+
+
+def test_ratios_by_fastest_call():
+    """--ratio-by best: the ratios divide fastest calls (a row without one keeps its median)."""
+    meta = dict(META, ratio_by="best")
+    lines = report.render(RECORDS, RUNS, meta, "p.png", None).splitlines()
+    assert "|  | torch ctc_loss | 5 ms | 4 ms | 0.444 | ptnative 2.25x slower |" in lines  # 4 ms / 9 ms
+    assert "|  | pytensor.scan CTC | 300 ms | - | 33 | ptnative 33x faster |" in lines  # 300 ms / 9 ms
+    assert [round(r, 3) for *_, r in report.comparisons(RECORDS, "best")] == [0.444, 33.333, 0.8]
