@@ -111,6 +111,12 @@ def c_string_literal(text: str) -> str:
     return '"' + "".join(chr(b) if b in _LITERAL_SAFE else f"\\{b:03o}" for b in data) + '"'
 
 
+def c_array(values) -> str:
+    """A C array initialiser: ints (bools as 0/1) or C names (str), with a trailing 0, so that it is never empty
+    (C wants no empty initialiser; the glues index these tables by their own counts)."""
+    return "{" + "".join(f"{v if isinstance(v, str) else int(v)}, " for v in values) + "0}"
+
+
 _GLUE_SECTION = re.compile(r"^//@section (\w+)[ \t]*\n", re.M)
 _GLUE_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 

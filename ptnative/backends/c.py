@@ -22,7 +22,8 @@ from functools import cache
 
 from ..build import build, load
 from ..op import register_glue
-from ..source import MAX_NDIM, STATUS_VALUE, Variant, c_string_literal, fill_glue, glue_sections, read_kernel_file
+from ..source import (MAX_NDIM, STATUS_VALUE, Variant, c_array, c_string_literal, fill_glue, glue_sections,
+                      read_kernel_file)
 
 GLUE_FILE = "pytensor_c_glue.c"
 #: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
@@ -60,11 +61,6 @@ def entry_address(symbol: str) -> int:
     return ctypes.cast(load(variant).run, ctypes.c_void_p).value
 
 
-def _table(values) -> str:
-    # A sentinel keeps the initialiser non-empty, as C requires.
-    return "{" + "".join(f"{v}, " for v in values) + "0}"
-
-
 @cache
 def layout_fields(variant: Variant, inplace: tuple[int, ...]) -> dict[str, object]:
     """The glue's fields for ``variant`` called by an op destroying the inputs ``inplace``: its argument plan as C
@@ -79,15 +75,15 @@ def layout_fields(variant: Variant, inplace: tuple[int, ...]) -> dict[str, objec
         "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
         "SYMBOL": c_string_literal(variant.symbol), "LABEL": c_string_literal(plan.label),
         "N_IN": plan.n_in, "N_OUT": plan.n_out, "N": plan.n_in + plan.n_out, "N_CHECKS": len(checks),
-        "NDIM": _table(plan.ndims),
-        "CONTIGUOUS": _table(int(c) for c in plan.contiguous),
-        "SOURCE_OF": _table(plan.source_of),
-        "DESTROYS": _table(int(d) for d in plan.destroys(inplace)),
-        "TYPENUM": _table(_NPY_TYPES[dtype] for dtype in plan.out_dtypes),
-        "OUT_DIMS": _table(out_dims),
-        "CHECK_INPUT": _table(c.input for c in checks), "CHECK_DIM": _table(c.dim for c in checks),
-        "CHECK_SIZE": _table(c.size for c in checks),
-        "CHECK_MESSAGE": "{" + "".join(c_string_literal(c.message) + ", " for c in checks) + "0}",
+        "NDIM": c_array(plan.ndims),
+        "CONTIGUOUS": c_array(plan.contiguous),
+        "SOURCE_OF": c_array(plan.source_of),
+        "DESTROYS": c_array(plan.destroys(inplace)),
+        "TYPENUM": c_array(_NPY_TYPES[dtype] for dtype in plan.out_dtypes),
+        "OUT_DIMS": c_array(out_dims),
+        "CHECK_INPUT": c_array(c.input for c in checks), "CHECK_DIM": c_array(c.dim for c in checks),
+        "CHECK_SIZE": c_array(c.size for c in checks),
+        "CHECK_MESSAGE": c_array(c_string_literal(c.message) for c in checks),
     }
 
 

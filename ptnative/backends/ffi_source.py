@@ -10,14 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from ..source import Variant, c_string_literal, fill_glue, glue_sections
+from ..source import Variant, c_array, c_string_literal, fill_glue, glue_sections
 
 HANDLER_FILE = "xla_ffi_handler.cc"
-
-
-def c_array(values) -> str:
-    """A C array initialiser of ints, with a trailing 0 so that it is never empty."""
-    return "{" + ", ".join(str(int(v)) for v in [*values, 0]) + "}"
 
 
 @cache
