@@ -42,8 +42,9 @@ CORE_PACKAGES = ["numpy", "scipy", "pytensor", "numba"]
 OTHER_LOAD_NOTED = 0.25  # cores of other work, on average, above which the page says it was measured under load
 
 
-TURNS = {True: " ptnative and its peers were timed in alternating turns.",
+TURNS = {True: " ptnative and its peers were timed in alternating turns (`timing.measure_interleaved`).",
          False: " Each implementation was timed after the other (not in alternating turns)."}
+ALTERNATING_CALLS = ("measure_interleaved(", "measure_against(")  # bench/timing.py's functions that alternate
 
 
 class Benchmark(NamedTuple):
@@ -51,22 +52,21 @@ class Benchmark(NamedTuple):
     quick_args: tuple = ()  # command-line arguments under --quick
     full_args: tuple = ()
     requires: tuple = ()  # packages without which the benchmark cannot run at all
-    alternating: bool | None = None  # times ptnative and its peers in alternating turns (None: not known)
     ratios: bool = True  # its rows of a case are comparable (False: unrelated measurements, no ratio column)
 
 
 KNOWN = {b.name: b for b in [
-    Benchmark("ctc", ("--quick",), alternating=False),
-    Benchmark("lstm", ("--reps", "5", "--no-memory"), alternating=True),
-    Benchmark("hmm", ("--reps", "9"), alternating=True),
-    Benchmark("hmm_pymc", ("--steps", "500", "--reps", "60", "--no-sample"), requires=("pymc",), alternating=True),
-    Benchmark("rnnt", ("--reps", "3", "--no-reference"), alternating=False),
-    Benchmark("edit_distance", ("--reps", "2"), alternating=True),
-    Benchmark("chunking", ("--reps", "6"), alternating=True),
-    Benchmark("sparse", ("--reps", "6"), alternating=True),
-    Benchmark("jax_grad", ("--quick",), requires=("jax",), alternating=True),
+    Benchmark("ctc", ("--quick",)),
+    Benchmark("lstm", ("--reps", "5", "--no-memory")),
+    Benchmark("hmm", ("--reps", "9")),
+    Benchmark("hmm_pymc", ("--steps", "500", "--reps", "60", "--no-sample"), requires=("pymc",)),
+    Benchmark("rnnt", ("--reps", "3", "--no-reference")),
+    Benchmark("edit_distance", ("--reps", "2")),
+    Benchmark("chunking", ("--reps", "6")),
+    Benchmark("sparse", ("--reps", "6")),
+    Benchmark("jax_grad", ("--quick",), requires=("jax",)),
     Benchmark("cache_trust", ("--reps", "40"), ratios=False),
-    Benchmark("gpu", ("--quick",), alternating=False),
+    Benchmark("gpu", ("--quick",)),
 ]}
 
 
@@ -159,13 +159,22 @@ def children_seconds():
     return r.ru_utime + r.ru_stime
 
 
+def alternates(script):
+    """Whether a benchmark script times with bench/timing.py's alternating-turns functions (read, not run)."""
+    try:
+        text = Path(script).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return any(call in text for call in ALTERNATING_CALLS)
+
+
 def run_benchmark(bench, quick, records_path, timeout=None, script=None):
     """Run one benchmark script in a child process, its output passed through; returns its run summary."""
     script = Path(script or BENCH_DIR / f"{bench.name}.py")
     missing = [p for p in bench.requires if importlib.util.find_spec(p) is None]
     args = bench.quick_args if quick else bench.full_args
     command = ["python", f"bench/{script.name}", *args]
-    run = {"benchmark": bench.name, "command": " ".join(command), "alternating": bench.alternating, "status": "ok",
+    run = {"benchmark": bench.name, "command": " ".join(command), "alternating": alternates(script), "status": "ok",
            "returncode": 0, "seconds": 0.0, "other_cores": None, "output_tail": ""}
     if missing:
         run.update(status="not run", output_tail=f"{', '.join(missing)} not installed")
@@ -419,10 +428,7 @@ def render(records, runs, meta, png_name, chart_note):
             out += [f"**Failed** (exit status {run['returncode']}, {status}); the end of its output:", "", "```",
                     run["output_tail"], "```", ""]
         else:
-            alternating = run.get("alternating")
-            if alternating is None:
-                alternating = KNOWN.get(bench, Benchmark(bench)).alternating
-            out += [f"Ran in {status}." + (TURNS.get(alternating, "") if bench in by_bench else ""), ""]
+            out += [f"Ran in {status}." + (TURNS.get(run.get("alternating"), "") if bench in by_bench else ""), ""]
         if bench in by_bench:
             out += [benchmark_table(by_bench[bench], KNOWN.get(bench, Benchmark(bench)).ratios, by), ""]
         elif run["status"] == "ok":

@@ -98,7 +98,7 @@ def test_tables_summary_and_chart(tmp_path):
     assert "Ran in 12 s, other processes busy on 1.00 cores on average. Each implementation was timed after the " \
         "other (not in alternating turns)." in lines
     assert "Ran in 30 s, other processes busy on 0.50 cores on average. ptnative and its peers were timed in " \
-        "alternating turns." in lines
+        "alternating turns (`timing.measure_interleaved`)." in lines
     assert "- CPU: Test CPU 9000, 2 logical cores, 8.0 GiB memory" in lines
     assert "| torch | not installed |" in lines
     assert "a test run" in lines
@@ -155,6 +155,8 @@ def test_runs_a_benchmark_script_and_writes_the_page(tmp_path):
             f.write(json.dumps({"run": r}) + "\n")
     assert [r["status"] for r in runs] == ["ok", "failed", "not run"]
     assert runs[0]["command"] == "python bench/good.py --quick-flag"
+    assert runs[0]["alternating"] is False  # it calls no alternating-turns function of timing.py
+    assert report.alternates(BENCH / "lstm.py") and report.alternates(BENCH / "sparse.py")
     assert "timing things ['--quick-flag']" in runs[0]["output_tail"]
     assert runs[1]["returncode"] == 3 and runs[1]["output_tail"] == "about to fail"
     assert runs[2]["output_tail"] == "no_such_package_for_ptnative not installed"
