@@ -6,6 +6,7 @@ core).  Without a C++ compiler, or if the step fails, the package installs witho
 kernels compile on first use, as they always do for user-written ops."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +19,15 @@ from setuptools.dist import Distribution
 class BuildPyWithKernels(build_py):
     def run(self):
         super().run()
-        if getattr(self, "editable_mode", False) or os.environ.get("PTNATIVE_PREBUILD", "1").strip() == "0":
-            return
         build_lib = Path(self.build_lib).resolve()
-        jobs = os.environ.get("PTNATIVE_BUILD_JOBS") or str(len(os.sched_getaffinity(0)) or 1)
+        if getattr(self, "editable_mode", False) or os.environ.get("PTNATIVE_PREBUILD", "1").strip() == "0":
+            shutil.rmtree(build_lib / "ptnative" / "prebuilt", ignore_errors=True)  # none left from an earlier build
+            return
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = os.environ.get("PTNATIVE_BUILD_JOBS") or str(cores or 1)
         # Fresh PyTensor and Numba caches: importing them at build time leaves nothing in the user's home.
         scratch = build_lib.parent / "ptnative-build-caches"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(build_lib), os.environ.get("PYTHONPATH", "")]),
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(build_lib), os.environ.get("PYTHONPATH")] if p),
                    PYTENSORFLAGS=f"base_compiledir={scratch / 'pytensor'}", NUMBA_CACHE_DIR=str(scratch / "numba"))
         cmd = [sys.executable, "-m", "ptnative.prebuilt", str(build_lib / "ptnative" / "prebuilt"), "-j", jobs]
         print("ptnative: compiling the catalogue's CPU kernels into the package:", " ".join(cmd), file=sys.stderr)

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m ptnative.prebuilt", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)) or 1, metavar="N")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N")
     args = parser.parse_args(argv)
     dest = args.dest.resolve()
     if dest.exists():
