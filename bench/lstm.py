@@ -6,8 +6,11 @@ drift in the machine's speed affects every row alike):
   * ptnative.lstm(impl="lowmem")   (LstmLowMem)
   * the same LSTM written with pytensor.scan (default mode)
   * torch.nn.LSTM (skipped with a note when torch is not installed)
-and the foundation benchmark: LstmGenericBase vs the same LSTM in pytensor.scan.  Finally the peak
-memory (resident set growth) of NativeLstm2 vs LstmLowMem training for T=1000.
+and its FLOP floor: the layer's multiply-adds (input projection, recurrence, and the gradients of both: six
+products of T*B x 256 x 1024) at the rate scipy's sgemm reaches on one large product, timed in the same turns.
+Then the foundation benchmark: LstmGenericBase vs the same LSTM in pytensor.scan; TwoDLSTM vs the same 2-D LSTM
+written with two nested pytensor.scan; finally the peak memory (resident set growth) of NativeLstm2 vs
+LstmLowMem training for T=1000.
 
 Usage:  python bench/lstm.py [--threads N] [--reps R] [--no-memory]
 """
@@ -33,7 +36,7 @@ import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
-from ptnative.ops.lstm import LstmGenericBase, lstm  # noqa: E402
+from ptnative.ops.lstm import LstmGenericBase, lstm, twod_lstm  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
@@ -125,6 +128,70 @@ def torch_fn():
     return run, f"torch {torch.__version__}"
 
 
+def sgemm_fn(size=2048):
+    """One large float32 product with scipy's BLAS (the rate the floor assumes)."""
+    from scipy.linalg.blas import sgemm
+    rng = np.random.default_rng(3)
+    a, b = (rng.normal(size=(size, size)).astype(DTYPE, order="F") for _ in range(2))
+    return lambda: sgemm(1.0, a, b), 2.0 * size ** 3
+
+
+def layer_flops():
+    """Floating-point operations of one forward+backward of the layer: 2 x the multiply-adds of x . W_in and of
+    the recurrent products (forward), and of dL/dx, dL/dW_in, dL/dy_prev and dL/dW_rec (backward)."""
+    return 2.0 * 3 * T * B * 4 * N * (N_IN + N)
+
+
+# ------------------------------------------------------------------------------------------------ 2-D LSTM
+H2, W2, B2, NIN2, N2 = 16, 24, 8, 64, 64
+CASE_2D = f"TwoDLSTM fwd+bwd h={H2} w={W2} B={B2} n_in=n={N2} {DTYPE}, {opts.threads} thr"
+
+
+def twod_symbols():
+    return (pt.tensor4("X", dtype=DTYPE), pt.matrix("V_h", dtype=DTYPE), pt.matrix("V_v", dtype=DTYPE),
+            pt.matrix("W", dtype=DTYPE), pt.vector("b", dtype=DTYPE))
+
+
+def twod_data(seed=5):
+    rng = np.random.default_rng(seed)
+    f = lambda *s, scale=1.0: (rng.normal(size=s) * scale).astype(DTYPE)  # noqa: E731
+    return [f(H2, W2, B2, NIN2), f(N2, 5 * N2, scale=0.1), f(N2, 5 * N2, scale=0.1), f(NIN2, 5 * N2, scale=0.1),
+            f(5 * N2)]
+
+
+def twod_native_fn():
+    syms = twod_symbols()
+    sizes = pt.constant(np.tile(np.array([[H2, W2]], DTYPE), (B2, 1)))
+    Y, _ = twod_lstm(*syms, sizes)
+    return pytensor.function(list(syms), [Y, *pytensor.grad((Y ** 2).sum(), list(syms))])
+
+
+def twod_scan_fn():
+    """The same 2-D LSTM (every cell valid, zero initial state) as a scan over rows of a scan over columns."""
+    X, V_h, V_v, W, b = syms = twod_symbols()
+    n = N2
+
+    def cell(z, y_up, s_up, y_left, s_left, V_h, V_v):
+        a = z + pt.dot(y_left, V_h) + pt.dot(y_up, V_v)
+        ig, fg, lg, og = (pt.sigmoid(a[:, k * n:(k + 1) * n]) for k in range(4))
+        s = ig * pt.tanh(a[:, 4 * n:]) + fg * lg * s_up + fg * (1 - lg) * s_left
+        return og * pt.tanh(s), s
+
+    def row(z_row, y_above, s_above, V_h, V_v):
+        zero = pt.zeros((z_row.shape[1], n), dtype=DTYPE)
+        kw = dict(sequences=[z_row, y_above, s_above], outputs_info=[zero, zero], non_sequences=[V_h, V_v],
+                  strict=True)
+        (Y, S), _ = pytensor.scan(cell, return_updates=True, **kw) if _scan_has_return_updates() else             pytensor.scan(cell, **kw)
+        return Y, S
+
+    Z = pt.dot(X, W) + b
+    zero = pt.zeros((X.shape[1], X.shape[2], n), dtype=DTYPE)
+    kw = dict(sequences=[Z], outputs_info=[zero, zero], non_sequences=[V_h, V_v], strict=True)
+    (Y, _), _ = pytensor.scan(row, return_updates=True, **kw) if _scan_has_return_updates() else \
+        pytensor.scan(row, **kw)
+    return pytensor.function(list(syms), [Y, *pytensor.grad((Y ** 2).sum(), list(syms))])
+
+
 def _rss_mib(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -159,6 +226,8 @@ def main():
     d = data()
     args = [d[k] for k in ("x", "W_in", "W_rec", "b")]
     calls = {}
+    floor_call, floor_flops = sgemm_fn()
+    calls["sgemm 2048 (floor)"] = floor_call
     for name, make in [("ptnative native2", lambda: ptnative_fn("native2")),
                        ("ptnative lowmem", lambda: ptnative_fn("lowmem")),
                        ("pytensor.scan", scan_fn)]:
@@ -169,6 +238,13 @@ def main():
     # Turns of a few calls each: this machine's speed drifts, and every row should see the same drift.
     results = {name: (t.median, t.best) for name, t in measure_interleaved(calls, opts.reps, rounds=5).items()}
     base, base_min = results["ptnative native2"]
+    g_med, g_min = results.pop("sgemm 2048 (floor)")
+    floor, floor_min = layer_flops() / (floor_flops / g_med), layer_flops() / (floor_flops / g_min)
+    print(f"FLOP floor: {layer_flops() / 1e9:.2f} GFLOP at sgemm's {floor_flops / g_med / 1e9:.1f} GFLOP/s (median; "
+          f"{floor_flops / g_min / 1e9:.1f} best) = {floor * 1e3:.1f} ms ({floor_min * 1e3:.1f} ms)")
+    print(f"native2 / floor: {base / floor:.2f}x by median, {base_min / floor_min:.2f}x by min (target <= 1.15x); "
+          f"lowmem / native2: {results['ptnative lowmem'][0] / base:.2f}x by median (target <= 1.3x)\n")
+    record("lstm", CASE, "FLOP floor (sgemm rate)", floor, best=floor_min)
     print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
     for name, (med, mn) in results.items():
         print(f"{name:<20} {med * 1e3:10.1f} {mn * 1e3:8.1f} {med / base:15.2f} {mn / base_min:12.2f}")
@@ -195,6 +271,18 @@ def main():
           f"(min {ts[1] * 1e3:.1f})   scan/native {ts[0] / tn[0]:.1f}x by median, {ts[1] / tn[1]:.1f}x by min")
     record("lstm", "LstmGenericBase, input projections given", "ptnative LstmGenericBase", tn[0], ours=True, best=tn[1])
     record("lstm", "LstmGenericBase, input projections given", "pytensor.scan", ts[0], best=ts[1])
+
+    print(f"\nTwoDLSTM vs two nested pytensor.scan, forward+backward, h={H2} w={W2} B={B2} n_in=n={N2}")
+    targs = twod_data()
+    tn_fn, ts_fn = twod_native_fn(), twod_scan_fn()
+    got, want = tn_fn(*targs), ts_fn(*targs)
+    err = max(float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) for a, b in zip(got, want))
+    both = measure_interleaved({"native": lambda: tn_fn(*targs), "scan": lambda: ts_fn(*targs)}, opts.reps)
+    tn, ts = (both[k][:2] for k in ("native", "scan"))
+    print(f"TwoDLSTM {tn[0] * 1e3:8.1f} ms (min {tn[1] * 1e3:.1f})   scan {ts[0] * 1e3:8.1f} ms (min {ts[1] * 1e3:.1f})"
+          f"   scan/native {ts[0] / tn[0]:.1f}x by median, {ts[1] / tn[1]:.1f}x by min   (results agree to {err:.1e})")
+    record("lstm", CASE_2D, "ptnative TwoDLSTM", tn[0], ours=True, best=tn[1])
+    record("lstm", CASE_2D, "pytensor.scan (nested)", ts[0], best=ts[1])
 
     if not opts.no_memory:
         print("\nPeak memory growth of one forward+backward, T=1000 (ru_maxrss, separate processes)")

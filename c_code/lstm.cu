@@ -43,6 +43,17 @@ DEV_FUNC inline double lstm_exp(double x) { return exp(x); }
 DEV_FUNC inline double lstm_tanh(double x) { return tanh(x); }
 DEV_FUNC inline Float lstm_sigmoid(Float x) { return Float(1) / (Float(1) + lstm_exp(-x)); }
 
+// Masks select rather than multiply, so that a NaN or inf on a masked frame (padding) stays there (NaN * 0 is
+// NaN).  m = 1 gives v, m = 0 gives keep (0), a mask value in between the blend.
+DEV_FUNC inline Float lstm_blend(Float m, Float v, Float keep) {
+  return m == Float(0) ? keep : v * m + keep * (Float(1) - m);
+}
+DEV_FUNC inline Float lstm_masked(Float m, Float v) { return m == Float(0) ? Float(0) : v * m; }
+// dL/d(previous state) from dL/d(state) ds: through the forget gate fg on a valid frame, unchanged on padding.
+DEV_FUNC inline Float lstm_carry_grad(Float m, Float ds, Float fg) {
+  return m == Float(0) ? ds : ds * (fg * m + (Float(1) - m));
+}
+
 // Loop over (batch row b, cell j) of a (n_batch, n_cells) grid: a grid-stride loop on CUDA, two plain
 // nested loops (the inner one vectorisable, no div/mod) on the CPU.  The body must not use break/continue.
 #if CUDA
@@ -53,6 +64,12 @@ DEV_FUNC inline Float lstm_sigmoid(Float x) { return Float(1) / (Float(1) + lstm
 #else
 #define LSTM_FOR_BJ(b, j, nb, nc) for (int64_t b = 0; b < (nb); ++b) for (int64_t j = 0; j < (nc); ++j)
 #endif
+
+// out[b, :] = X[b, :] where mask[b] != 0, else 0 (a frame's input rows for a weight gradient, without padding).
+DEF_KERNEL void lstm_valid_rows(const Float* __restrict__ X, const Float* __restrict__ mask, Float* __restrict__ out,
+                                int64_t n_batch, int64_t n_cols) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cols) { out[b * n_cols + j] = mask[b] == Float(0) ? Float(0) : X[b * n_cols + j]; }
+}
 
 // C (m x n) (+)= A (m x k) . B (k x n) with row-major pointers; op(A) / op(B) by the flags.  Empty
 // products leave C as it is (beta = 1) or zero it (beta = 0) without calling BLAS.
@@ -72,7 +89,11 @@ static void lstm_gemm(const Float* A, bool tA, const Float* B, bool tB, Float* C
 // on every call.  On the CPU we pack W once per op call into column panels and multiply with a register-tiled
 // kernel (gcc vector extensions, contracted to FMA), and split the batch rows over threads: rows are
 // independent through the whole recurrence, so the threads never wait for each other.
+#ifdef __AVX512F__
+typedef Float lstm_vec __attribute__((vector_size(64)));  // the width of the CPU's FMA units (and of its BLAS)
+#else
 typedef Float lstm_vec __attribute__((vector_size(32)));
+#endif
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 constexpr int LSTM_MR = 6;                                        // rows per register tile
@@ -188,6 +209,26 @@ static LstmFrames lstm_frames(int64_t T, int64_t start, int64_t step, bool lowme
   return f;
 }
 
+// A NativeLstm2 / LstmLowMem call: its sizes (from the mask i (T, B) and y0 (B, n)) and the frames it visits
+// (from its int32 inputs start and step).
+struct LstmCall {
+  int64_t n_batch, n_cells, frame;  // frame = B * n, one frame of Y or C
+  LstmFrames fr;
+};
+
+static LstmCall lstm_call(Ndarray* i, Ndarray* y0, Ndarray* start, Ndarray* step, bool lowmem_rule) {
+  int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  return {n_batch, n_cells, n_batch * n_cells,
+          lstm_frames(Ndarray_DIMS(i)[0], Ndarray_DEV_DATA_int32_scalar(start), Ndarray_DEV_DATA_int32_scalar(step),
+                      lowmem_rule)};
+}
+
+// d = C at the last visited frame; c0 when no frame is visited.
+static void lstm_final_state(Ndarray* d, Ndarray* C, Ndarray* c0, const LstmCall& c) {
+  const Float* src = c.fr.count > 0 ? data_ptr(C, c.fr.at(c.fr.count - 1)) : Ndarray_DEV_DATA(c0);
+  Ndarray_memcpy(Ndarray_DEV_DATA(d), src, c.frame * sizeof(Float));
+}
+
 // ---------------------------------------------------------------- LstmGenericBase
 // One time frame.  h: (B, 4n) pre-activations (Z + recurrent part), overwritten
 // with [state, in gate, forget gate, out gate].  prev_state: the previous
@@ -206,8 +247,8 @@ DEF_KERNEL void lstm_generic_fw_frame(Float* __restrict__ h, const Float* __rest
     Float in_gate = lstm_sigmoid(g[n_cells]);
     Float forget_gate = lstm_sigmoid(g[2 * n_cells]);
     Float out_gate = lstm_sigmoid(g[3 * n_cells]);
-    Float s = (in_gate * cell_in + forget_gate * s_prev) * m + s_prev * (Float(1) - m);
-    y[idx] = out_gate * lstm_tanh(s) * m;
+    Float s = lstm_blend(m, in_gate * cell_in + forget_gate * s_prev, s_prev);
+    y[idx] = lstm_masked(m, out_gate * lstm_tanh(s));
     g[0] = s;
     g[n_cells] = in_gate;
     g[2 * n_cells] = forget_gate;
@@ -236,12 +277,12 @@ DEF_KERNEL void lstm_generic_bw_frame(Float* __restrict__ delta, Float* __restri
     // tanh(cell input), recovered from the state; only used on valid frames.
     Float cell_in = (s - forget_gate * s_prev) / std::max(in_gate, Float(1e-16));
     Float e = eps[idx];
-    Float eps_s = (Float(1) - tanh_s * tanh_s) * out_gate * e * m + next_eps[idx];
-    d[0] = in_gate * (Float(1) - cell_in * cell_in) * eps_s * m;
-    d[n_cells] = in_gate * (Float(1) - in_gate) * cell_in * eps_s * m;
-    d[2 * n_cells] = forget_gate * (Float(1) - forget_gate) * s_prev * eps_s * m;
-    d[3 * n_cells] = out_gate * (Float(1) - out_gate) * tanh_s * e * m;
-    eps[idx] = eps_s * (forget_gate * m + (Float(1) - m));
+    Float eps_s = lstm_masked(m, (Float(1) - tanh_s * tanh_s) * out_gate * e) + next_eps[idx];
+    d[0] = lstm_masked(m, in_gate * (Float(1) - cell_in * cell_in) * eps_s);
+    d[n_cells] = lstm_masked(m, in_gate * (Float(1) - in_gate) * cell_in * eps_s);
+    d[2 * n_cells] = lstm_masked(m, forget_gate * (Float(1) - forget_gate) * s_prev * eps_s);
+    d[3 * n_cells] = lstm_masked(m, out_gate * (Float(1) - out_gate) * tanh_s * e);
+    eps[idx] = lstm_carry_grad(m, eps_s, forget_gate);
   }
 }
 
@@ -259,12 +300,8 @@ static void check_lstm_generic_shapes(Ndarray* Z_or_H, Ndarray* V_h, Ndarray* c,
 static void lstm_generic_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 4);
   assert_cmp(n_outputs, ==, 3);
-  Ndarray* V_h = inputs[1];
-  Ndarray* c = inputs[2];
-  Ndarray* i = inputs[3];
-  Ndarray* Y = *outputs[0];
-  Ndarray* H = *outputs[1];
-  Ndarray* d = *outputs[2];
+  Ndarray *V_h = inputs[1], *c = inputs[2], *i = inputs[3];
+  Ndarray *Y = *outputs[0], *H = *outputs[1], *d = *outputs[2];
   check_lstm_generic_shapes(H, V_h, c, i);
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(H)[2] / 4;
   if (T == 0) {
@@ -301,15 +338,8 @@ static void lstm_generic_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 4);
-  Ndarray* V_h = inputs[0];
-  Ndarray* c = inputs[1];
-  Ndarray* i = inputs[2];
-  Ndarray* Y = inputs[3];
-  Ndarray* Dd = inputs[6];
-  Ndarray* DZ = *outputs[0];
-  Ndarray* DV_h = *outputs[1];
-  Ndarray* Dc = *outputs[2];
-  Ndarray* tmpDc = *outputs[3];
+  Ndarray *V_h = inputs[0], *c = inputs[1], *i = inputs[2], *Y = inputs[3], *Dd = inputs[6];
+  Ndarray *DZ = *outputs[0], *DV_h = *outputs[1], *Dc = *outputs[2], *tmpDc = *outputs[3];
   check_lstm_generic_shapes(DZ, V_h, c, i);
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(DZ)[2] / 4;
   for (int d = 0; d < 3; ++d) {
@@ -369,8 +399,8 @@ DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ 
     g[2 * n_cells] = fg;
     g[3 * n_cells] = og;
     Float cp = c_prev[idx];
-    Float cv = (cp * fg + a * ig) * m + cp * (Float(1) - m);
-    Float yv = lstm_tanh(cv) * og * m;
+    Float cv = lstm_blend(m, cp * fg + a * ig, cp);
+    Float yv = lstm_masked(m, lstm_tanh(cv) * og);
     c[idx] = cv;
     y[idx] = yv;
     y_carry[idx] = yv + y_carry[idx] * (Float(1) - m);
@@ -400,14 +430,12 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
     Float a = d[0], ig = d[n_cells], fg = d[2 * n_cells], og = d[3 * n_cells];
     Float tc = lstm_tanh(c[idx]);
     Float dy = dY[idx] + dy_carry[idx];
-    Float dym = dy * m;
-    Float dct = dc[idx] + dC[idx] + dym * og * (Float(1) - tc * tc);
-    Float dctm = dct * m;
-    d[0] = dctm * ig * (Float(1) - a * a);
-    d[n_cells] = dctm * a * ig * (Float(1) - ig);
-    d[2 * n_cells] = dctm * c_prev[idx] * fg * (Float(1) - fg);
-    d[3 * n_cells] = dym * tc * og * (Float(1) - og);
-    dc[idx] = dct * (fg * m + Float(1) - m);
+    Float dct = dc[idx] + dC[idx] + lstm_masked(m, dy * og * (Float(1) - tc * tc));
+    d[0] = lstm_masked(m, dct * ig * (Float(1) - a * a));
+    d[n_cells] = lstm_masked(m, dct * a * ig * (Float(1) - ig));
+    d[2 * n_cells] = lstm_masked(m, dct * c_prev[idx] * fg * (Float(1) - fg));
+    d[3 * n_cells] = lstm_masked(m, dy * tc * og * (Float(1) - og));
+    dc[idx] = lstm_carry_grad(m, dct, fg);
     dy_carry[idx] *= Float(1) - m;
   }
 }
@@ -445,16 +473,12 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 4);
   Ndarray *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
-  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[5]), step = Ndarray_DEV_DATA_int32_scalar(inputs[6]);
   Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
   check_lstm2_shapes(H, W, y0, c0, i);
-  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
-  int64_t frame = n_batch * n_cells;
-  LstmFrames fr = lstm_frames(T, start, step, false);
-  if (fr.count == 0) {
-    Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
-    return;
-  }
+  const LstmCall call = lstm_call(i, y0, inputs[5], inputs[6], false);
+  const LstmFrames& fr = call.fr;
+  const int64_t n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame, step = fr.step;
+  if (fr.count == 0) return lstm_final_state(d, C, c0, call);
   ptn::Scratch scratch;
   Float* y_carry = scratch.get<Float>(frame);
   Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
@@ -480,7 +504,7 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   });
 #endif
   HANDLE_LAST_ERROR();
-  Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
+  lstm_final_state(d, C, c0, call);
 }
 
 // inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
@@ -488,14 +512,14 @@ static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   assert_cmp(n_inputs, ==, 12);
   assert_cmp(n_outputs, ==, 4);
   Ndarray *W = inputs[0], *y0 = inputs[1], *c0 = inputs[2], *i = inputs[3];
-  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[4]), step = Ndarray_DEV_DATA_int32_scalar(inputs[5]);
   Ndarray *Y = inputs[6], *C = inputs[7], *H = inputs[8], *DY = inputs[9], *DC = inputs[10], *Dd = inputs[11];
   Ndarray *DX = *outputs[0], *DW = *outputs[1], *Dy0 = *outputs[2], *Dc0 = *outputs[3];
   check_lstm2_shapes(H, W, y0, c0, i);
-  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
-  int64_t frame = n_batch * n_cells;
+  const LstmCall call = lstm_call(i, y0, inputs[4], inputs[5], false);
+  const LstmFrames& fr = call.fr;
+  const int64_t T = Ndarray_DIMS(i)[0], n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame;
+  const int64_t step = fr.step;
   check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
-  LstmFrames fr = lstm_frames(T, start, step, false);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
   // DX starts as a copy of H (or is H): every visited frame is overwritten below, the others are zeroed.
   // DW and Dy0 (the running dL/dy_prev) start zeroed by the glue.
@@ -564,9 +588,9 @@ DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* _
     Float fg = lstm_sigmoid(g[2 * n_cells] + bias[2 * n_cells + j]);
     Float og = lstm_sigmoid(g[3 * n_cells] + bias[3 * n_cells + j]);
     Float cp = c_prev[idx];
-    Float cv = (cp * fg + a * ig) * m + cp * (Float(1) - m);
+    Float cv = lstm_blend(m, cp * fg + a * ig, cp);
     c[idx] = cv;
-    y[idx] = lstm_tanh(cv) * og * m;
+    y[idx] = lstm_masked(m, lstm_tanh(cv) * og);
   }
 }
 
@@ -587,13 +611,12 @@ DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* _
     Float fg = lstm_sigmoid(g[2 * n_cells] + bias[2 * n_cells + j]);
     Float og = lstm_sigmoid(g[3 * n_cells] + bias[3 * n_cells + j]);
     Float tc = lstm_tanh(c[idx]);
-    Float dym = (dY[idx] + dh[idx]) * m;
-    Float dct = dc[idx] + dC[idx] + dym * og * (Float(1) - tc * tc);
-    Float dctm = dct * m;
-    Float d0 = dctm * ig * (Float(1) - a * a);
-    Float d1 = dctm * a * ig * (Float(1) - ig);
-    Float d2 = dctm * c_prev[idx] * fg * (Float(1) - fg);
-    Float d3 = dym * tc * og * (Float(1) - og);
+    Float dy = dY[idx] + dh[idx];
+    Float dct = dc[idx] + dC[idx] + lstm_masked(m, dy * og * (Float(1) - tc * tc));
+    Float d0 = lstm_masked(m, dct * ig * (Float(1) - a * a));
+    Float d1 = lstm_masked(m, dct * a * ig * (Float(1) - ig));
+    Float d2 = lstm_masked(m, dct * c_prev[idx] * fg * (Float(1) - fg));
+    Float d3 = lstm_masked(m, dy * tc * og * (Float(1) - og));
     d[0] = d0;
     d[n_cells] = d1;
     d[2 * n_cells] = d2;
@@ -604,7 +627,7 @@ DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* _
     elem_atomic_add(&db[2 * n_cells + j], d2);
     elem_atomic_add(&db[3 * n_cells + j], d3);
 #endif
-    dc[idx] = dct * (fg * m + Float(1) - m);
+    dc[idx] = lstm_carry_grad(m, dct, fg);
   }
 }
 
@@ -621,6 +644,7 @@ static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0,
   ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
 }
 
+#if CUDA
 // intern = X[t] . W_x + y_prev . W_h  (W_x = W[:n_in], W_h = W[n_in:], both contiguous row blocks)
 static void lowmem_intern(Ndarray* X, Ndarray* W, int64_t t, const Float* y_prev, Float* intern, int64_t n_batch,
                           int64_t n_in, int64_t n_cells) {
@@ -628,33 +652,89 @@ static void lowmem_intern(Ndarray* X, Ndarray* W, int64_t t, const Float* y_prev
   lstm_gemm(data_ptr(X, t), false, Wd, false, intern, n_batch, 4 * n_cells, n_in, 0.0);
   lstm_gemm(y_prev, false, Wd + n_in * 4 * n_cells, false, intern, n_batch, 4 * n_cells, n_cells, 1.0);
 }
+#else
+// On the CPU LstmLowMem works through the visited frames in chunks of about LOWMEM_CHUNK_ROWS batch rows: the
+// input products of a chunk are one GEMM (backward: the recomputed gates two, the gradients three more), the
+// recurrent products run frame by frame on the packed W_h with the batch rows split over threads, as in
+// NativeLstm2.  The scratch memory is a few chunks, whatever T.  Forward and backward chunk the frames alike,
+// so the backward pass recomputes exactly the forward's gates.
+constexpr int64_t LOWMEM_CHUNK_ROWS = 512;
+
+struct LowmemChunk {
+  int64_t k0, k1, rows;  // visited frames k0 .. k1-1 (in visit order), (k1 - k0) * B rows
+};
+
+static int64_t lowmem_frames_per_chunk(const LstmCall& c) {
+  return std::max<int64_t>(1, std::min<int64_t>(c.fr.count, LOWMEM_CHUNK_ROWS / std::max<int64_t>(c.n_batch, 1)));
+}
+
+static LowmemChunk lowmem_chunk(const LstmCall& c, int64_t k0) {
+  int64_t k1 = std::min(k0 + lowmem_frames_per_chunk(c), c.fr.count);
+  return {k0, k1, (k1 - k0) * c.n_batch};
+}
+
+// The chunk's inputs in visit order: Xc = its X frames with the masked rows zeroed (a NaN on padding reaches no
+// product), Yp (optional) = the recurrent input of each frame (y0 at the first visited frame).
+static void lowmem_gather(Ndarray* X, Ndarray* i, Ndarray* Y, Ndarray* y0, const LstmCall& c, const LowmemChunk& ch,
+                          Float* Xc, Float* Yp) {
+  int64_t n_in = Ndarray_DIMS(X)[2];
+  for (int64_t k = ch.k0; k < ch.k1; ++k) {
+    int64_t t = c.fr.at(k), row = (k - ch.k0) * c.n_batch;
+    lstm_valid_rows(data_ptr(X, t), Ndarray_DEV_DATA(i) + t * c.n_batch, Xc + row * n_in, c.n_batch, n_in);
+    if (Yp)
+      Ndarray_memcpy(Yp + row * c.n_cells, k > 0 ? data_ptr(Y, t - c.fr.step) : Ndarray_DEV_DATA(y0),
+                     c.frame * sizeof(Float));
+  }
+}
+#endif
 
 // inputs: X (T,B,n_in), W (n_in+n,4n), b (4n), y0, c0 (B,n), i (T,B), start, step; outputs: Y, C (T,B,n), d (B,n).
 static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 8);
   assert_cmp(n_outputs, ==, 3);
   Ndarray *X = inputs[0], *W = inputs[1], *b = inputs[2], *y0 = inputs[3], *c0 = inputs[4], *i = inputs[5];
-  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[6]), step = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
   Ndarray *Y = *outputs[0], *C = *outputs[1], *d = *outputs[2];
   check_lowmem_shapes(X, W, b, y0, c0, i);
-  int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1], n_in = Ndarray_DIMS(X)[2];
-  int64_t frame = n_batch * n_cells;
-  LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
-  if (fr.count == 0) {
-    Ndarray_memcpy(Ndarray_DEV_DATA(d), Ndarray_DEV_DATA(c0), frame * sizeof(Float));
-    return;
-  }
+  const LstmCall call = lstm_call(i, y0, inputs[6], inputs[7], true);
+  const LstmFrames& fr = call.fr;
+  const int64_t n_batch = call.n_batch, n_cells = call.n_cells, n_in = Ndarray_DIMS(X)[2], g = 4 * n_cells;
+  const Float *bias = Ndarray_DEV_DATA(b), *mask = Ndarray_DEV_DATA(i), *Wd = Ndarray_DEV_DATA(W);
   ptn::Scratch scratch;
-  Float* intern = scratch.get<Float>(4 * frame);
+#if CUDA
+  Float* intern = scratch.get<Float>(4 * call.frame);
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
-    lowmem_intern(X, W, t, k > 0 ? data_ptr(Y, t - step) : Ndarray_DEV_DATA(y0), intern, n_batch, n_in, n_cells);
-    start_dev_kernel(lowmem_fw_frame, (intern, Ndarray_DEV_DATA(b), Ndarray_DEV_DATA(i) + t * n_batch,
-                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
+    lowmem_intern(X, W, t, k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0), intern, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_fw_frame, (intern, bias, mask + t * n_batch,
+                                       k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
                                        data_ptr(C, t), n_batch, n_cells));
   }
+#else
+  if (fr.count > 0) {
+    int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
+    Float* Xc = scratch.get<Float>(chunk_rows * n_in);
+    Float* intern = scratch.get<Float>(chunk_rows * g);
+    LstmPacked packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
+    for (int64_t k0 = 0; k0 < fr.count; k0 += lowmem_frames_per_chunk(call)) {
+      LowmemChunk ch = lowmem_chunk(call, k0);
+      lowmem_gather(X, i, Y, y0, call, ch, Xc, nullptr);
+      lstm_gemm(Xc, false, Wd, false, intern, ch.rows, g, n_in, 0.0);
+      lstm_cpu_rows(n_batch, n_cells, ch.k1 - ch.k0, [&](int64_t r0, int64_t r1) {
+        for (int64_t k = ch.k0; k < ch.k1; ++k) {
+          int64_t t = fr.at(k), at = r0 * n_cells;
+          Float* h = intern + ((k - ch.k0) * n_batch + r0) * g;
+          lstm_packed_gemm((k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0)) + at, n_cells, packed_Wh, h, g,
+                           r1 - r0);
+          lowmem_fw_frame(h, bias, mask + t * n_batch + r0,
+                          (k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(Y, t) + at,
+                          data_ptr(C, t) + at, r1 - r0, n_cells);
+        }
+      });
+    }
+  }
+#endif
   HANDLE_LAST_ERROR();
-  Ndarray_memcpy(Ndarray_DEV_DATA(d), data_ptr(C, fr.at(fr.count - 1)), frame * sizeof(Float));
+  lstm_final_state(d, C, c0, call);
 }
 
 // inputs: X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd; outputs: DX, DW, Db, Dy0, Dc0.
@@ -662,39 +742,76 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   assert_cmp(n_inputs, ==, 13);
   assert_cmp(n_outputs, ==, 5);
   Ndarray *X = inputs[0], *W = inputs[1], *b = inputs[2], *y0 = inputs[3], *c0 = inputs[4], *i = inputs[5];
-  int64_t start = Ndarray_DEV_DATA_int32_scalar(inputs[6]), step = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
   Ndarray *Y = inputs[8], *C = inputs[9], *DY = inputs[10], *DC = inputs[11], *Dd = inputs[12];
   Ndarray *DX = *outputs[0], *DW = *outputs[1], *Db = *outputs[2], *Dy0 = *outputs[3], *Dc0 = *outputs[4];
   check_lowmem_shapes(X, W, b, y0, c0, i);
-  int64_t n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1], n_in = Ndarray_DIMS(X)[2];
-  int64_t frame = n_batch * n_cells;
+  const LstmCall call = lstm_call(i, y0, inputs[6], inputs[7], true);
+  const LstmFrames& fr = call.fr;
+  const int64_t n_batch = call.n_batch, n_cells = call.n_cells, n_in = Ndarray_DIMS(X)[2], g = 4 * n_cells;
   check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
-  LstmFrames fr = lstm_frames(Ndarray_DIMS(i)[0], start, step, true);
-  Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
+  Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), call.frame * sizeof(Float));
   if (fr.count == 0) return;  // DX, DW, Db, Dy0 stay 0
-  ptn::Scratch scratch;
-  Float* intern = scratch.get<Float>(4 * frame);
-  Float* dintern = scratch.get<Float>(4 * frame);
+  const Float *bias = Ndarray_DEV_DATA(b), *mask = Ndarray_DEV_DATA(i), *Wd = Ndarray_DEV_DATA(W);
+  Float *DWd = Ndarray_DEV_DATA(DW), *dbd = Ndarray_DEV_DATA(Db);
   Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
-  Float* DWd = Ndarray_DEV_DATA(DW);
+  Float* dc = Ndarray_DEV_DATA(Dc0);
+  ptn::Scratch scratch;
+#if CUDA
+  Float* intern = scratch.get<Float>(4 * call.frame);
+  Float* dintern = scratch.get<Float>(4 * call.frame);
+  Float* x_valid = scratch.get<Float>(n_batch * n_in);  // X[t] without its padded rows (a NaN there stays there)
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
-    const Float* y_prev = k > 0 ? data_ptr(Y, t - step) : Ndarray_DEV_DATA(y0);
+    const Float* y_prev = k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0);
     lowmem_intern(X, W, t, y_prev, intern, n_batch, n_in, n_cells);
-    start_dev_kernel(lowmem_bw_frame, (intern, Ndarray_DEV_DATA(b), Ndarray_DEV_DATA(i) + t * n_batch,
-                                       data_ptr(C, t), k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0),
-                                       data_ptr(DY, t), data_ptr(DC, t), dh, Ndarray_DEV_DATA(Dc0), dintern,
-                                       Ndarray_DEV_DATA(Db), n_batch, n_cells));
-#if !CUDA  // db += the column sums of dintern (in the frame kernel the four strided sums stop vectorisation)
-    Float* dbd = Ndarray_DEV_DATA(Db);
-    for (int64_t r = 0; r < n_batch; ++r)
-      for (int64_t k4 = 0; k4 < 4 * n_cells; ++k4) dbd[k4] += dintern[r * 4 * n_cells + k4];
-#endif
-    const Float* Wd = Ndarray_DEV_DATA(W);
-    lstm_gemm(dintern, false, Wd, true, data_ptr(DX, t), n_batch, n_in, 4 * n_cells, 0.0);
-    lstm_gemm(data_ptr(X, t), true, dintern, false, DWd, n_in, 4 * n_cells, n_batch, 1.0);
-    lstm_gemm(y_prev, true, dintern, false, DWd + n_in * 4 * n_cells, n_cells, 4 * n_cells, n_batch, 1.0);
-    lstm_gemm(dintern, false, Wd + n_in * 4 * n_cells, true, dh, n_batch, n_cells, 4 * n_cells, 0.0);
+    start_dev_kernel(lowmem_bw_frame, (intern, bias, mask + t * n_batch, data_ptr(C, t),
+                                       k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
+                                       data_ptr(DC, t), dh, dc, dintern, dbd, n_batch, n_cells));
+    start_dev_kernel(lstm_valid_rows, (data_ptr(X, t), mask + t * n_batch, x_valid, n_batch, n_in));
+    lstm_gemm(dintern, false, Wd, true, data_ptr(DX, t), n_batch, n_in, g, 0.0);
+    lstm_gemm(x_valid, true, dintern, false, DWd, n_in, g, n_batch, 1.0);
+    lstm_gemm(y_prev, true, dintern, false, DWd + n_in * g, n_cells, g, n_batch, 1.0);
+    lstm_gemm(dintern, false, Wd + n_in * g, true, dh, n_batch, n_cells, g, 0.0);
   }
+#else
+  int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
+  Float* Xc = scratch.get<Float>(chunk_rows * n_in);
+  Float* Yp = scratch.get<Float>(chunk_rows * n_cells);
+  Float* intern = scratch.get<Float>(chunk_rows * g);
+  Float* dintern = scratch.get<Float>(chunk_rows * g);
+  Float* DXc = scratch.get<Float>(chunk_rows * n_in);
+  LstmPacked packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
+  LstmPacked packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
+  Ndarray_memset(dh, 0, call.frame * sizeof(Float));
+  int64_t per_chunk = lowmem_frames_per_chunk(call);
+  for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+    LowmemChunk ch = lowmem_chunk(call, k0);
+    // the chunk's gates, exactly as in the forward pass: X part by BLAS, recurrent part on the packed W_h
+    lowmem_gather(X, i, Y, y0, call, ch, Xc, Yp);
+    lstm_gemm(Xc, false, Wd, false, intern, ch.rows, g, n_in, 0.0);
+    lstm_cpu_rows(ch.rows, n_cells, 1, [&](int64_t r0, int64_t r1) {
+      lstm_packed_gemm(Yp + r0 * n_cells, n_cells, packed_Wh, intern + r0 * g, g, r1 - r0);
+    });
+    lstm_cpu_rows(n_batch, n_cells, ch.k1 - ch.k0, [&](int64_t r0, int64_t r1) {
+      int64_t at = r0 * n_cells;
+      for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
+        int64_t t = fr.at(k), row = ((k - ch.k0) * n_batch + r0) * g;
+        lowmem_bw_frame(intern + row, bias, mask + t * n_batch + r0, data_ptr(C, t) + at,
+                        (k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
+                        data_ptr(DC, t) + at, dh + at, dc + at, dintern + row, dbd, r1 - r0, n_cells);
+        Ndarray_memset(dh + at, 0, (r1 - r0) * n_cells * sizeof(Float));  // dL/dY[t_prev] = dintern . W_h^T
+        lstm_packed_gemm(dintern + row, g, packed_WhT, dh + at, n_cells, r1 - r0);
+      }
+    });
+    // the chunk's gradients: DX, DW = [Xc; Yp]^T . dintern, db = the column sums of dintern
+    lstm_gemm(dintern, false, Wd, true, DXc, ch.rows, n_in, g, 0.0);
+    for (int64_t k = ch.k0; k < ch.k1; ++k)
+      Ndarray_memcpy(data_ptr(DX, fr.at(k)), DXc + (k - ch.k0) * n_batch * n_in, n_batch * n_in * sizeof(Float));
+    lstm_gemm(Xc, true, dintern, false, DWd, n_in, g, ch.rows, 1.0);
+    lstm_gemm(Yp, true, dintern, false, DWd + n_in * g, n_cells, g, ch.rows, 1.0);
+    for (int64_t r = 0; r < ch.rows; ++r)
+      for (int64_t c = 0; c < g; ++c) dbd[c] += dintern[r * g + c];
+  }
+#endif
   HANDLE_LAST_ERROR();
 }

@@ -91,7 +91,12 @@ DEF_KERNEL void lstm_cell_bw2_kernel(const Float* c_prev, const Float* x, const 
   }
 }
 
-static void check_lstm_cell_shapes(Ndarray* c_prev, Ndarray* x) {
+struct LstmCellDims {
+  int64_t nbc, nbx, nh, nr, row;  // len(c_prev), len(x), H, R, H * R
+};
+
+// c_prev (Bc, H, R) and x (Bx, 4H, R): ValueError for a caller's mismatch.
+static LstmCellDims check_lstm_cell_shapes(Ndarray* c_prev, Ndarray* x) {
   if (Ndarray_DIMS(x)[0] > Ndarray_DIMS(c_prev)[0]) {
     std::ostringstream s;
     s << "lstm_cell: len(x) = " << Ndarray_DIMS(x)[0] << " must not exceed len(c_prev) = " << Ndarray_DIMS(c_prev)[0];
@@ -100,10 +105,31 @@ static void check_lstm_cell_shapes(Ndarray* c_prev, Ndarray* x) {
   ptn::require_dim(x, "lstm_cell: x", 1, 4 * Ndarray_DIMS(c_prev)[1], "4 * c_prev.shape[1]");
   ptn::require_dim(x, "lstm_cell: x (trailing dimensions flattened)", 2, Ndarray_DIMS(c_prev)[2],
                    "the product of c_prev's trailing dimensions");
+  int64_t nh = Ndarray_DIMS(c_prev)[1], nr = Ndarray_DIMS(c_prev)[2];
+  return {Ndarray_DIMS(c_prev)[0], Ndarray_DIMS(x)[0], nh, nr, nh * nr};
 }
 
 static void check_same_shape(Ndarray* a, Ndarray* b) {
   for (int k = 0; k < 3; ++k) assert_cmp(Ndarray_DIMS(a)[k], ==, Ndarray_DIMS(b)[k]);
+}
+
+// The gradient ops' inputs: c_prev, x, then c and gc shaped like c_prev, gh (Bx, H, R).
+static LstmCellDims check_lstm_cell_grad_shapes(Ndarray** inputs) {
+  Ndarray *c_prev = inputs[0], *gh = inputs[4];
+  LstmCellDims dm = check_lstm_cell_shapes(c_prev, inputs[1]);
+  check_same_shape(inputs[2], c_prev);
+  check_same_shape(inputs[3], c_prev);
+  assert_cmp(Ndarray_DIMS(gh)[0], ==, dm.nbx);
+  assert_cmp(Ndarray_DIMS(gh)[1], ==, dm.nh);
+  assert_cmp(Ndarray_DIMS(gh)[2], ==, dm.nr);
+  return dm;
+}
+
+// Rows >= Bx of dst (the rows that x does not reach) from src.
+static void lstm_cell_copy_rest(Ndarray* dst, Ndarray* src, const LstmCellDims& dm) {
+  if (dm.nbc > dm.nbx)
+    Ndarray_memcpy(Ndarray_DEV_DATA(dst) + dm.nbx * dm.row, Ndarray_DEV_DATA(src) + dm.nbx * dm.row,
+                   (dm.nbc - dm.nbx) * dm.row * sizeof(Float));
 }
 
 // inputs: c_prev (Bc,H,R), x (Bx,4H,R); outputs: c (Bc,H,R), h (Bx,H,R).
@@ -111,14 +137,11 @@ static void lstm_cell_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   assert_cmp(n_inputs, ==, 2);
   assert_cmp(n_outputs, ==, 2);
   Ndarray *c_prev = inputs[0], *x = inputs[1], *c = *outputs[0], *h = *outputs[1];
-  check_lstm_cell_shapes(c_prev, x);
-  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
-  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
-  if (nbx * row > 0) start_dev_kernel(lstm_cell_fw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x),
-                                                             Ndarray_DEV_DATA(c), Ndarray_DEV_DATA(h), nbx, nh, nr));
-  if (nbc > nbx)
-    Ndarray_memcpy(Ndarray_DEV_DATA(c) + nbx * row, Ndarray_DEV_DATA(c_prev) + nbx * row,
-                   (nbc - nbx) * row * sizeof(Float));
+  LstmCellDims dm = check_lstm_cell_shapes(c_prev, x);
+  if (dm.nbx * dm.row > 0)
+    start_dev_kernel(lstm_cell_fw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c),
+                                           Ndarray_DEV_DATA(h), dm.nbx, dm.nh, dm.nr));
+  lstm_cell_copy_rest(c, c_prev, dm);
   HANDLE_LAST_ERROR();
 }
 
@@ -128,21 +151,12 @@ static void lstm_cell_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   assert_cmp(n_outputs, ==, 2);
   Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
   Ndarray *gc_prev = *outputs[0], *gx = *outputs[1];
-  check_lstm_cell_shapes(c_prev, x);
-  check_same_shape(c, c_prev);
-  check_same_shape(gc, c_prev);
-  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
-  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
-  assert_cmp(Ndarray_DIMS(gh)[0], ==, nbx);
-  assert_cmp(Ndarray_DIMS(gh)[1], ==, nh);
-  assert_cmp(Ndarray_DIMS(gh)[2], ==, nr);
-  if (nbx * row > 0)
+  LstmCellDims dm = check_lstm_cell_grad_shapes(inputs);
+  if (dm.nbx * dm.row > 0)
     start_dev_kernel(lstm_cell_bw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c),
                                            Ndarray_DEV_DATA(gc), Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(gc_prev),
-                                           Ndarray_DEV_DATA(gx), nbx, nh, nr));
-  if (nbc > nbx)
-    Ndarray_memcpy(Ndarray_DEV_DATA(gc_prev) + nbx * row, Ndarray_DEV_DATA(gc) + nbx * row,
-                   (nbc - nbx) * row * sizeof(Float));
+                                           Ndarray_DEV_DATA(gx), dm.nbx, dm.nh, dm.nr));
+  lstm_cell_copy_rest(gc_prev, gc, dm);
   HANDLE_LAST_ERROR();
 }
 
@@ -153,25 +167,16 @@ static void lstm_cell_bw2(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray
   assert_cmp(n_outputs, ==, 5);
   Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
   Ndarray *ggc_prev = inputs[5], *ggx = inputs[6];
-  check_lstm_cell_shapes(c_prev, x);
-  check_same_shape(c, c_prev);
-  check_same_shape(gc, c_prev);
+  LstmCellDims dm = check_lstm_cell_grad_shapes(inputs);
   check_same_shape(ggc_prev, c_prev);
   check_same_shape(ggx, x);
-  int64_t nbc = Ndarray_DIMS(c_prev)[0], nbx = Ndarray_DIMS(x)[0], nh = Ndarray_DIMS(c_prev)[1];
-  int64_t nr = Ndarray_DIMS(c_prev)[2], row = nh * nr;
-  assert_cmp(Ndarray_DIMS(gh)[0], ==, nbx);
-  assert_cmp(Ndarray_DIMS(gh)[1], ==, nh);
-  assert_cmp(Ndarray_DIMS(gh)[2], ==, nr);
-  if (nbx * row > 0)
+  if (dm.nbx * dm.row > 0)
     start_dev_kernel(lstm_cell_bw2_kernel,
                      (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c), Ndarray_DEV_DATA(gc),
                       Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(ggc_prev), Ndarray_DEV_DATA(ggx),
                       Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]), Ndarray_DEV_DATA(*outputs[2]),
-                      Ndarray_DEV_DATA(*outputs[3]), Ndarray_DEV_DATA(*outputs[4]), nbx, nh, nr));
+                      Ndarray_DEV_DATA(*outputs[3]), Ndarray_DEV_DATA(*outputs[4]), dm.nbx, dm.nh, dm.nr));
   // rows >= Bx: gc_prev = gc there, so g_gc = ggc_prev; g_c_prev and g_c stay 0.
-  if (nbc > nbx)
-    Ndarray_memcpy(Ndarray_DEV_DATA(*outputs[3]) + nbx * row, Ndarray_DEV_DATA(ggc_prev) + nbx * row,
-                   (nbc - nbx) * row * sizeof(Float));
+  lstm_cell_copy_rest(*outputs[3], ggc_prev, dm);
   HANDLE_LAST_ERROR();
 }

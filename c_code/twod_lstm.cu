@@ -6,65 +6,82 @@
 //   s = v * (i * tanh(a_z) + f * lambda * s_up + f * (1 - lambda) * s_left),   Y = v * o * tanh(s)
 // with v = (y < sizes[b, 0] && x < sizes[b, 1]); s_up = initialState[0, x, :, 4n:] in row 0; s_left = 0 in
 // column 0; no V_h term in column 0; in row 0 the V_v term uses initialOutput[0, x] when iteration >= 1
-// (then h must be 1) and is absent otherwise.  The rows are computed in order, the cells of a row left to
-// right: the V_v products of a whole row are one GEMM.
+// (then h must be 1) and is absent otherwise.  The cells are computed by anti-diagonals y + x = d: a cell
+// depends only on its left and upper neighbours, both on diagonal d - 1, so the recurrent products of a whole
+// diagonal are two GEMMs (one per recurrent matrix) over its gathered neighbours.
 
 DEV_FUNC inline Float twod_valid(const Float* sizes, int64_t b, int64_t y, int64_t x) {
   return (Float(y) < sizes[2 * b] && Float(x) < sizes[2 * b + 1]) ? Float(1) : Float(0);
 }
 
-// h_cell (B, 5n): pre-activations in, [i, f, lambda, o, s] out.  s_up / s_left: states with row stride 5n
-// (s_left may be null).
-DEF_KERNEL void twod_fw_cell(Float* h_cell, const Float* s_up, const Float* s_left, Float* y_out, const Float* sizes,
-                             int64_t yy, int64_t xx, int64_t n_batch, int64_t n_cells) {
+// h_cell (B, 5n): the input part of the pre-activations (b + X W) in, [i, f, lambda, o, s] out; rec (B, 5n): their
+// recurrent part.  s_up / s_left: states with row stride 5n (s_left may be null).
+DEF_KERNEL void twod_fw_cell(Float* __restrict__ h_cell, const Float* __restrict__ rec, const Float* s_up,
+                             const Float* s_left, Float* __restrict__ y_out, const Float* sizes, int64_t yy, int64_t xx,
+                             int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     Float* g = h_cell + b * 5 * n_cells + j;
+    const Float* r = rec + b * 5 * n_cells + j;
     int64_t so = b * 5 * n_cells + j;
     Float v = twod_valid(sizes, b, yy, xx);
-    Float ig = lstm_sigmoid(g[0]);
-    Float fg = lstm_sigmoid(g[n_cells]);
-    Float lg = lstm_sigmoid(g[2 * n_cells]);
-    Float og = lstm_sigmoid(g[3 * n_cells]);
-    Float z = lstm_tanh(g[4 * n_cells]);
+    Float ig = lstm_sigmoid(g[0] + r[0]);
+    Float fg = lstm_sigmoid(g[n_cells] + r[n_cells]);
+    Float lg = lstm_sigmoid(g[2 * n_cells] + r[2 * n_cells]);
+    Float og = lstm_sigmoid(g[3 * n_cells] + r[3 * n_cells]);
+    Float z = lstm_tanh(g[4 * n_cells] + r[4 * n_cells]);
     Float sl = s_left ? s_left[so] : Float(0);
-    Float s = v * (ig * z + fg * lg * s_up[so] + fg * (Float(1) - lg) * sl);
+    Float s = lstm_masked(v, ig * z + fg * lg * s_up[so] + fg * (Float(1) - lg) * sl);
     g[0] = ig;
     g[n_cells] = fg;
     g[2 * n_cells] = lg;
     g[3 * n_cells] = og;
     g[4 * n_cells] = s;
-    y_out[b * n_cells + j] = v * og * lstm_tanh(s);
+    y_out[b * n_cells + j] = lstm_masked(v, og * lstm_tanh(s));
   }
 }
 
-// Backward through cell (y, x).  eps: dL/dY of the cell (direct + both recurrences).  es_below: dL/ds from
-// the cell below (null in the last row); es_right: dL/ds from the cell to the right on entry (0 in the
-// last column), to the left on exit; es_up: dL/ds passed to the cell above.  delta (B, 5n): out.
-DEF_KERNEL void twod_bw_cell(const Float* h_cell, const Float* s_up, const Float* s_left, const Float* eps,
-                             const Float* es_below, Float* es_right, Float* es_up, Float* delta, const Float* sizes,
-                             int64_t yy, int64_t xx, int64_t n_batch, int64_t n_cells) {
+// Backward through cell (y, x).  dL/dY of the cell: dy (direct) + rec (through both recurrences).  es_below /
+// es_right: dL/ds from the cell below / to the right (null at the grid's edge); es_up / es_left: dL/ds passed to
+// the cell above / to the left.  delta (B, 5n): out.
+DEF_KERNEL void twod_bw_cell(const Float* h_cell, const Float* s_up, const Float* s_left, const Float* dy,
+                             const Float* rec, const Float* es_below, const Float* es_right, Float* es_left,
+                             Float* es_up, Float* delta, const Float* sizes, int64_t yy, int64_t xx, int64_t n_batch,
+                             int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     const Float* g = h_cell + b * 5 * n_cells + j;
     Float* d = delta + b * 5 * n_cells + j;
     int64_t so = b * 5 * n_cells + j, idx = b * n_cells + j;
+    // v is 0 or 1: everything below is the valid cell's value, or 0 outside the grid (selected, not multiplied,
+    // so that a NaN in an outside cell's gates stays there)
     Float v = twod_valid(sizes, b, yy, xx);
     Float ig = g[0], fg = g[n_cells], lg = g[2 * n_cells], og = g[3 * n_cells], s = g[4 * n_cells];
     Float su = s_up[so], sl = s_left ? s_left[so] : Float(0);
     Float mix = lg * su + (Float(1) - lg) * sl;
-    // tanh(cell input), recovered from the state (only needed on valid cells)
-    Float z = v * (s - fg * mix) / std::max(ig, Float(1e-30));
+    // tanh(cell input), recovered from the state
+    Float z = (s - fg * mix) / std::max(ig, Float(1e-30));
     z = std::min(std::max(z, Float(-1)), Float(1));
     Float tc = lstm_tanh(s);
-    Float ev = eps[idx] * v;
-    Float es = ev * og * (Float(1) - tc * tc) + (es_below ? es_below[idx] : Float(0)) + es_right[idx];
-    Float esv = es * v;
-    d[0] = esv * z * ig * (Float(1) - ig);
-    d[n_cells] = esv * mix * fg * (Float(1) - fg);
-    d[2 * n_cells] = esv * fg * (su - sl) * lg * (Float(1) - lg);
-    d[3 * n_cells] = ev * tc * og * (Float(1) - og);
-    d[4 * n_cells] = esv * ig * (Float(1) - z * z);
-    es_up[idx] = esv * fg * lg;
-    es_right[idx] = esv * fg * (Float(1) - lg);
+    Float ev = dy[idx] + rec[idx];
+    Float es = lstm_masked(v, ev * og * (Float(1) - tc * tc) + (es_below ? es_below[idx] : Float(0)) +
+                                  (es_right ? es_right[idx] : Float(0)));
+    d[0] = lstm_masked(v, es * z * ig * (Float(1) - ig));
+    d[n_cells] = lstm_masked(v, es * mix * fg * (Float(1) - fg));
+    d[2 * n_cells] = lstm_masked(v, es * fg * (su - sl) * lg * (Float(1) - lg));
+    d[3 * n_cells] = lstm_masked(v, ev * tc * og * (Float(1) - og));
+    d[4 * n_cells] = lstm_masked(v, es * ig * (Float(1) - z * z));
+    es_up[idx] = lstm_masked(v, es * fg * lg);
+    es_left[idx] = lstm_masked(v, es * fg * (Float(1) - lg));
+  }
+}
+
+// out = X with the rows of the cells outside their pair's grid zeroed (X row r is cell (y, x) = divmod(r / B, w),
+// pair b = r % B): the inputs of the weight gradient, without the cells that do not exist.
+DEF_KERNEL void twod_valid_inputs(const Float* X, const Float* sizes, Float* out, int64_t rows, int64_t n_in, int64_t w,
+                                  int64_t n_batch) {
+  LSTM_FOR_BJ(r, j, rows, n_in) {
+    int64_t cell = r / n_batch;
+    Float v = twod_valid(sizes, r % n_batch, cell / w, cell % w);
+    out[r * n_in + j] = v == Float(0) ? Float(0) : X[r * n_in + j];
   }
 }
 
@@ -91,6 +108,24 @@ struct TwoDShapes {
   int64_t h, w, B, n_in, n;
   bool with_initial_output;
 };
+
+// The cells (y, x) of the anti-diagonal y + x = d: rows y0 .. y0 + count - 1.
+struct TwoDDiagonal {
+  int64_t y0, count;
+};
+
+static TwoDDiagonal twod_diagonal(const TwoDShapes& s, int64_t d) {
+  int64_t y0 = std::max<int64_t>(0, d - (s.w - 1)), y1 = std::min<int64_t>(d, s.h - 1);
+  return {y0, y1 - y0 + 1};
+}
+
+// dst[0 .. n) = src, or 0 without one.
+static void twod_copy_or_zero(Float* dst, const Float* src, int64_t n) {
+  if (src)
+    Ndarray_memcpy(dst, src, n * sizeof(Float));
+  else
+    Ndarray_memset(dst, 0, n * sizeof(Float));
+}
 
 static Float twod_iteration(Ndarray* iteration) {
   if (Ndarray_SIZE(iteration) == 0) return 0;
@@ -150,19 +185,29 @@ static void twod_lstm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   Float* Yd = Ndarray_DEV_DATA(Y);
   start_dev_kernel(twod_fill_bias, (Hd, Ndarray_DEV_DATA(b), rows, n5));
   lstm_gemm(Ndarray_DEV_DATA(X), false, Ndarray_DEV_DATA(W), false, Hd, rows, n5, s.n_in, 1.0);
-  for (int64_t y = 0; y < s.h; ++y) {
-    Float* Hrow = Hd + y * s.w * cell_h;
-    if (y > 0)
-      lstm_gemm(Yd + (y - 1) * s.w * cell_y, false, Ndarray_DEV_DATA(V_v), false, Hrow, s.w * s.B, n5, s.n, 1.0);
-    else if (s.with_initial_output)
-      lstm_gemm(Ndarray_DEV_DATA(initialOutput), false, Ndarray_DEV_DATA(V_v), false, Hrow, s.w * s.B, n5, s.n, 1.0);
-    for (int64_t x = 0; x < s.w; ++x) {
-      Float* Hc = Hrow + x * cell_h;
-      Float* Yc = Yd + (y * s.w + x) * cell_y;
-      if (x > 0) lstm_gemm(Yc - cell_y, false, Ndarray_DEV_DATA(V_h), false, Hc, s.B, n5, s.n, 1.0);
+  ptn::Scratch scratch;
+  int64_t most = std::min(s.h, s.w);
+  Float* left = scratch.get<Float>(most * cell_y);  // the outputs of the diagonal's left neighbours (0: none)
+  Float* up = scratch.get<Float>(most * cell_y);    // and of its upper neighbours
+  Float* rec = scratch.get<Float>(most * cell_h);   // the recurrent part of the diagonal's pre-activations
+  for (int64_t dg = 0; dg < s.h + s.w - 1; ++dg) {
+    TwoDDiagonal D = twod_diagonal(s, dg);
+    for (int64_t c = 0; c < D.count; ++c) {
+      int64_t y = D.y0 + c, x = dg - y;
+      const Float* above = y > 0 ? Yd + ((y - 1) * s.w + x) * cell_y
+                                 : s.with_initial_output ? Ndarray_DEV_DATA(initialOutput) + x * cell_y : nullptr;
+      twod_copy_or_zero(left + c * cell_y, x > 0 ? Yd + (y * s.w + x - 1) * cell_y : nullptr, cell_y);
+      twod_copy_or_zero(up + c * cell_y, above, cell_y);
+    }
+    lstm_gemm(left, false, Ndarray_DEV_DATA(V_h), false, rec, D.count * s.B, n5, s.n, 0.0);
+    lstm_gemm(up, false, Ndarray_DEV_DATA(V_v), false, rec, D.count * s.B, n5, s.n, 1.0);
+    for (int64_t c = 0; c < D.count; ++c) {
+      int64_t y = D.y0 + c, x = dg - y;
+      Float* Hc = Hd + (y * s.w + x) * cell_h;
       const Float* s_up = (y > 0 ? Hc - s.w * cell_h : Ndarray_DEV_DATA(initialState) + x * cell_h) + 4 * s.n;
       const Float* s_left = x > 0 ? Hc - cell_h + 4 * s.n : (const Float*)0;
-      start_dev_kernel(twod_fw_cell, (Hc, s_up, s_left, Yc, sizes, y, x, s.B, s.n));
+      start_dev_kernel(twod_fw_cell, (Hc, rec + c * cell_h, s_up, s_left, Yd + (y * s.w + x) * cell_y, sizes, y, x,
+                                      s.B, s.n));
     }
   }
   HANDLE_LAST_ERROR();
@@ -193,28 +238,38 @@ static void twod_lstm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   const Float* Yd = Ndarray_DEV_DATA(Y);
   ptn::Scratch scratch;
   Float* delta = scratch.get<Float>(rows * n5);
-  Float* eps = scratch.get<Float>(row_y);
-  Float* es_below = scratch.get<Float>(row_y);
-  Float* es_up = scratch.get<Float>(row_y);
-  Float* es_right = scratch.get<Float>(cell_y);
-  for (int64_t y = s.h - 1; y >= 0; --y) {
-    Ndarray_memcpy(eps, Ndarray_DEV_DATA(DY) + y * row_y, row_y * sizeof(Float));
-    if (y < s.h - 1)
-      lstm_gemm(delta + (y + 1) * row_h, false, Ndarray_DEV_DATA(V_v), true, eps, s.w * s.B, s.n, n5, 1.0);
-    Ndarray_memset(es_right, 0, cell_y * sizeof(Float));
-    for (int64_t x = s.w - 1; x >= 0; --x) {
+  int64_t most = std::min(s.h, s.w);
+  Float* right = scratch.get<Float>(most * cell_h);  // delta of the diagonal's right neighbours (0: none)
+  Float* below = scratch.get<Float>(most * cell_h);  // and of its lower neighbours
+  Float* rec = scratch.get<Float>(most * cell_y);    // dL/dY of the diagonal's cells through the recurrences
+  // dL/ds passed left and up by the cells of the previous (d + 1) and of the current diagonal, by row y
+  Float* es_left[2] = {scratch.get<Float>(s.h * cell_y), scratch.get<Float>(s.h * cell_y)};
+  Float* es_up[2] = {scratch.get<Float>(s.h * cell_y), scratch.get<Float>(s.h * cell_y)};
+  for (int64_t dg = s.h + s.w - 2, cur = 0; dg >= 0; --dg, cur ^= 1) {
+    TwoDDiagonal D = twod_diagonal(s, dg);
+    for (int64_t c = 0; c < D.count; ++c) {
+      int64_t y = D.y0 + c, x = dg - y;
+      twod_copy_or_zero(right + c * cell_h, x + 1 < s.w ? delta + y * row_h + (x + 1) * cell_h : nullptr, cell_h);
+      twod_copy_or_zero(below + c * cell_h, y + 1 < s.h ? delta + (y + 1) * row_h + x * cell_h : nullptr, cell_h);
+    }
+    lstm_gemm(right, false, Ndarray_DEV_DATA(V_h), true, rec, D.count * s.B, s.n, n5, 0.0);
+    lstm_gemm(below, false, Ndarray_DEV_DATA(V_v), true, rec, D.count * s.B, s.n, n5, 1.0);
+    for (int64_t c = 0; c < D.count; ++c) {
+      int64_t y = D.y0 + c, x = dg - y;
       const Float* Hc = Hd + y * row_h + x * cell_h;
-      Float* dc = delta + y * row_h + x * cell_h;
-      if (x < s.w - 1) lstm_gemm(dc + cell_h, false, Ndarray_DEV_DATA(V_h), true, eps + x * cell_y, s.B, s.n, n5, 1.0);
       const Float* s_up = (y > 0 ? Hc - row_h : Ndarray_DEV_DATA(initialState) + x * cell_h) + 4 * s.n;
       const Float* s_left = x > 0 ? Hc - cell_h + 4 * s.n : (const Float*)0;
-      start_dev_kernel(twod_bw_cell, (Hc, s_up, s_left, eps + x * cell_y, y < s.h - 1 ? es_below + x * cell_y : (Float*)0,
-                                      es_right, es_up + x * cell_y, dc, sizes, y, x, s.B, s.n));
+      const Float* from_below = y + 1 < s.h ? es_up[cur ^ 1] + (y + 1) * cell_y : (const Float*)0;
+      const Float* from_right = x + 1 < s.w ? es_left[cur ^ 1] + y * cell_y : (const Float*)0;
+      start_dev_kernel(twod_bw_cell, (Hc, s_up, s_left, Ndarray_DEV_DATA(DY) + y * row_y + x * cell_y, rec + c * cell_y,
+                                      from_below, from_right, es_left[cur] + y * cell_y, es_up[cur] + y * cell_y,
+                                      delta + y * row_h + x * cell_h, sizes, y, x, s.B, s.n));
     }
-    std::swap(es_below, es_up);
   }
-  // DW = X^T delta, DX = delta W^T, Db = column sums of delta
-  lstm_gemm(Ndarray_DEV_DATA(X), true, delta, false, Ndarray_DEV_DATA(DW), s.n_in, n5, rows, 0.0);
+  // DW = X^T delta (X without the cells outside the grid), DX = delta W^T, Db = column sums of delta
+  Float* x_valid = scratch.get<Float>(rows * s.n_in);
+  start_dev_kernel(twod_valid_inputs, (Ndarray_DEV_DATA(X), sizes, x_valid, rows, s.n_in, s.w, s.B));
+  lstm_gemm(x_valid, true, delta, false, Ndarray_DEV_DATA(DW), s.n_in, n5, rows, 0.0);
   lstm_gemm(delta, false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(DX), rows, s.n_in, n5, 0.0);
   start_dev_kernel(twod_col_sums, (delta, Ndarray_DEV_DATA(Db), rows, n5));
   // DV_h = sum over rows of Y[y, 0:w-1]^T delta[y, 1:w]

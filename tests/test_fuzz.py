@@ -42,17 +42,7 @@ def worker():
 
 #: Open defects (issue 14, the fuzz suite's findings not fixed yet), as (function, case).  Such a case must still
 #: fail (else it is fixed: remove it here); every other case must pass.
-KNOWN_DEFECTS = {
-    # NaN x on a padded frame reaches Y, final_c and final_y: the LSTM kernels mask by multiplying (NaN * 0).
-    ("lstm", "nan:x_padded_frame"),
-    # NaN X outside a pair's grid reaches CompleteY and the gradients, for the same reason (twod_lstm.cu).
-    ("twod_lstm", "nan:X_outside_grid"),
-    # Shapes only known at run time: lstm() leaves the check to the op (its message names the op's inputs: W, i)
-    # or to PyTensor's reshape.  A CheckAndRaise in lstm() fixes the message but breaks lstm under JAX's
-    # shard_map (a checked shape is no longer static there), so it is not done yet.
-    ("lstm", "shape_mismatch:W_rec"),
-    ("lstm", "shape_mismatch:mask"),
-}
+KNOWN_DEFECTS = set()
 
 
 def check(results, context, function=None):

@@ -728,3 +728,164 @@ def test_new_lstm_kernels_compile_with_nvcc(monkeypatch):
         for o in ((op, op.grad_op()) if op.c_bw_code else (op,)):
             path = ptnative.build.build(o.variant("float32", device="cuda"))
             assert path.exists() and path.stat().st_size > 0
+
+
+# ---------------------------------------------------------------------- NaN and inf on padding (issue 14)
+LAYER_ARGS = ["x", "W_in", "W_rec", "b", "y0", "c0", "mask"]
+
+
+def skip_pure_c_without_blas(mode):
+    if mode == "C" and not pytensor.config.blas__ldflags:
+        pytest.skip("lstm() multiplies x . W_in with pt.dot, which PyTensor's pure C linker cannot run without "
+                    "BLAS link flags")
+
+
+def layer_values(T=6, B=4, n_in=3, n=2, seed=21):
+    """lstm()'s arguments (float64) with trailing padding, a hole inside sequence 1 and an empty sequence 3."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(T)[:, None] < np.array([T, T, 3, 0])[None, :]).astype(np.float64)
+    mask[2, 1] = 0.0
+    return [rng.normal(size=(T, B, n_in)), rng.normal(size=(n_in, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.5,
+            rng.normal(size=4 * n), rng.normal(size=(B, n)), rng.normal(size=(B, n)), mask]
+
+
+def layer_function(impl, mode, direction=1):
+    """lstm()'s outputs (Y, final_c, final_y) and the gradients of a weighted sum of them w.r.t. x, W_in,
+    W_rec, b, y0 and c0, for arguments of unknown shapes."""
+    syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
+    outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], direction=direction, impl=impl)
+    weights = cotangents([(6, 4, 2), (4, 2), (4, 2)], seed=4)
+    grads = pytensor.grad(sum((o * w).sum() for o, w in zip(outs, weights)), syms[:6])
+    return pytensor.function(syms, [*outs, *grads], mode=mode)
+
+
+LAYER_RESULTS = ["Y", "final_c", "final_y", "dx", "dW_in", "dW_rec", "db", "dy0", "dc0"]
+
+
+@pytest.mark.parametrize("direction", [1, -1])
+@pytest.mark.parametrize("impl", ["native2", "lowmem"])
+def test_lstm_layer_nan_and_inf_on_padding_change_nothing(mode, impl, direction):
+    """NaN / inf in x on masked frames (trailing padding, a hole, an empty sequence): every output and every
+    gradient equals the run without them, exactly (masks select, they do not multiply)."""
+    skip_pure_c_without_blas(mode)
+    f = layer_function(impl, mode, direction)
+    vals = layer_values()
+    clean = f(*vals)
+    dirty = [v.copy() for v in vals]
+    dirty[0][5, 2] = np.nan        # trailing padding of sequence 2
+    dirty[0][2, 1, 0] = np.inf     # the hole inside sequence 1
+    dirty[0][:, 3, 1] = -np.inf    # sequence 3 has no frame
+    dirty[0][4, 3, 0] = np.nan
+    got = f(*dirty)
+    for name, g, c in zip(LAYER_RESULTS, got, clean):
+        assert np.isfinite(c).all(), name
+        np.testing.assert_array_equal(g, c, err_msg=f"{name} with NaN / inf on padding")
+
+
+@pytest.mark.parametrize("impl", ["native2", "lowmem"])
+def test_lstm_layer_nan_on_a_valid_frame_reaches_its_sequence(impl):
+    """NaN in x on a valid frame: NaN in that sequence's outputs from that frame on (Y on its later valid
+    frames, final_c, final_y) and in its dx; the other sequences' outputs and dx are unchanged."""
+    f = layer_function(impl, None)
+    vals = layer_values()
+    clean = f(*vals)
+    dirty = [v.copy() for v in vals]
+    dirty[0][1, 2, 0] = np.nan  # frame 1 of sequence 2 (3 frames)
+    got = dict(zip(LAYER_RESULTS, f(*dirty)))
+    assert np.isnan(got["Y"][1:3, 2]).all() and not np.isnan(got["Y"][3:, 2]).any()  # Y is 0 on padding
+    assert np.isnan(got["final_c"][2]).all() and np.isnan(got["final_y"][2]).all()
+    assert np.isnan(got["dx"][:2, 2]).any()
+    others = [0, 1, 3]
+    for name, axis in [("Y", 1), ("final_c", 0), ("final_y", 0), ("dx", 1)]:
+        np.testing.assert_array_equal(np.take(got[name], others, axis), np.take(clean[LAYER_RESULTS.index(name)],
+                                                                                others, axis), err_msg=name)
+    assert np.isnan(got["dW_rec"]).any(), "the weight gradients sum over the sequences"
+
+
+def _nan_on_padding_op_check(op, values, n_diff, out_weights, padded_input, skip_outputs=(), scalar_args=()):
+    """``op`` run with grads on ``values`` and with NaN in ``padded_input``'s masked entries (values[0] with the
+    entries given by ``padded_input`` replaced): the outputs (but ``skip_outputs``) and gradients are equal."""
+    clean_out, clean_grads = run_op_with_grads(op, values, n_diff, out_weights, "float64", scalar_args=scalar_args)
+    dirty = [v.copy() for v in values]
+    dirty[0][padded_input] = np.nan
+    got_out, got_grads = run_op_with_grads(op, dirty, n_diff, out_weights, "float64", scalar_args=scalar_args)
+    for k, (g, c) in enumerate(zip(got_out, clean_out)):
+        if k not in skip_outputs:
+            np.testing.assert_array_equal(g, c, err_msg=f"output {k}")
+    for k, (g, c) in enumerate(zip(got_grads, clean_grads)):
+        assert np.isfinite(c).all()
+        np.testing.assert_array_equal(g, c, err_msg=f"gradient {k}")
+
+
+@pytest.mark.parametrize("start,step", [(0, 1), (0, -1)])
+def test_native_lstm2_and_lowmem_nan_on_padding(start, step):
+    T, B, n, n_in = 6, 3, 2, 3
+    d2, dl = lstm2_data(T, B, n, seed=8), lowmem_data(T, B, n_in, n, seed=8)
+    pad = d2["i"] == 0
+    assert pad.any()
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    # H (output 2) holds the activated gates, NaN on the masked frames now
+    _nan_on_padding_op_check(NativeLstm2.make_op(), [d2[k] for k in ("X", "W", "y0", "c0", "i")], 4,
+                             [DY, DC, None, Dd], pad, skip_outputs=(2,), scalar_args=(start, step))
+    _nan_on_padding_op_check(LstmLowMem.make_op(), [dl[k] for k in ("X", "W", "b", "y0", "c0", "i")], 5,
+                             [DY, DC, Dd], dl["i"] == 0, scalar_args=(start, step))
+
+
+def test_lstm_generic_nan_on_padding():
+    T, B, n = 6, 4, 3
+    Z, V_h, c, i = lstm_data(T, B, n, "float64", seed=2)
+    assert (i == 0).any()
+    DY, Dd = cotangents([(T, B, n), (B, n)])
+    _nan_on_padding_op_check(LstmGenericBase.make_op(), [Z, V_h, c, i], 3, [DY, None, Dd], i == 0, skip_outputs=(1,))
+
+
+def test_twod_lstm_nan_outside_the_grid():
+    """NaN in X on cells outside a pair's grid: CompleteY and every gradient equal the run without it; NaN on a
+    valid cell reaches that pair's cells to the right and below, not the other pair."""
+    rng = np.random.default_rng(12)
+    h, w, B, n_in, n = 3, 4, 2, 2, 2
+    X = rng.normal(size=(h, w, B, n_in))
+    params = [rng.normal(size=(n, 5 * n)) * 0.5, rng.normal(size=(n, 5 * n)) * 0.5, rng.normal(size=(n_in, 5 * n)),
+              rng.normal(size=5 * n)]
+    sizes = np.array([[3.0, 4.0], [2.0, 3.0]])
+    syms = [pt.tensor4("X"), pt.matrix("V_h"), pt.matrix("V_v"), pt.matrix("W"), pt.vector("b")]
+    Y, H = twod_lstm(*syms, pt.constant(sizes))
+    DY = cotangents([(h, w, B, n)], seed=3)[0]
+    f = pytensor.function(syms, [Y, *pytensor.grad((Y * DY).sum(), syms)])
+    clean = f(X, *params)
+    dirty = X.copy()
+    dirty[2, :, 1] = np.nan  # row 2 of pair 1 (height 2)
+    dirty[:, 3, 1] = np.inf  # column 3 of pair 1 (width 3)
+    for name, g, c in zip(["CompleteY", "dX", "dV_h", "dV_v", "dW", "db"], f(dirty, *params), clean):
+        assert np.isfinite(c).all(), name
+        np.testing.assert_array_equal(g, c, err_msg=f"{name} with NaN outside the grid")
+    dirty = X.copy()
+    dirty[1, 1, 0, 0] = np.nan
+    got = f(dirty, *params)
+    assert np.isnan(got[0][1:, 1:, 0]).all() and not np.isnan(got[0][:1, :, 0]).any()
+    np.testing.assert_array_equal(got[0][:, :, 1], clean[0][:, :, 1])
+    np.testing.assert_array_equal(got[1][:, :, 1], clean[1][:, :, 1])
+
+
+# ---------------------------------------------------------------------- lstm() shape errors at run time
+@pytest.mark.parametrize("impl", ["native2", "lowmem"])
+def test_lstm_layer_run_time_shape_errors_name_the_argument(mode, impl):
+    """Shapes unknown when the graph is built: the ValueError when it runs names lstm()'s argument and both sizes."""
+    skip_pure_c_without_blas(mode)
+    syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
+    outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], impl=impl)
+    f = pytensor.function(syms, [*outs, pytensor.grad(outs[0].sum(), syms[0])], mode=mode)
+    vals = layer_values()
+    f(*vals)
+    cases = [("W_rec", np.ones((2, 6)), r"lstm: W_rec.shape\[1\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
+             ("W_in", np.ones((4, 8)), r"lstm: W_in.shape\[0\] = 4; expected n_in \(x.shape\[2\]\) = 3"),
+             ("b", np.ones(6), r"lstm: b.shape\[0\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
+             ("y0", np.ones((3, 2)), r"lstm: y0.shape\[0\] = 3; expected B \(x.shape\[1\]\) = 4"),
+             ("c0", np.ones((4, 3)), r"lstm: c0.shape\[1\] = 3; expected n \(W_rec.shape\[0\]\) = 2"),
+             ("mask", np.ones((5, 4)), r"lstm: mask.shape\[0\] = 5; expected T \(x.shape\[0\]\) = 6"),
+             ("mask", np.ones((6, 5)), r"lstm: mask.shape\[1\] = 5; expected B \(x.shape\[1\]\) = 4")]
+    for name, bad, msg in cases:
+        args = list(vals)
+        args[LAYER_ARGS.index(name)] = bad
+        with pytest.raises(ValueError, match=msg):
+            f(*args)

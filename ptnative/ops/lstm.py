@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.compile import optdb
 from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+from pytensor.graph.rewriting.basic import GraphRewriter
+from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import read_kernel_file
@@ -13,6 +18,20 @@ __all__ = [
     "LstmGenericBase", "NativeLstm", "NativeLstm2", "LstmLowMem", "TwoDLSTM", "LstmCell", "LstmCellGrad",
     "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
 ]
+
+
+def _input(name, ndim, **extra):
+    """An ``in_info`` entry: a C-contiguous array of ``ndim`` dimensions of any size."""
+    return {"name": name, "ndim": ndim, "shape": (None,) * ndim, "need_contiguous": True, **extra}
+
+
+def _output(name, shape, **extra):
+    """An ``out_info`` entry: a C-contiguous array whose shape is given by input dimensions."""
+    return {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
+
+
+def _mask(name="i"):
+    return _input(name, 2, gradient="disconnected")
 
 
 class LstmGenericBase(NativeOpGenBase):
@@ -39,18 +58,15 @@ class LstmGenericBase(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "Z", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 1,
-         "bw_out_var": {"shape": ((2, 0), (2, 1), (0, 1))}},
-        {"name": "V_h", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "c", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "i", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
+        _input("Z", 3, want_inplace=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1))}),
+        _input("V_h", 2),
+        _input("c", 2),
+        _mask(),
     )
     out_info = (
-        {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True,
-         "bw_grad_var": {"want_inplace": "dummy_out"}},
-        {"name": "H", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True,
-         "bw_in_var": {"want_inplace": 0}},
-        {"name": "d", "ndim": 2, "shape": ((2, 0), (2, 1)), "need_contiguous": True},
+        _output("Y", ((0, 0), (0, 1), (1, 0)), bw_grad_var={"want_inplace": "dummy_out"}),
+        _output("H", ((0, 0), (0, 1), (0, 2)), bw_in_var={"want_inplace": 0}),
+        _output("d", ((2, 0), (2, 1))),
     )
 
     @classmethod
@@ -71,6 +87,9 @@ NativeLstm = LstmGenericBase
 # lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm.cu, c_code/lstm_cell.cu, c_code/twod_lstm.cu.
 
 _INT_SCALAR = {"ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"}
+#: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
+_STATE_MASK_FRAMES = (_input("y0", 2), _input("c0", 2), _mask(), dict(_INT_SCALAR, name="start"),
+                      dict(_INT_SCALAR, name="step"))
 
 
 class NativeLstm2(NativeOpGenBase):
@@ -100,21 +119,15 @@ class NativeLstm2(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 2,
-         "bw_out_var": {"shape": ((8, 0), (8, 1), (8, 2))}},
-        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "y0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "c0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "i", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        dict(_INT_SCALAR, name="start"),
-        dict(_INT_SCALAR, name="step"),
+        _input("X", 3, want_inplace=2, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2))}),
+        _input("W", 2),
+        *_STATE_MASK_FRAMES,
     )
     out_info = (
-        {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
-        {"name": "C", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 0)), "need_contiguous": True},
-        {"name": "H", "ndim": 3, "shape": ((0, 0), (0, 1), (1, 1)), "need_contiguous": True,
-         "bw_in_var": {"want_inplace": 0}},
-        {"name": "d", "ndim": 2, "shape": ((0, 1), (1, 0)), "need_contiguous": True},
+        _output("Y", ((0, 0), (0, 1), (1, 0))),
+        _output("C", ((0, 0), (0, 1), (1, 0))),
+        _output("H", ((0, 0), (0, 1), (1, 1)), bw_in_var={"want_inplace": 0}),
+        _output("d", ((0, 1), (1, 0))),
     )
 
     @classmethod
@@ -148,20 +161,11 @@ class LstmLowMem(NativeOpGenBase):
     exact on masked frames too.  Float32 and float64.
     """
 
-    in_info = (
-        {"name": "X", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
-        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "b", "ndim": 1, "shape": (None,), "need_contiguous": True},
-        {"name": "y0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "c0", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "i", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        dict(_INT_SCALAR, name="start"),
-        dict(_INT_SCALAR, name="step"),
-    )
+    in_info = (_input("X", 3), _input("W", 2), _input("b", 1), *_STATE_MASK_FRAMES)
     out_info = (
-        {"name": "Y", "ndim": 3, "shape": ((0, 0), (0, 1), (4, 1)), "need_contiguous": True},
-        {"name": "C", "ndim": 3, "shape": ((0, 0), (0, 1), (4, 1)), "need_contiguous": True},
-        {"name": "d", "ndim": 2, "shape": ((0, 1), (4, 1)), "need_contiguous": True},
+        _output("Y", ((0, 0), (0, 1), (4, 1))),
+        _output("C", ((0, 0), (0, 1), (4, 1))),
+        _output("d", ((0, 1), (4, 1))),
     )
 
     @classmethod
@@ -198,28 +202,15 @@ class TwoDLSTM(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "X", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True,
-         "bw_out_var": {"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}},
-        {"name": "V_h", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "V_v", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "W", "ndim": 2, "shape": (None, None), "need_contiguous": True},
-        {"name": "b", "ndim": 1, "shape": (None,), "need_contiguous": True},
-        {"name": "ptr_storage_fwd", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "ptr_storage_bwd", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "valid", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "workmem", "ndim": 5, "shape": (None,) * 5, "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "workmem2", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "sizes", "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "DYDummy", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True, "gradient": "disconnected"},
-        {"name": "initialState", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True,
-         "gradient": "disconnected"},
-        {"name": "initialOutput", "ndim": 4, "shape": (None,) * 4, "need_contiguous": True,
-         "gradient": "disconnected"},
-        {"name": "iteration", "ndim": 1, "shape": (None,), "need_contiguous": True, "gradient": "disconnected"},
+        _input("X", 4, bw_out_var={"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}),
+        _input("V_h", 2), _input("V_v", 2), _input("W", 2), _input("b", 1),
+        *(_input(name, ndim, gradient="disconnected") for name, ndim in (
+            ("ptr_storage_fwd", 1), ("ptr_storage_bwd", 1), ("valid", 1), ("workmem", 5), ("workmem2", 3),
+            ("sizes", 2), ("DYDummy", 4), ("initialState", 4), ("initialOutput", 4), ("iteration", 1))),
     )
     out_info = (
-        {"name": "CompleteY", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (1, 0)), "need_contiguous": True},
-        {"name": "H", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (3, 1)), "need_contiguous": True},
+        _output("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
+        _output("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
     )
     c_extra_support_code = {"lstm": read_kernel_file("lstm.cu"), "twod_lstm": read_kernel_file("twod_lstm.cu")}
     c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -235,8 +226,7 @@ class LstmCellGradGrad(NativeOpGenBase):
     """Second derivative of :class:`LstmCell`: the cotangents ``(ggc_prev, ggx)`` of LstmCellGrad's
     outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
 
-    in_info = tuple({"name": nm, "ndim": 3, "shape": (None,) * 3, "need_contiguous": True}
-                    for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
+    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
     out_info = (
         {"name": "g_c_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
         {"name": "g_x", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
@@ -264,8 +254,7 @@ class LstmCellGrad(NativeOpGenBase):
     """Gradient of :class:`LstmCell`: ``(c_prev, x, c, gc, gh) -> (gc_prev, gx)``.  ``c`` is an input of
     its own (the forward's c, not recomputed).  Differentiable once more (:class:`LstmCellGradGrad`)."""
 
-    in_info = tuple({"name": nm, "ndim": 3, "shape": (None,) * 3, "need_contiguous": True}
-                    for nm in ("c_prev", "x", "c", "gc", "gh"))
+    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh"))
     out_info = (
         {"name": "gc_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
         {"name": "gx", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
@@ -294,10 +283,7 @@ class LstmCell(NativeOpGenBase):
     ``tanh(a)*sigma(i) + sigma(f)*c_prev`` on the first Bx rows, ``c_prev`` on the others; ``h`` (Bx, H, R):
     ``sigma(o) * tanh(c)``.  Use :func:`lstm_cell` for any number of trailing dimensions."""
 
-    in_info = (
-        {"name": "c_prev", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True},
-        {"name": "x", "ndim": 3, "shape": (None,) * 3, "need_contiguous": True},
-    )
+    in_info = (_input("c_prev", 3), _input("x", 3))
     out_info = (
         {"name": "c", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
         {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))},
@@ -365,20 +351,126 @@ def _int32(v):
     return pt.constant(np.int32(v)) if isinstance(v, int | np.integer) else pt.cast(v, "int32")
 
 
-def _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask):
-    """lstm()'s shape rules on the shapes known when the graph is built (ValueError naming the argument)."""
-    T, B, n_in = x.type.shape
-    n = W_rec.type.shape[0]
-    four_n = None if n is None else 4 * n
-    rules = [("W_rec", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("W_in", 0, n_in, "n_in (x.shape[2])"),
-             ("W_in", 1, four_n, "4 * n (n = W_rec.shape[0])"), ("b", 0, four_n, "4 * n (n = W_rec.shape[0])"),
-             ("y0", 0, B, "B (x.shape[1])"), ("y0", 1, n, "n (W_rec.shape[0])"), ("c0", 0, B, "B (x.shape[1])"),
-             ("c0", 1, n, "n (W_rec.shape[0])"), ("mask", 0, T, "T (x.shape[0])"), ("mask", 1, B, "B (x.shape[1])")]
-    args = {"W_rec": W_rec, "W_in": W_in, "b": b, "y0": y0, "c0": c0, "mask": mask}
-    for name, k, want, what in rules:
-        got = args[name].type.shape[k]
-        if got is not None and want is not None and got != want:
-            raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {want}")
+#: lstm()'s argument order, and its shape rules: ``arg.shape[k]`` must equal ``factor * ref.shape[kr]``.
+_LAYER_ARGS = ("x", "W_in", "W_rec", "b", "y0", "c0", "mask")
+_FOUR_N = ("W_rec", 0, 4, "4 * n (n = W_rec.shape[0])")
+_LAYER_SHAPE_RULES = (
+    ("W_rec", 1, *_FOUR_N), ("W_in", 0, "x", 2, 1, "n_in (x.shape[2])"), ("W_in", 1, *_FOUR_N), ("b", 0, *_FOUR_N),
+    ("y0", 0, "x", 1, 1, "B (x.shape[1])"), ("y0", 1, "W_rec", 0, 1, "n (W_rec.shape[0])"),
+    ("c0", 0, "x", 1, 1, "B (x.shape[1])"), ("c0", 1, "W_rec", 0, 1, "n (W_rec.shape[0])"),
+    ("mask", 0, "x", 0, 1, "T (x.shape[0])"), ("mask", 1, "x", 1, 1, "B (x.shape[1])"),
+)
+
+
+def _check_layer_shapes(shapes):
+    """``ValueError`` naming lstm()'s argument for the first rule that ``shapes`` (one tuple per argument, in
+    ``_LAYER_ARGS`` order; None for an unknown size) break."""
+    dims = dict(zip(_LAYER_ARGS, shapes))
+    for name, k, ref, kr, factor, what in _LAYER_SHAPE_RULES:
+        got, want = dims[name][k], dims[ref][kr]
+        if got is not None and want is not None and got != factor * want:
+            raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {factor * want}")
+
+
+class LstmShapeCheck(Op):
+    """``LstmShapeCheck()(x, W_in, W_rec, b, y0, c0, mask)`` returns its inputs (views), behind lstm()'s shape
+    rules checked when the graph runs (``ValueError`` naming lstm()'s argument), so that nothing computed from
+    them runs before the check.
+
+    One node holding the arrays themselves, not a ``CheckAndRaise`` on shape arithmetic: PyTensor fuses such
+    conditions with the shape arithmetic of the layer (``T * B`` of a reshape), which JAX then traces, so that
+    the shapes are no longer static under ``jit`` / ``shard_map``.  In JAX mode the rules are checked once, when
+    the function is traced (the shapes are static there).  No ``infer_shape``: shapes computed from its outputs
+    wait for the check (with the inputs' shapes, FAST_COMPILE's broadcasting asserts on them ran first)."""
+
+    __props__ = ()
+    view_map = {k: [k] for k in range(len(_LAYER_ARGS))}
+
+    def make_node(self, *inputs):
+        inputs = [pt.as_tensor_variable(v) for v in inputs]
+        if len(inputs) != len(_LAYER_ARGS):
+            raise TypeError(f"LstmShapeCheck: expected {len(_LAYER_ARGS)} inputs, got {len(inputs)}")
+        return Apply(self, inputs, [v.type() for v in inputs])
+
+    def perform(self, node, inputs, outputs):
+        _check_layer_shapes([v.shape for v in inputs])
+        for out, v in zip(outputs, inputs):
+            out[0] = v
+
+    def connection_pattern(self, node):
+        return [[k == j for j in range(len(node.outputs))] for k in range(len(node.inputs))]
+
+    def pullback(self, inputs, outputs, cotangents):
+        return list(cotangents)
+
+    L_op = pullback
+
+    def do_constant_folding(self, fgraph, node):
+        return False
+
+    def c_code(self, node, name, inputs, outputs, sub):
+        dims = {arg: f"PyArray_DIMS({v})" for arg, v in zip(_LAYER_ARGS, inputs)}
+        checks = []
+        for arg, k, ref, kr, factor, what in _LAYER_SHAPE_RULES:
+            got, want = f"{dims[arg]}[{k}]", f"{factor} * {dims[ref]}[{kr}]"
+            checks.append(f"""if ({got} != {want}) {{
+              PyErr_Format(PyExc_ValueError, "lstm: {arg}.shape[{k}] = %lld; expected {what} = %lld",
+                           (long long){got}, (long long)({want}));
+              {sub["fail"]}
+            }}""")
+        views = [f"Py_XDECREF({out}); {out} = {v}; Py_INCREF({out});" for v, out in zip(inputs, outputs)]
+        return "\n".join(checks + views)
+
+    def c_code_cache_version(self):
+        return (1, hash(_LAYER_SHAPE_RULES) & 0xFFFFFFFF)
+
+
+def _numba_layer_shape_check():
+    """The Numba source of :class:`LstmShapeCheck`: the rules unrolled in nopython code; a broken one raises the
+    message of :func:`_check_layer_shapes` from object mode (Numba cannot build it in a graph function)."""
+    rules = " and ".join(f"{arg}.shape[{k}] == {factor} * {ref}.shape[{kr}]"
+                         for arg, k, ref, kr, factor, _ in _LAYER_SHAPE_RULES)
+    args = ", ".join(_LAYER_ARGS)
+    shapes = ", ".join(f"{a}.shape" for a in _LAYER_ARGS)
+    return (f"def lstm_shape_check({args}):\n"
+            f"    if not ({rules}):\n"
+            f"        with numba.objmode():\n"
+            f"            check_layer_shapes(({shapes},))\n"
+            f"    return {args}\n")
+
+
+@register_funcify_and_cache_key(LstmShapeCheck)
+def _numba_funcify_lstm_shape_check(op, node, **kwargs):
+    import numba
+    from pytensor.link.numba.cache import compile_numba_function_src
+    from pytensor.link.numba.dispatch.basic import numba_njit
+
+    src = _numba_layer_shape_check()
+    fn = compile_numba_function_src(src, "lstm_shape_check",
+                                    global_env={"numba": numba, "check_layer_shapes": _check_layer_shapes})
+    return numba_njit(fn), None
+
+
+def _jax_funcify_lstm_shape_check(op, node=None, **kwargs):
+    def lstm_shape_check(*arrays):
+        _check_layer_shapes([a.shape for a in arrays])
+        return arrays
+
+    return lstm_shape_check
+
+
+class _RegisterJaxShapeCheck(GraphRewriter):
+    """Run only when a graph is rewritten for JAX: registers LstmShapeCheck's JAX implementation (so that importing
+    ptnative does not import JAX), changing nothing."""
+
+    def apply(self, fgraph):
+        from pytensor.link.jax.dispatch import jax_funcify
+
+        jax_funcify.register(LstmShapeCheck)(_jax_funcify_lstm_shape_check)
+
+
+if "ptnative_lstm_shape_check_jax" not in optdb:
+    optdb.register("ptnative_lstm_shape_check_jax", _RegisterJaxShapeCheck(), "jax", position=0)
 
 
 def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):
@@ -435,13 +527,18 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
     n = W_rec.shape[0]
     y0 = pt.zeros((B, n), dtype=dtype) if y0 is None else pt.cast(pt.as_tensor_variable(y0), dtype)
     c0 = pt.zeros((B, n), dtype=dtype) if c0 is None else pt.cast(pt.as_tensor_variable(c0), dtype)
+    padded = mask is not None
     mask = pt.ones((T, B), dtype=dtype) if mask is None else pt.cast(pt.as_tensor_variable(mask), dtype)
     for name, v, nd in (("y0", y0, 2), ("c0", c0, 2), ("mask", mask, 2)):
         if v.ndim != nd:
             raise ValueError(f"lstm: {name} must have ndim {nd}, got {v.ndim}")
-    _check_static_shapes(x, W_in, W_rec, b, y0, c0, mask)
+    _check_layer_shapes([v.type.shape for v in (x, W_in, W_rec, b, y0, c0, mask)])
+    if any(None in v.type.shape for v in (x, W_in, W_rec, b, y0, c0, mask)):
+        x, W_in, W_rec, b, y0, c0, mask = LstmShapeCheck()(x, W_in, W_rec, b, y0, c0, mask)
     start, step = _int32(0), _int32(direction)
     if impl == "native2":
+        if padded:  # padding selected away, so that a NaN there reaches neither X (the op skips it) nor W_in's gradient
+            x = pt.switch(pt.eq(mask, 0)[:, :, None], pt.zeros((), dtype=dtype), x)
         X = (pt.dot(x.reshape((T * B, x.shape[2])), W_in) + b).reshape((T, B, 4 * n))
         Y, _, _, final_c = NativeLstm2.make_op()(X, W_rec, y0, c0, mask, start, step)
     else:
