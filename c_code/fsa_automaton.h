@@ -213,3 +213,45 @@ static void fsa_check_shape(const Ndarray* a, const char* name, std::initializer
     fsa_require(false, terms, s.str());
   }
 }
+
+#if !CUDA
+// CPU: items [0, n) grouped by key_of(i) in [0, n_batch) (-1: in no group) by a counting sort, so that each group
+// keeps the items' order: group b is ids[start[b] .. start[b + 1]).
+template <typename KeyOf>
+static void fsa_group(int64_t n, int64_t n_batch, KeyOf key_of, std::vector<int64_t>& start, std::vector<int32_t>& ids) {
+  start.assign(n_batch + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t s = key_of(i);
+    if (s >= 0) ++start[s + 1];
+  }
+  for (int64_t b = 0; b < n_batch; ++b) start[b + 1] += start[b];
+  ids.resize(start[n_batch]);
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t s = key_of(i);
+    if (s >= 0) ids[next[s]++] = (int32_t)i;
+  }
+}
+
+// CPU: body(b, work) for every sequence b in [0, n_batch), on up to ptn::cpu_threads() threads when `cost` (about
+// the number of inner-loop steps) pays for starting them.  Each thread has its own Work and takes the next
+// sequence not yet taken, so what body computes from b alone does not depend on the threads.
+template <typename Work, typename F>
+static void fsa_for_each_sequence(int64_t n_batch, double cost, F&& body) {
+  const int parts = cost < 5e4 ? 1 : (int)std::min<int64_t>(ptn::cpu_threads(), n_batch);
+  std::atomic<int64_t> next(0);
+  ptn::parallel_parts(parts, [&](int) {
+    Work work;
+    for (int64_t b = next++; b < n_batch; b = next++) body(b, work);
+  });
+}
+
+// CPU: of per-sequence records of failed checks of the scores, the one a frame-major scan finds first (the lowest
+// frame i, then the lowest sequence), or null.
+static const FsaCheck* fsa_first_by_frame(const std::vector<FsaCheck>& fails) {
+  const FsaCheck* first = 0;
+  for (const FsaCheck& c : fails)
+    if (c.code != FSA_CHECK_OK && (!first || c.i < first->i)) first = &c;
+  return first;
+}
+#endif

@@ -25,6 +25,34 @@
 
 enum { FBW_NEGLOG = 0, FBW_LOGITS = 1, FBW_LOGPROBS = 2 };
 
+struct FbwProblem {
+  int mode;
+  int64_t T, B, D, E, S;
+  const Float* am;
+  const int32_t *from, *to, *emis, *seq;
+  const Float* w;
+  const int32_t* start;
+  int64_t n_end;
+  const int32_t* end_pairs;   // (n_end, 2) or null
+  const int32_t* end_simple;  // (B,) when end_pairs is null
+  const Float* end_w;         // (n_end,) or null (all 0)
+  const Float* index;         // (T, B) prefix mask, or null
+  const int32_t* lens;        // (B,) lengths when index is null
+  Float* out;                 // (T, B, D)
+  Float* sums;                // (T, B) or null
+  Float* loss;                // (B,) or null
+  FsaTerms terms;             // the caller's names, for the messages of failed checks
+};
+
+// What fbw_run's checks leave for the passes: every state's sequence (-1: none), the lengths, the NaN sequences,
+// the check record, and per sequence the smallest finite weight wmin, per edge W = exp(-(w - wmin)).
+struct FbwChecked {
+  const int32_t *state_seq, *seq_len;
+  int32_t* nan;
+  FsaCheck* check;
+  const double *wmin, *W;
+};
+
 // wmin[s] = the smallest finite weight of sequence s; NaN weights mark their sequence in `nan`.
 DEF_KERNEL void fbw_init_weights(int64_t n_edges, const int32_t* seq, const Float* w, double* wmin, int32_t* nan,
                                  FsaCheck* check) {
@@ -43,6 +71,31 @@ DEF_KERNEL void fbw_weights(int64_t n_edges, const int32_t* seq, const Float* w,
   }
 }
 
+// The log-space pass's emissions of one row (D scores): Q[d] = -log emission probability of class d.
+DEV_FUNC inline void fbl_emission_row(int mode, int64_t n_classes, const Float* row, double* Q) {
+  double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
+  double m = INFINITY, lse = 0.0;
+  for (int64_t d = 0; d < n_classes; ++d) {
+    double a = sign * (double)row[d];
+    if (a < m) m = a;
+  }
+  if (mode == FBW_LOGITS && m < INFINITY) {
+    double sum = 0.0;
+    for (int64_t d = 0; d < n_classes; ++d) {
+      double a = sign * (double)row[d];
+      if (a < INFINITY) sum += exp(-(a - m));
+    }
+    lse = m - log(sum);  // -log sum exp(-a)
+  }
+  for (int64_t d = 0; d < n_classes; ++d) {
+    double a = sign * (double)row[d];
+    Q[d] = a < INFINITY ? a - lse : INFINITY;
+  }
+}
+
+// The passes: on CUDA one launch per frame and step over the whole batch (below); on the CPU one sequence per
+// task, on all cores (fsa_baum_welch_cpu.h).
+#if CUDA
 DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, double* alpha0) {
   GRID_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
 }
@@ -292,25 +345,7 @@ DEF_KERNEL void fbl_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_cl
                               const int32_t* seq_len, const int32_t* redo, double* Q) {
   GRID_LOOP(b, n_batch) {
     if (!redo[b] || t >= seq_len[b]) continue;
-    const Float* row = am + (t * n_batch + b) * n_classes;
-    double sign = mode == FBW_NEGLOG ? 1.0 : -1.0;
-    double m = INFINITY, lse = 0.0;
-    for (int64_t d = 0; d < n_classes; ++d) {
-      double a = sign * (double)row[d];
-      if (a < m) m = a;
-    }
-    if (mode == FBW_LOGITS && m < INFINITY) {
-      double sum = 0.0;
-      for (int64_t d = 0; d < n_classes; ++d) {
-        double a = sign * (double)row[d];
-        if (a < INFINITY) sum += exp(-(a - m));
-      }
-      lse = m - log(sum);  // -log sum exp(-a)
-    }
-    for (int64_t d = 0; d < n_classes; ++d) {
-      double a = sign * (double)row[d];
-      Q[b * n_classes + d] = a < INFINITY ? a - lse : INFINITY;
-    }
+    fbl_emission_row(mode, n_classes, am + (t * n_batch + b) * n_classes, Q + b * n_classes);
   }
 }
 
@@ -420,47 +455,13 @@ DEF_KERNEL void fbw_nan_out(int64_t n_time, int64_t n_batch, int64_t n_classes, 
   }
 }
 
-struct FbwProblem {
-  int mode;
-  int64_t T, B, D, E, S;
-  const Float* am;
-  const int32_t *from, *to, *emis, *seq;
-  const Float* w;
-  const int32_t* start;
-  int64_t n_end;
-  const int32_t* end_pairs;   // (n_end, 2) or null
-  const int32_t* end_simple;  // (B,) when end_pairs is null
-  const Float* end_w;         // (n_end,) or null (all 0)
-  const Float* index;         // (T, B) prefix mask, or null
-  const int32_t* lens;        // (B,) lengths when index is null
-  Float* out;                 // (T, B, D)
-  Float* sums;                // (T, B) or null
-  Float* loss;                // (B,) or null
-  FsaTerms terms;             // the caller's names, for the messages of failed checks
-};
-
-static void fbw_run(FbwProblem p) {
-  ptn::Scratch scratch;
+// The passes over a checked problem (c: what fbw_run's checks computed).
+static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChecked& ck) {
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
-  p.terms.T = T;
-  p.terms.B = B;
-  p.terms.D = D;
-  p.terms.S = S;
-  int32_t* state_seq = scratch.get<int32_t>(S);
-  int32_t* seq_len = scratch.get<int32_t>(B);
-  int32_t* nan = scratch.get<int32_t>(B);
-  FsaCheck* check = scratch.get<FsaCheck>(1);
-  Ndarray_memset(state_seq, 255, S * sizeof(int32_t));
-  Ndarray_memset(nan, 0, B * sizeof(int32_t));
-  Ndarray_memset(check, 0, sizeof(FsaCheck));
-  start_dev_kernel(fsa_check_edges, (E, p.from, p.to, p.emis, p.seq, S, D, B, state_seq, check));
-  start_dev_kernel(fsa_check_seqs, (T, B, p.start, S, p.index, p.lens, seq_len, state_seq, check));
-  start_dev_kernel(fsa_check_ends, (p.n_end, p.end_pairs, p.end_simple, S, B, state_seq, check));
-  fsa_raise_check(check, p.terms);
-  if (B == 0) return;
-
-  double* wmin = scratch.get<double>(B);
-  double* W = scratch.get<double>(E);
+  const int32_t *state_seq = ck.state_seq, *seq_len = ck.seq_len;
+  int32_t* nan = ck.nan;
+  FsaCheck* check = ck.check;
+  const double *wmin = ck.wmin, *W = ck.W;
   double* alpha = scratch.get<double>((T + 1) * S);
   double* beta = scratch.get<double>(2 * S);
   // Emission factors of every frame are computed up front and kept for the backward pass when they fit in
@@ -477,10 +478,6 @@ static void fbw_run(FbwProblem p) {
   double* dsum = scratch.get<double>(B);
   double* zsum = scratch.get<double>(B);
 
-  start_dev_kernel(fsa_fill, (B, wmin, (double)INFINITY));
-  start_dev_kernel(fbw_init_weights, (E, p.seq, p.w, wmin, nan, check));
-  fsa_raise_check(check, p.terms);
-  start_dev_kernel(fbw_weights, (E, p.seq, p.w, wmin, W));
   Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
   Ndarray_memset(c, 0, 2 * B * sizeof(double));
   Ndarray_memset(nll, 0, B * sizeof(double));
@@ -565,4 +562,38 @@ static void fbw_run(FbwProblem p) {
   }
   start_dev_kernel(fbw_nan_out, (T, B, D, seq_len, nan, p.out, p.sums, p.loss));
   HANDLE_LAST_ERROR();
+}
+
+#else
+#include "fsa_baum_welch_cpu.h"
+#endif
+
+static void fbw_run(FbwProblem p) {
+  ptn::Scratch scratch;
+  const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
+  p.terms.T = T;
+  p.terms.B = B;
+  p.terms.D = D;
+  p.terms.S = S;
+  int32_t* state_seq = scratch.get<int32_t>(S);
+  int32_t* seq_len = scratch.get<int32_t>(B);
+  int32_t* nan = scratch.get<int32_t>(B);
+  FsaCheck* check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(state_seq, 255, S * sizeof(int32_t));
+  Ndarray_memset(nan, 0, B * sizeof(int32_t));
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  start_dev_kernel(fsa_check_edges, (E, p.from, p.to, p.emis, p.seq, S, D, B, state_seq, check));
+  start_dev_kernel(fsa_check_seqs, (T, B, p.start, S, p.index, p.lens, seq_len, state_seq, check));
+  start_dev_kernel(fsa_check_ends, (p.n_end, p.end_pairs, p.end_simple, S, B, state_seq, check));
+  fsa_raise_check(check, p.terms);
+  if (B == 0) return;
+
+  double* wmin = scratch.get<double>(B);
+  double* W = scratch.get<double>(E);
+  start_dev_kernel(fsa_fill, (B, wmin, (double)INFINITY));
+  start_dev_kernel(fbw_init_weights, (E, p.seq, p.w, wmin, nan, check));
+  fsa_raise_check(check, p.terms);
+  start_dev_kernel(fbw_weights, (E, p.seq, p.w, wmin, W));
+  const FbwChecked checked = {state_seq, seq_len, nan, check, wmin, W};
+  fbw_passes(p, scratch, checked);
 }

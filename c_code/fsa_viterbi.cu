@@ -17,6 +17,7 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   terms.lens = "am_seq_len";
   terms.n_states = "the largest state index + 1";
   VitProblem p;
+  p.mode = VIT_SCAN;
   p.T = Ndarray_DIMS(am)[0];
   p.B = Ndarray_DIMS(am)[1];
   p.D = Ndarray_DIMS(am)[2];
@@ -42,7 +43,8 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   p.start = Ndarray_DEV_DATA_int32(se);
   p.end = p.start + p.B;
   p.w = Ndarray_DEV_DATA(weights);
-  p.am = Ndarray_DEV_DATA(am);
+  p.x = Ndarray_DEV_DATA(am);
+  p.terms = terms;
   ptn::Scratch scratch;
   int32_t* seq_len = scratch.get<int32_t>(p.B);
   int32_t* nan = scratch.get<int32_t>(p.B);
@@ -55,11 +57,12 @@ static void fast_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   start_dev_kernel(fsa_check_ends, (p.B, (const int32_t*)0, p.end, p.S, p.B, (int32_t*)0, check));
   fsa_raise_check(check, terms);
   if (p.B == 0) return;
-  vit_row_pass(VIT_SCAN, p.T, p.B, p.D, p.am, seq_len, (Float*)0, nan, check);
   start_dev_kernel(fsa_mark_nan_weights, (p.E, p.seq, p.w, nan));
   p.seq_len = seq_len;
   p.nan = nan;
   p.align = Ndarray_DEV_DATA_int32(*outputs[0]);
   p.score = Ndarray_DEV_DATA(*outputs[1]);
+  p.loss = 0;
+  p.grad = 0;
   vit_run(scratch, p);
 }

@@ -1,18 +1,47 @@
 // Viterbi over an edge-list automaton (fsa_automaton.h), max-plus in +log space: the core that FastViterbi
 // (fsa_viterbi.cu) and the fused CTC Viterbi loss (ctc_loss_viterbi.cu) run, as vit_run(VitProblem).
 //
-// Shapes: scores am (T, B, D) +log; edges (4, E), weights w (E,) +log; start and end state per sequence (B,);
-// lengths (B,); outputs align (T, B) int32 and score (B,).
+// Shapes: scores x (T, B, D); edges (4, E), weights w (E,) +log; start and end state per sequence (B,); lengths
+// (B,); outputs align (T, B) int32 and score (B,); for a loss, loss (B,) and grad (T, B, D).
 //
+// The scores of the path are lp = x (VIT_SCAN: +log scores; VIT_LOGPROBS: log-probabilities) or
+// lp = log_softmax(x) over D (VIT_LOGITS), in Float (the scores' type):
 //   val_0(start_b) = 0, val_{t+1}(q) = max over edges e = (p -> q, d) of sequence b, t < T_b:
-//                                     val_t(p) + w_e + am[t, b, d],
+//                                     val_t(p) + w_e + lp[t, b, d],
 //   score_b = val_{T_b}(end_b); align[t, b] = the emission of the best path's edge at frame t (0 past T_b and
-//   without a path, score -inf).  Ties go to the lowest edge index, at every frame of the backtrace.  Computed in
-//   Float (the scores' type).  vit_rows scans the rows of valid frames for NaN (the sequence then gets the score
-//   NaN and the alignment 0) and, for logits, writes their log-softmax.
+//   without a path, score -inf).  Ties go to the lowest edge index, at every frame of the backtrace.
+// A loss (VIT_LOGITS / VIT_LOGPROBS): loss_b = -sum_t lp[t, b, align[t, b]] and its gradient w.r.t. x,
+// softmax(x) - onehot(align) (-onehot for log-probabilities) on valid frames.  A NaN score on a valid frame of b
+// (or a NaN weight of its edges, which the caller marks in nan) gives b the score (and loss) NaN, the alignment 0
+// and a NaN gradient; a +inf score (an infinitely likely one) of a loss raises; no path: score -inf, loss inf,
+// gradient 0.
 
 #include "fsa_automaton.h"
 
+enum { VIT_SCAN = 0, VIT_LOGITS = 1, VIT_LOGPROBS = 2 };
+
+struct VitProblem {
+  int mode;
+  int64_t T, B, D, E, S;
+  const Float* x;          // (T, B, D) scores, logits or log-probabilities (see mode)
+  const int32_t *from, *to, *emis, *seq;
+  const Float* w;
+  const int32_t *start, *end;
+  const int32_t* seq_len;  // checked lengths
+  int32_t* nan;            // (B,) NaN sequences: set by the caller (weights) and by vit_run (scores)
+  int32_t* align;          // (T, B)
+  Float* score;            // (B,)
+  Float *loss, *grad;      // (B,), (T, B, D): VIT_LOGITS / VIT_LOGPROBS only
+  FsaTerms terms;          // the caller's names, for the messages of failed checks
+};
+
+DEF_KERNEL void fsa_mark_nan_weights(int64_t n_edges, const int32_t* seq, const Float* w, int32_t* nan) {
+  GRID_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
+}
+
+// The passes: on CUDA one launch per frame over the whole batch (below); on the CPU one sequence per task, on
+// all cores (fsa_viterbi_cpu.h).
+#if CUDA
 DEF_KERNEL void vit_init(int64_t n, Float* val, int32_t* idx) {
   GRID_LOOP(i, n) {
     val[i] = -(Float)INFINITY;
@@ -77,7 +106,6 @@ DEF_KERNEL void vit_backtrack(int64_t n_time, int64_t n_batch, int64_t n_states,
   }
 }
 
-enum { VIT_SCAN = 0, VIT_LOGITS = 1, VIT_LOGPROBS = 2 };
 
 // One block per row (t, b) with t < seq_len[b]: a NaN marks sequence b in `nan`.  VIT_LOGITS / VIT_LOGPROBS
 // record a +inf (infinitely likely) entry; VIT_LOGITS writes the row's log-softmax into lp (all -inf for a row
@@ -130,25 +158,50 @@ static void vit_row_pass(int mode, int64_t T, int64_t B, int64_t D, const Float*
                     (mode, n_rows, B, D, x, seq_len, lp, nan, check));
 }
 
-DEF_KERNEL void fsa_mark_nan_weights(int64_t n_edges, const int32_t* seq, const Float* w, int32_t* nan) {
-  GRID_LOOP(e, n_edges) if (w[e] != w[e]) nan[seq[e]] = 1;
+// Viterbi: the loss is minus the best alignment's log-probability (inf without an alignment, NaN for NaN
+// sequences); the gradient w.r.t. the logits is softmax - onehot(alignment) (-onehot for log-probabilities) on
+// valid frames of sequences with an alignment, NaN on valid frames of NaN sequences, else 0.
+DEF_KERNEL void vit_loss(int64_t n_batch, int64_t n_classes, const int32_t* lens, const int32_t* nan,
+                             const int32_t* align, const Float* score, const Float* lp, Float* loss) {
+  GRID_LOOP(b, n_batch) {
+    if (nan[b]) {
+      loss[b] = (Float)NAN_F;
+      continue;
+    }
+    if (!(score[b] > -(Float)INFINITY)) {
+      loss[b] = (Float)INFINITY;
+      continue;
+    }
+    double s = 0.0;
+    for (int64_t t = 0; t < lens[b]; ++t) s += (double)lp[(t * n_batch + b) * n_classes + align[t * n_batch + b]];
+    loss[b] = (Float)(-s);
+  }
 }
 
-struct VitProblem {
-  int64_t T, B, D, E, S;
-  const Float* am;  // +log scores (T, B, D)
-  const int32_t *from, *to, *emis, *seq;
-  const Float* w;
-  const int32_t *start, *end;
-  const int32_t* seq_len;  // checked lengths
-  const int32_t* nan;      // (B,) NaN sequences
-  int32_t* align;          // (T, B)
-  Float* score;            // (B,)
-};
+DEF_KERNEL void vit_grad(int mode, int64_t n_time, int64_t n_batch, int64_t n_classes, const int32_t* lens,
+                             const int32_t* nan, const int32_t* align, const Float* score, const Float* lp,
+                             Float* grad) {
+  GRID_LOOP(i, n_time * n_batch * n_classes) {
+    int64_t d = i % n_classes, b = (i / n_classes) % n_batch, t = i / (n_classes * n_batch);
+    Float g = Float(0);
+    if (t < lens[b]) {
+      if (nan[b])
+        g = (Float)NAN_F;
+      else if (score[b] > -(Float)INFINITY)
+        g = (mode == VIT_LOGITS ? (Float)exp((double)lp[i]) : Float(0)) - (d == align[t * n_batch + b] ? 1 : 0);
+    }
+    grad[i] = g;
+  }
+}
 
 static void vit_run(ptn::Scratch& scratch, const VitProblem& p) {
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
   if (B == 0) return;
+  FsaCheck* check = scratch.get<FsaCheck>(1);
+  Ndarray_memset(check, 0, sizeof(FsaCheck));
+  const Float* lp = p.mode == VIT_LOGITS ? scratch.get<Float>(T * B * D) : p.x;
+  vit_row_pass(p.mode, T, B, D, p.x, p.seq_len, (Float*)lp, p.nan, check);
+  fsa_raise_check(check, p.terms);
   Float* val = scratch.get<Float>((T + 1) * S);
   int32_t* idx = scratch.get<int32_t>((T + 1) * S);
   start_dev_kernel(vit_init, ((T + 1) * S, val, idx));
@@ -156,10 +209,17 @@ static void vit_run(ptn::Scratch& scratch, const VitProblem& p) {
   for (int64_t t = 0; t < T; ++t) {
     const Float* v_t = val + t * S;
     Float* v_next = val + (t + 1) * S;
-    start_dev_kernel(vit_max, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next));
-    start_dev_kernel(vit_arg, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, p.am, v_t, v_next,
+    start_dev_kernel(vit_max, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, lp, v_t, v_next));
+    start_dev_kernel(vit_arg, (t, E, B, D, p.from, p.to, p.emis, p.seq, p.seq_len, p.w, lp, v_t, v_next,
                                idx + (t + 1) * S));
   }
   start_dev_kernel(vit_backtrack, (T, B, S, E, p.from, p.emis, p.end, p.seq_len, p.nan, val, idx, p.align, p.score));
+  if (p.mode != VIT_SCAN) {
+    start_dev_kernel(vit_loss, (B, D, p.seq_len, p.nan, p.align, p.score, lp, p.loss));
+    start_dev_kernel(vit_grad, (p.mode, T, B, D, p.seq_len, p.nan, p.align, p.score, lp, p.grad));
+  }
   HANDLE_LAST_ERROR();
 }
+#else
+#include "fsa_viterbi_cpu.h"
+#endif

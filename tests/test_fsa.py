@@ -758,6 +758,40 @@ def test_hmm_bad_input(mode):
     np.testing.assert_array_equal(f(np.zeros((0, 2, 2)), np.zeros((0, 2)), A), [0.0, 0.0])
 
 
+# ------------------------------------------------------------------ threads
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_results_do_not_depend_on_the_thread_count(monkeypatch, dtype):
+    """The CPU kernels split the batch over $PTNATIVE_NUM_THREADS threads, a sequence per task: the results are
+    the same, bit for bit, with 1, 2 and 3 threads (a problem big enough to be split), ragged lengths, one
+    sequence recomputed in log space and one NaN sequence included."""
+    rng = np.random.default_rng(21)
+    T, B, D, N = 200, 10, 12, 10
+    logits = rng.normal(size=(T, B, D)).astype(dtype)
+    logits[:, 2] *= 3000  # beyond the scaled pass's range: log space
+    logits[5, 4, 3] = np.nan
+    lens = rng.integers(0, T + 1, size=B).astype(np.int32)
+    lens[[2, 4]] = T
+    tlens = rng.integers(0, N + 1, size=B).astype(np.int32)
+    targets = rng.integers(0, D - 1, size=(B, N)).astype(np.int32)
+    x = pt.tensor3(dtype=dtype)
+    outs = []
+    for fn in (fsa.ctc_loss, fsa.ctc_loss_viterbi):
+        loss = fn(x, lens, targets, tlens)
+        outs += [loss, pytensor.grad(loss.sum(), x)]
+    edges, weights, se = fsa.get_ctc_fsa_fast_bw(targets, tlens, D - 1)
+    outs += list(fsa.fast_baum_welch(-x, edges, weights, se, pt.constant(mask_of(lens, T).astype(dtype))))
+    outs += list(fsa.fast_viterbi(x, lens, edges, weights, se))
+    f = pytensor.function([x], outs, mode="FAST_COMPILE")
+    results = {}
+    for n in (1, 2, 3):
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", str(n))
+        results[n] = f(logits)
+    assert np.isnan(results[1][0][4]) and np.isfinite(results[1][0][2])
+    for n in (2, 3):
+        for a, b in zip(results[1], results[n]):
+            np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------------ shapes, nvcc
 def test_infer_shape():
     rng = np.random.default_rng(15)
