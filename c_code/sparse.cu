@@ -315,7 +315,8 @@ static void ptn_ce_frames(const Float* z, const Float* z_mask, int64_t F, int64_
                           const Float* scale) {
   if (F == 0 || D == 0) return;
 #if CUDA
-  start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0, (z, z_mask, F, D, lse, max_z, p, scale));
+  start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
+                    (z, z_mask, F, D, lse, max_z, p, scale));
 #else
   for (int64_t f = 0; f < F; ++f) {
     if (!(z_mask[f] > Float(0.5))) continue;
@@ -383,8 +384,8 @@ static void crossentropy_softmax_sparse_fw(int n_inputs, Ndarray** inputs, int n
   Float* lse = scratch.get<Float>(F);
   ptn_ce_frames(z, z_mask, F, e.D, lse, Ndarray_DEV_DATA(*outputs[2]), grad, (const Float*)0);
   if (e.N * e.B > 0)
-    start_dev_kernel(ptn_ce_entry_kernel, (e, z, z_mask, lse, Ndarray_DEV_DATA(inputs[4]), Ndarray_DEV_DATA(*outputs[0]),
-                                           grad, (const Float*)0, (Float*)0));
+    start_dev_kernel(ptn_ce_entry_kernel, (e, z, z_mask, lse, Ndarray_DEV_DATA(inputs[4]),
+                                           Ndarray_DEV_DATA(*outputs[0]), grad, (const Float*)0, (Float*)0));
   HANDLE_LAST_ERROR();
 }
 
