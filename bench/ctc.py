@@ -132,11 +132,13 @@ def bench_ctc_shape(reps, T, B, D, N, with_scan):
         ours = timings["ptnative.ctc_loss"]
         ref = ref or ours.median
         fmt(f"ptnative.ctc_loss ({threads} thr)", ours.median, ours.best)
+        print(f"  {'':<44s} CPU time per call (all threads) {ours.cpu * 1e3:9.2f} ms")
         record("ctc", case, f"ptnative.ctc_loss ({threads} thr)", ours.median, ours=True, best=ours.best, cpu=ours.cpu)
         for name, t in timings.items():
             if name == "ptnative.ctc_loss":
                 continue
             fmt(f"{name} ({threads} thr)", t.median, t.best, ours.median)
+            print(f"  {'':<44s} CPU time per call (all threads) {t.cpu * 1e3:9.2f} ms")
             print(f"  => ptnative / torch = {ours.median / t.median:.2f}x at {threads} thread(s) (target <= 0.7x)")
             record("ctc", case, f"{name} ({threads} thr)", t.median, best=t.best, cpu=t.cpu)
     if threads_before is None:
