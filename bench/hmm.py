@@ -1,7 +1,13 @@
 """HMM inference: ptnative against dynamax (JAX, jitted, vmapped over the batch), hmmlearn (Cython, a loop over
 the batch) and pytensor.scan, in one run, on the same data, timed in alternating turns.
 
-    python bench/hmm.py [--reps 30] [--shapes 1000x8x16,500x1x3]
+    python bench/hmm.py [--reps 30] [--shapes 1000x8x16,500x1x3] [--overhead 500x1x3]
+
+Prints, per shape and task, every implementation's median / best wall time and median CPU time, then
+ptnative's time over each peer's with the issue's targets (issue 16: loglik+grad >= 50x faster than scan; issue
+18: <= 0.1x, 0.3x, 0.5x of dynamax), and the machine's load average before and after.  Where ptnative splits the
+batch over threads (T*B*K*K >= 1e7), it is also timed on one thread (``ptnative 1 thread``,
+PTNATIVE_NUM_THREADS=1): on a loaded machine a thread of the split may wait for a core.
 
 Tasks (float64): the log-likelihood with its gradient w.r.t. emissions, transitions and initial weights
 (ptnative.hmm_log_likelihood; dynamax value_and_grad of hmm_filter; scan: a log-space forward in pytensor.scan
@@ -15,6 +21,7 @@ against ptnative's before timing.  Needs dynamax and hmmlearn (skipped where mis
 import argparse
 import os
 import sys
+from unittest import mock
 
 import numpy as np
 
@@ -28,7 +35,13 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402
 
-TARGETS = {"loglik+grad": 0.1, "posteriors": 0.3, "viterbi": 0.5}  # of dynamax's time (issue 18)
+# ptnative's time / the peer's: issue 18 (dynamax, both shapes), issue 16 (scan, T=1000 B=8 K=16)
+TARGETS = {("dynamax", "loglik+grad"): 0.1, ("dynamax", "posteriors"): 0.3, ("dynamax", "viterbi"): 0.5,
+           ("scan", "loglik+grad", "T=1000 B=8 K=16"): 1 / 50}
+
+
+def target_of(peer, task, shape):
+    return TARGETS.get((peer, task), TARGETS.get((peer, task, shape)))
 
 
 def data(T, B, K, seed=0):
@@ -54,6 +67,38 @@ def ptnative_fns(log_e, log_A, log_pi):
     args = (log_e, log_A, log_pi)
     return {"loglik+grad": lambda: f_grad(*args), "posteriors": lambda: f_post(*args),
             "viterbi": lambda: f_vit(*args)}
+
+
+def one_thread(fn):
+    """``fn`` run with PTNATIVE_NUM_THREADS=1 (read by the kernels at every call)."""
+    def run():
+        with mock.patch.dict(os.environ, {"PTNATIVE_NUM_THREADS": "1"}):
+            return fn()
+    return run
+
+
+def overhead_fns(log_e, log_A, log_pi):
+    """Where the time of one small call goes: a compiled PyTensor function that does (almost) nothing, the same
+    graph as hmm_viterbi's with a native op whose kernel does nothing (PyTensor + ptnative's driver, output
+    allocation and entry point), and the real ops."""
+    from ptnative.op import NativeOpGenBase
+    from ptnative.ops import hmm
+
+    class EmptyOp(NativeOpGenBase):  # hmm_viterbi's inputs and outputs, no work
+        in_info = hmm.HmmViterbiOp.in_info
+        out_info = hmm.HmmViterbiOp.out_info
+        c_fw_code = "(void)inputs; (void)outputs;"
+        code_version = (1,)
+
+    le, lA, lpi = pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")
+    f_pt = pytensor.function([le, lA, lpi], le[0, 0, 0] + lA[0, 0] + lpi[0])
+    f_empty = pytensor.function([le, lA, lpi], list(EmptyOp.make_op()(*hmm._model("empty", le, lA, lpi, None,
+                                                                                      None))))
+    f_vit = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)))
+    f_post = pytensor.function([le, lA, lpi], list(ptnative.hmm_posteriors(le, lA, lpi)))
+    args = (log_e, log_A, log_pi)
+    return {"PyTensor call, no op": lambda: f_pt(*args), "empty native op": lambda: f_empty(*args),
+            "hmm_viterbi": lambda: f_vit(*args), "hmm_posteriors": lambda: f_post(*args)}
 
 
 def scan_fns(log_e, log_A, log_pi):
@@ -160,45 +205,58 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default="1000x8x16,500x1x3", help="TxBxK,...")
+    ap.add_argument("--overhead", default="500x1x3", help="TxBxK of the per-call overhead breakdown ('' to skip)")
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    if args.overhead:
+        T, B, K = (int(v) for v in args.overhead.split("x"))
+        times = measure_interleaved(overhead_fns(*data(T, B, K)), reps=max(args.reps, 300), rounds=3, warmup=20)
+        print(f"\nper-call overhead, T={T} B={B} K={K} f64 (median / best wall microseconds):")
+        for name, timing in times.items():
+            print(f"  {name:<22} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
     rows = []
     for shape in args.shapes.split(","):
         T, B, K = (int(v) for v in shape.split("x"))
+        label = f"T={T} B={B} K={K}"
         log_e, log_A, log_pi = data(T, B, K)
         ours = ptnative_fns(log_e, log_A, log_pi)
         others = {"dynamax": dynamax_fns(log_e, log_A, log_pi), "hmmlearn": hmmlearn_fns(log_e, log_A, log_pi),
                   "scan": scan_fns(log_e, log_A, log_pi)}
-        tasks = {task: {"ptnative": fn} for task, fn in ours.items()}
+        threaded = T * B * K * K >= 1e7 and B > 1 and (os.cpu_count() or 1) > 1
+        tasks = {task: {"ptnative": fn, **({"ptnative 1 thread": one_thread(fn)} if threaded else {})}
+                 for task, fn in ours.items()}
         for name, fns in others.items():
             for task, fn in fns.items():
                 base = task.split(" ")[0]
-                label = name + task[len(base):]
-                tasks[base][label] = fn
+                tasks[base][name + task[len(base):]] = fn
         for task, fns in tasks.items():
             want = fns["ptnative"]()
             for name, fn in fns.items():
-                if name != "ptnative":
+                if not name.startswith("ptnative"):
                     check(task, name.split(" ")[0], fn(), want)
             times = measure_interleaved(fns, reps=args.reps, rounds=3, warmup=2)
+            mine = times["ptnative"].median
             for name, timing in times.items():
-                rows.append((f"T={T} B={B} K={K}", task, name, timing.median * 1e3, timing.cpu * 1e3,
-                             timing.median / times["ptnative"].median))
-                record("hmm", f"{task} T={T} B={B} K={K} f64", name, timing.median, ours=name == "ptnative",
-                       best=timing.best, cpu=timing.cpu)
+                rows.append((label, task, name, timing.median * 1e3, timing.best * 1e3, timing.cpu * 1e3,
+                             timing.median / mine))
+                record("hmm", f"{task} {label} f64", name, timing.median, ours=name.startswith("ptnative"),
+                       best=timing.best)
             for name in (n for n, fns in others.items() if not fns):  # bench/report.py: "not installed" rows
-                record("hmm", f"{task} T={T} B={B} K={K} f64", name, None, note="not installed")
-            dyn = times.get("dynamax")
-            if dyn is not None:
-                ratio = times["ptnative"].median / dyn.median
-                rows.append((f"T={T} B={B} K={K}", task, "=> ptnative / dynamax", ratio, TARGETS[task],
-                             None))
-    print(f"\n{'shape':<18} {'task':<12} {'implementation':<22} {'median ms':>10} {'cpu ms':>9} {'x ptnative':>11}")
-    for shape, task, name, a, b, c in rows:
-        if c is None:
-            verdict = "meets" if a <= b else "MISSES"
-            print(f"{shape:<18} {task:<12} {name:<22} {a:>10.3f} (target <= {b}: {verdict})")
+                record("hmm", f"{task} {label} f64", name, None, note="not installed")
+            for name, timing in times.items():
+                if name.startswith("ptnative"):
+                    continue
+                target = target_of(name, task, label)
+                rows.append((label, task, f"=> ptnative / {name}", mine / timing.median, target, None, None))
+    print(f"\nload average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs; times in ms")
+    print(f"{'shape':<18} {'task':<12} {'implementation':<26} {'median':>9} {'best':>9} {'cpu':>9} {'x ptnative':>11}")
+    for shape, task, name, a, b, c, d in rows:
+        if d is None:
+            verdict = "" if b is None else f"  (target <= {b:.3g}: {'meets' if a <= b else 'MISSES'})"
+            print(f"{shape:<18} {task:<12} {name:<26} {a:>9.3f}{verdict}")
         else:
-            print(f"{shape:<18} {task:<12} {name:<22} {a:>10.3f} {b:>9.3f} {c:>11.2f}")
+            print(f"{shape:<18} {task:<12} {name:<26} {a:>9.3f} {b:>9.3f} {c:>9.3f} {d:>11.2f}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@
 // transitions A = exp(log A - max log A), initial / final likewise; the forward vector is
 // renormalised every step (alpha_t = (alpha_{t-1} A) * E_t / c_t) and the log-scales summed.
 // The forward op keeps alpha and c as hidden outputs, so the gradient op runs only the
-// backward recursion (recomputing E_t, which is cheaper than storing it).  A sequence whose step mass c_t (or final mass) falls below
-// HMM_TINY (the product underflowed: log-density gaps beyond double's ~700 nats within
+// backward recursion (recomputing E_t, which is cheaper than storing it).  A sequence whose step mass c_t (or
+// final mass) falls below HMM_TINY (the product underflowed: log-density gaps beyond double's ~700 nats within
 // one step) is recomputed in log space (status 1); one with no path at all gets -inf and a
 // zero gradient (status 2).
 //
-// CPU: one fused loop per sequence (small K-length vector loops, exp vectorised by hand).
+// CPU: the batch in blocks over the threads (hmm_run_parts), time outer and batch inner within a block: per step
+// one small register-blocked GEMM over the block's sequences (hmm_gemm) and K-length vector loops (vectorised exp).
 // CUDA: one launch per step with a cuBLAS GEMM over the batch; the log-space fallback runs
 // one thread per sequence on both.
 //
@@ -32,15 +33,26 @@ enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
 // entry i is recorded in `check` (if given) by report(i), and *out is then -inf.
 template <typename Report>
 DEV_FUNC inline bool hmm_checked_max(const Float* x, int64_t n, double* out, FsaCheck* check, Report report) {
-  double m = -INFINITY;
-  bool has_nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    double v = (double)x[i];
-    has_nan |= v != v;
-    m = v > m ? v : m;
+  double mq[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // four chains: the comparisons overlap
+  int nan = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int q = 0; q < 4; ++q) {
+      const double v = (double)x[i + q];
+      nan |= v != v;
+      mq[q] = v > mq[q] ? v : mq[q];
+    }
+  for (; i < n; ++i) {
+    const double v = (double)x[i];
+    nan |= v != v;
+    mq[0] = v > mq[0] ? v : mq[0];
   }
+  const bool has_nan = nan != 0;
+  double m = mq[0] > mq[1] ? mq[0] : mq[1];
+  m = mq[2] > m ? mq[2] : m;
+  m = mq[3] > m ? mq[3] : m;
   if (m == INFINITY) {
-    int64_t i = 0;
+    i = 0;
     while (i + 1 < n && !((double)x[i] == INFINITY)) ++i;
     if (check) report(check, i);
     m = -INFINITY;
@@ -99,13 +111,18 @@ DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Flo
   }
 }
 
-struct HmmParams {
+// The model every HMM op starts from (hmm_model_setup): sizes, the log-probability inputs, the sequence lengths,
+// and the parameters' shifted exps (A, its transpose AT, pi, f; consts as hmm_prep's).
+struct HmmModel {
   int64_t T, B, K;
   const Float *le, *lA, *lpi, *lf;
   const int32_t* seq_len;
   const double *A, *AT, *pi, *f, *consts;
-  double *alpha, *c, *status;
   FsaCheck* check;
+};
+
+struct HmmParams : HmmModel {
+  double *alpha, *c, *status;
 };
 
 struct HmmEmissionReport {
@@ -219,11 +236,11 @@ DEF_KERNEL void hmm_init_status(HmmParams p, double* ll) {
 }
 
 // ---------------------------------------------------------------- scaled forward
-// Step t of sequence b given pred = alpha_{t-1} A (or pi): E_t, alpha_t, c_t.  Returns the sequence's new
-// status: HMM_SCALED, HMM_LOG_SPACE if the step mass underflowed, HMM_NAN for a NaN emission.
+// Step t of sequence b given pred = alpha_{t-1} A (or pi): E_t, alpha_t, c_t (into *ct).  Returns the sequence's
+// new status: HMM_SCALED, HMM_LOG_SPACE if the step mass underflowed, HMM_NAN for a NaN emission.
 // Et: K scratch for E_t.
 DEV_FUNC inline int hmm_fwd_step(const HmmParams& p, int64_t t, int64_t b, const double* __restrict__ pred,
-                                 double* __restrict__ Et, double* ll) {
+                                 double* __restrict__ Et, double* ll, double* ct) {
   const int64_t B = p.B, K = p.K, tb = t * B + b;
   const Float* et = p.le + tb * K;
   double* __restrict__ at = p.alpha + tb * K;
@@ -243,7 +260,7 @@ DEV_FUNC inline int hmm_fwd_step(const HmmParams& p, int64_t t, int64_t b, const
     s0 += at[k];
   }
   double s = s0 + s1;
-  p.c[tb] = s;
+  *ct = s;
   if (!(s >= HMM_TINY)) return HMM_LOG_SPACE;
   double inv = 1.0 / s;
 #if !CUDA
@@ -268,36 +285,66 @@ DEV_FUNC inline void hmm_fwd_final(const HmmParams& p, int64_t b, double* ll) {
 #if !CUDA
 typedef double hmm_v4d __attribute__((vector_size(32)));
 
-// out[j0 + 0..4*NB) = sum_i x[i] M[i, j0 + ...] with the 4*NB accumulators in registers.
-template <int NB>
-static inline void hmm_matvec_block(const double* __restrict__ x, int64_t n, const double* __restrict__ M, int64_t ld,
-                                    double* __restrict__ out) {
-  hmm_v4d acc[NB];
-  for (int q = 0; q < NB; ++q) acc[q] = hmm_v4d{0.0, 0.0, 0.0, 0.0};
-  for (int64_t i = 0; i < n; ++i) {
-    const double xi = x[i];
-    const hmm_v4d xv = {xi, xi, xi, xi};
-    const double* row = M + i * ld;
+// out[r, j0 + 0..4*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x 4*NB accumulators in registers.
+// X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride: X^T . M).
+template <int R, int NB>
+__attribute__((always_inline)) static inline void hmm_gemm_tile(const double* __restrict__ X, int64_t xr,
+                                                                int64_t xi, int64_t n, const double* __restrict__ M,
+                                                                int64_t ldm, double* __restrict__ out, int64_t ldo,
+                                                                bool add) {
+  hmm_v4d acc[R][NB];
+  for (int r = 0; r < R; ++r)
     for (int q = 0; q < NB; ++q) {
-      hmm_v4d r;
-      memcpy(&r, row + 4 * q, sizeof(r));
-      acc[q] += xv * r;
+      acc[r][q] = hmm_v4d{0.0, 0.0, 0.0, 0.0};
+      if (add) memcpy(&acc[r][q], out + r * ldo + 4 * q, sizeof(hmm_v4d));
+    }
+  for (int64_t i = 0; i < n; ++i) {
+    hmm_v4d m[NB];
+    for (int q = 0; q < NB; ++q) memcpy(&m[q], M + i * ldm + 4 * q, sizeof(hmm_v4d));
+    for (int r = 0; r < R; ++r) {
+      const double x = X[r * xr + i * xi];
+      const hmm_v4d xv = {x, x, x, x};
+      for (int q = 0; q < NB; ++q) acc[r][q] += xv * m[q];
     }
   }
-  for (int q = 0; q < NB; ++q) memcpy(out + 4 * q, &acc[q], sizeof(hmm_v4d));
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < NB; ++q) memcpy(out + r * ldo + 4 * q, &acc[r][q], sizeof(hmm_v4d));
+}
+
+template <int R>
+static inline void hmm_gemm_rows(const double* X, int64_t xr, int64_t xi, int64_t n, const double* M, int64_t ld,
+                                 double* out, int64_t ldo, bool add) {
+  int64_t j0 = 0;
+  for (; j0 + 16 <= ld; j0 += 16) hmm_gemm_tile<R, 4>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
+  switch ((ld - j0) / 4) {
+    case 3: hmm_gemm_tile<R, 3>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
+    case 2: hmm_gemm_tile<R, 2>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
+    case 1: hmm_gemm_tile<R, 1>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
+    default: break;
+  }
+}
+
+// out (rows x ld, row stride ldo) = X . M, or += X^T . M with `transposed_add` (X then n x rows); X (rows x n) has
+// row stride ldx, M is n x ld row-major with ld a multiple of 4.  Four rows at a time: each loaded row of M serves
+// four rows of X (sequences of the batch, or states), and their independent sums overlap in the pipeline.  Each
+// output row's sums run in the same order whatever `rows` is.
+static inline void hmm_gemm(const double* X, int64_t rows, int64_t ldx, int64_t n, const double* M, int64_t ld,
+                            double* out, int64_t ldo, bool transposed_add = false) {
+  const int64_t xr = transposed_add ? 1 : ldx, xi = transposed_add ? ldx : 1;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) hmm_gemm_rows<4>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add);
+  switch (rows - r) {
+    case 3: hmm_gemm_rows<3>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
+    case 2: hmm_gemm_rows<2>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
+    case 1: hmm_gemm_rows<1>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
+    default: break;
+  }
 }
 
 // out (ld entries) = x (n entries) . M, M being n x ld row-major with ld a multiple of 4.
 static inline void hmm_matvec(const double* __restrict__ x, int64_t n, const double* __restrict__ M, int64_t ld,
                               double* __restrict__ out) {
-  int64_t j0 = 0;
-  for (; j0 + 16 <= ld; j0 += 16) hmm_matvec_block<4>(x, n, M + j0, ld, out + j0);
-  switch ((ld - j0) / 4) {
-    case 3: hmm_matvec_block<3>(x, n, M + j0, ld, out + j0); break;
-    case 2: hmm_matvec_block<2>(x, n, M + j0, ld, out + j0); break;
-    case 1: hmm_matvec_block<1>(x, n, M + j0, ld, out + j0); break;
-    default: break;
-  }
+  hmm_gemm_rows<1>(x, n, 1, n, M, ld, out, ld, false);
 }
 
 // src (K x K) into dst (K x Kp), zero-padded columns.
@@ -306,29 +353,79 @@ static void hmm_pad(const double* src, int64_t K, int64_t Kp, double* dst) {
     for (int64_t j = 0; j < Kp; ++j) dst[i * Kp + j] = j < K ? src[i * K + j] : 0.0;
 }
 
-// The scaled forward on the CPU: time outer, batch inner (the (T, B, K) arrays are streamed
-// in order); per (t, b) one register-blocked K x K matrix-vector product.
+// The CPU threads: the batch in contiguous blocks, one per part, as many parts as threads (at most B) when the
+// sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for waking the pool: below that, on a
+// machine whose cores are busy, a part that waits for a core costs more than the split saves (measured: 2 parts
+// of T=1000 B=8 K=16 took 30-50x the one-thread time on 2 cores under a load average of 8).  Results do not
+// depend on the split except for sums over the batch, which add the parts' partial sums in part order (bit-for-bit
+// reproducible for a fixed thread count).
+static int hmm_cpu_parts(int64_t T, int64_t B, int64_t K) {
+  const double work = (double)T * B * K * K;
+  return work < 1e7 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), B));
+}
+
+// body(q, b0, b1, check) for each part q over the sequences [b0, b1); each records failed checks in its own
+// FsaCheck, and the first part's failure is reported (the same one whatever the threads' timing).
+template <typename F>
+static void hmm_run_parts(ptn::Scratch& scratch, int parts, int64_t B, FsaCheck* check, F&& body) {
+  FsaCheck* checks = scratch.get<FsaCheck>(parts);
+  memset(checks, 0, parts * sizeof(FsaCheck));
+  ptn::parallel_parts(parts, [&](int q) { body(q, q * B / parts, (q + 1) * B / parts, checks + q); });
+  for (int q = 0; q < parts; ++q) {
+    if (checks[q].code == FSA_CHECK_OK) continue;
+    if (check->code == FSA_CHECK_OK) *check = checks[q];
+    break;
+  }
+}
+
+// The scaled forward on the CPU: per part, time outer and batch inner; the step's products alpha_{t-1} A of the
+// part's sequences are one small register-blocked GEMM.  Status, log-likelihood and c_t live in part-local memory
+// until the end (written per step into shared cache lines, they would bounce between the cores).
 static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
+  const int parts = hmm_cpu_parts(T, B, K);
   double* Ap = scratch.get<double>(K * Kp);
-  double* pred = scratch.get<double>(Kp);
-  double* Et = scratch.get<double>(K);
+  double* pred_all = scratch.get<double>(B * Kp);
+  double* Et_all = scratch.get<double>(parts * K);
+  double* c_all = scratch.get<double>(T * B);  // part q's block: (T, b1 - b0) from T * b0 on
+  memset(c_all, 0, T * B * sizeof(double));
   hmm_pad(p.A, K, Kp, Ap);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t b = 0; b < B; ++b) {
-      if (t >= p.seq_len[b] || p.status[b] != HMM_SCALED) continue;
-      if (t > 0) hmm_matvec(p.alpha + ((t - 1) * B + b) * K, K, Ap, Kp, pred);
-      p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred, Et, ll + b);
+  hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck* check) {
+    HmmParams pq = p;
+    pq.check = check;
+    const int64_t nb = b1 - b0;
+    double* pred = pred_all + b0 * Kp;
+    double* Et = Et_all + q * K;
+    double* c = c_all + T * b0;
+    std::vector<int> st(nb);
+    std::vector<double> llp(nb);
+    int64_t t_end = 0;
+    for (int64_t i = 0; i < nb; ++i) {
+      st[i] = (int)p.status[b0 + i];
+      llp[i] = ll[b0 + i];
+      t_end = std::max<int64_t>(t_end, p.seq_len[b0 + i]);
     }
-  }
-  for (int64_t b = 0; b < B; ++b)
-    if (p.seq_len[b] > 0 && p.status[b] == HMM_SCALED) hmm_fwd_final(p, b, ll);
+    for (int64_t t = 0; t < t_end; ++t) {
+      if (t > 0) hmm_gemm(p.alpha + ((t - 1) * B + b0) * K, nb, K, K, Ap, Kp, pred, Kp);
+      for (int64_t i = 0; i < nb; ++i) {
+        if (t >= p.seq_len[b0 + i] || st[i] != HMM_SCALED) continue;
+        st[i] = hmm_fwd_step(pq, t, b0 + i, t == 0 ? p.pi : pred + i * Kp, Et, &llp[i], c + t * nb + i);
+      }
+    }
+    for (int64_t i = 0; i < nb; ++i) {
+      const int64_t b = b0 + i;
+      for (int64_t t = 0; t < p.seq_len[b]; ++t) p.c[t * B + b] = c[t * nb + i];
+      p.status[b] = st[i];
+      ll[b] = llp[i];
+      if (p.seq_len[b] > 0 && st[i] == HMM_SCALED) hmm_fwd_final(p, b, ll);
+    }
+  });
 }
 #else
 DEF_KERNEL void hmm_fwd_step_kernel(HmmParams p, int64_t t, const double* pred, double* E, double* ll) {
   GRID_LOOP(b, p.B) {
     if (t >= p.seq_len[b] || p.status[b] != HMM_SCALED) continue;
-    p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred + b * p.K, E + b * p.K, ll + b);
+    p.status[b] = hmm_fwd_step(p, t, b, t == 0 ? p.pi : pred + b * p.K, E + b * p.K, ll + b, p.c + t * p.B + b);
   }
 }
 
@@ -351,17 +448,20 @@ static void hmm_forward_cuda(ptn::Scratch& scratch, const HmmParams& p, double* 
 }
 #endif
 
-static FsaTerms hmm_terms(const HmmParams& p) {
+// The names the user of function `fn` knows the arguments by.
+static FsaTerms hmm_model_terms(const char* fn, int64_t T, int64_t B, int64_t K) {
   FsaTerms t;
   memset(&t, 0, sizeof(t));
-  t.fn = "hmm_log_likelihood";
+  t.fn = fn;
   t.scores = "log_emissions";
   t.mask = "mask";
-  t.T = p.T;
-  t.B = p.B;
-  t.D = p.K;
+  t.T = T;
+  t.B = B;
+  t.D = K;
   return t;
 }
+
+static FsaTerms hmm_terms(const HmmParams& p) { return hmm_model_terms("hmm_log_likelihood", p.T, p.B, p.K); }
 
 // `a` has shape `want`, else a ValueError in the user's terms.
 static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char* name, int64_t d0, int64_t d1,
@@ -376,13 +476,15 @@ static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char*
   fsa_require(false, terms, s.str());
 }
 
-static HmmParams hmm_setup(ptn::Scratch& scratch, Ndarray** inputs) {
+// Inputs 0-4 are log_emissions (T, B, K), log_transitions (K, K), log_initial (K,), log_final (K,), mask (T, B):
+// shapes checked, lengths, the parameters' shifted exps; failures raise in the terms of `fn`.
+static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const char* fn) {
   Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
-  HmmParams p;
+  HmmModel p;
   p.T = Ndarray_DIMS(le)[0];
   p.B = Ndarray_DIMS(le)[1];
   p.K = Ndarray_DIMS(le)[2];
-  const FsaTerms terms = hmm_terms(p);
+  const FsaTerms terms = hmm_model_terms(fn, p.T, p.B, p.K);
   hmm_check_shape(terms, lA, "log_transitions", p.K, p.K, "(K, K)");
   hmm_check_shape(terms, lpi, "log_initial", p.K, 0, "(K,)");
   hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
@@ -408,6 +510,12 @@ static HmmParams hmm_setup(ptn::Scratch& scratch, Ndarray** inputs) {
   p.pi = pi;
   p.f = f;
   p.consts = consts;
+  return p;
+}
+
+static HmmParams hmm_setup(ptn::Scratch& scratch, Ndarray** inputs) {
+  HmmParams p;
+  static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, "hmm_log_likelihood");
   return p;
 }
 
@@ -448,75 +556,103 @@ static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
 // with v = E_t beta_t: U += alpha_{t-1}^T v g / (c_t z) (expected transitions / A) and
 // beta_{t-1} = A v.
 #if !CUDA
+// Per part, time outer and batch inner like the forward: beta_{t-1} = A v of the part's sequences is one small GEMM,
+// and the rows of alpha_{t-1} x and v are buffered for U += X^T V (one GEMM per HMM_ROWS rows).  U, d log pi and
+// d log f are summed per part, then over the parts in order.
 static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Float* g, Float* dle,
                              double* __restrict__ U, double* dpi, double* df) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
-  double* __restrict__ beta_all = scratch.get<double>(B * Kp);
-  double* __restrict__ Et = scratch.get<double>(K);
-  // U += X^T V over buffered rows (one small GEMM per HMM_ROWS steps instead of K rank-1 updates)
   const int64_t HMM_ROWS = 256;
-  double* Xbuf = scratch.get<double>(HMM_ROWS * K);
-  double* Vbuf = scratch.get<double>(HMM_ROWS * K);
-  int64_t n_rows = 0;
+  const int parts = hmm_cpu_parts(T, B, K);
   double* ATp = scratch.get<double>(K * Kp);
   hmm_pad(p.AT, K, Kp, ATp);
-  const int64_t step = B * K;
-  for (int64_t t = T - 1; t >= 0; --t) {
-    if (t >= 3) {  // the backward streams run downwards: prefetch a few steps ahead
-      const char* le_ahead = (const char*)(p.le + (t - 2) * step);
-      const char* a_ahead = (const char*)(p.alpha + (t - 3) * step);
-      const char* d_ahead = (const char*)(dle + (t - 2) * step);
-      for (int64_t off = 0; off < step * (int64_t)sizeof(Float); off += 64) {
-        __builtin_prefetch(le_ahead + off);
-        __builtin_prefetch(d_ahead + off, 1);
+  double* beta_all = scratch.get<double>(B * Kp);
+  double* v_all = scratch.get<double>(B * Kp);
+  memset(v_all, 0, B * Kp * sizeof(double));
+  // per part: U (K x Kp), d log pi, d log f, E_t (Kp each), then the X and V row buffers (HMM_ROWS x Kp each)
+  const int64_t per_part = K * Kp + 3 * Kp + 2 * HMM_ROWS * Kp;
+  double* part_all = scratch.get<double>(parts * per_part);
+  hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck*) {
+    const int64_t nb = b1 - b0;
+    double* Uq = part_all + q * per_part;
+    double* dpiq = Uq + K * Kp;
+    double* dfq = dpiq + Kp;
+    double* __restrict__ Et = dfq + Kp;
+    double* Xbuf = Et + Kp;
+    double* Vbuf = Xbuf + HMM_ROWS * Kp;
+    memset(Uq, 0, (K * Kp + 2 * Kp) * sizeof(double));
+    memset(Xbuf, 0, 2 * HMM_ROWS * Kp * sizeof(double));  // the padding columns stay 0
+    double* beta_q = beta_all + b0 * Kp;
+    double* v_q = v_all + b0 * Kp;
+    std::vector<char> stepped(nb);
+    int64_t n_rows = 0, t_end = 0;
+    for (int64_t i = 0; i < nb; ++i) t_end = std::max<int64_t>(t_end, p.seq_len[b0 + i]);
+    for (int64_t t = t_end - 1; t >= 0; --t) {
+      bool any = false;
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t b = b0 + i, len = p.seq_len[b];
+        const double gb = (double)g[b];
+        stepped[i] = 0;
+        if (t >= len || p.status[b] != HMM_SCALED || gb == 0.0) continue;
+        double* __restrict__ beta = beta_q + i * Kp;
+        if (t == len - 1)
+          for (int64_t k = 0; k < K; ++k) beta[k] = p.f[k];
+        const int64_t tb = t * B + b;
+        const double* __restrict__ at = p.alpha + tb * K;
+        double z = 0.0;
+        for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
+        if (!(z > 0.0)) continue;  // cannot happen after a successful forward pass
+        const double r = gb / z;
+        Float* __restrict__ d = dle + tb * K;
+        for (int64_t k = 0; k < K; ++k) d[k] = (Float)(at[k] * beta[k] * r);
+        if (t == len - 1)
+          for (int64_t k = 0; k < K; ++k) dfq[k] += at[k] * beta[k] * r;
+        if (t == 0) {
+          for (int64_t k = 0; k < K; ++k) dpiq[k] += at[k] * beta[k] * r;
+          continue;
+        }
+        double m;
+        hmm_checked_max(p.le + tb * K, K, &m, (FsaCheck*)0, HmmEmissionReport{t, b});
+        hmm_exp_row(p.le + tb * K, K, m, Et);
+        double* __restrict__ v = v_q + i * Kp;
+        double* __restrict__ V = Vbuf + n_rows * Kp;
+        double* __restrict__ X = Xbuf + n_rows * Kp;
+#pragma GCC ivdep
+        for (int64_t k = 0; k < K; ++k) V[k] = v[k] = Et[k] * beta[k];
+        const double* __restrict__ ap = p.alpha + (tb - B) * K;
+        const double x = r / p.c[tb];
+#pragma GCC ivdep
+        for (int64_t k = 0; k < K; ++k) X[k] = ap[k] * x;
+        if (++n_rows == HMM_ROWS) {
+          hmm_gemm(Xbuf, K, Kp, n_rows, Vbuf, Kp, Uq, Kp, true);
+          n_rows = 0;
+        }
+        stepped[i] = 1;
+        any = true;
       }
-      for (int64_t off = 0; off < step * (int64_t)sizeof(double); off += 64) __builtin_prefetch(a_ahead + off);
+      if (!any) continue;
+      hmm_gemm(v_q, nb, Kp, K, ATp, Kp, beta_q, Kp);  // beta_{t-1} = A v (rows that did not step are not read)
+      for (int64_t i = 0; i < nb; ++i) {
+        if (!stepped[i]) continue;
+        double* __restrict__ beta = beta_q + i * Kp;
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += beta[k];
+        const double inv = s > 0.0 ? 1.0 / s : 0.0;
+#pragma GCC ivdep
+        for (int64_t k = 0; k < K; ++k) beta[k] *= inv;
+      }
     }
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = p.seq_len[b];
-      const double gb = (double)g[b];
-      if (t >= len || p.status[b] != HMM_SCALED || gb == 0.0) continue;
-      double* __restrict__ beta = beta_all + b * Kp;
-      if (t == len - 1)
-        for (int64_t k = 0; k < K; ++k) beta[k] = p.f[k];
-      const int64_t tb = t * B + b;
-      const double* __restrict__ at = p.alpha + tb * K;
-      double z = 0.0;
-      for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
-      if (!(z > 0.0)) continue;  // cannot happen after a successful forward pass
-      const double r = gb / z;
-      Float* __restrict__ d = dle + tb * K;
-      for (int64_t k = 0; k < K; ++k) d[k] = (Float)(at[k] * beta[k] * r);
-      if (t == len - 1)
-        for (int64_t k = 0; k < K; ++k) df[k] += at[k] * beta[k] * r;
-      if (t == 0) {
-        for (int64_t k = 0; k < K; ++k) dpi[k] += at[k] * beta[k] * r;
-        continue;
-      }
-      double m;
-      hmm_checked_max(p.le + tb * K, K, &m, (FsaCheck*)0, HmmEmissionReport{t, b});
-      hmm_exp_row(p.le + tb * K, K, m, Et);
-      double* __restrict__ v = Vbuf + n_rows * K;
-      double* __restrict__ X = Xbuf + n_rows * K;
-#pragma GCC ivdep
-      for (int64_t k = 0; k < K; ++k) v[k] = Et[k] * beta[k];
-      const double* __restrict__ ap = p.alpha + (tb - B) * K;
-      const double x = r / p.c[tb];
-#pragma GCC ivdep
-      for (int64_t k = 0; k < K; ++k) X[k] = ap[k] * x;
-      hmm_matvec(v, K, ATp, Kp, beta);  // beta_{t-1} = A v
-      if (++n_rows == HMM_ROWS) {
-        affine_raw(Xbuf, n_rows, K, Vbuf, n_rows, K, U, K, K, true, false, 1.0);
-        n_rows = 0;
-      }
-      double s = 0.0;
-      for (int64_t k = 0; k < K; ++k) s += beta[k];
-      const double inv = s > 0.0 ? 1.0 / s : 0.0;
-#pragma GCC ivdep
-      for (int64_t k = 0; k < K; ++k) beta[k] *= inv;
+    if (n_rows > 0) hmm_gemm(Xbuf, K, Kp, n_rows, Vbuf, Kp, Uq, Kp, true);
+  });
+  for (int q = 0; q < parts; ++q) {
+    const double* Uq = part_all + q * per_part;
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) U[i * K + j] += Uq[i * Kp + j];
+    for (int64_t k = 0; k < K; ++k) {
+      dpi[k] += Uq[K * Kp + k];
+      df[k] += Uq[K * Kp + Kp + k];
     }
   }
-  if (n_rows > 0) affine_raw(Xbuf, n_rows, K, Vbuf, n_rows, K, U, K, K, true, false, 1.0);
 }
 #else
 DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* beta, double* z, Float* dle, double* dpi,
@@ -589,15 +725,15 @@ static void hmm_backward_cuda(ptn::Scratch& scratch, const HmmParams& p, const F
 
 // NaN sequences: NaN emission gradient on their valid frames; any_nan[0] = 1 if there is one.
 DEF_KERNEL void hmm_bw_nan(HmmParams p, Float* dle, int32_t* any_nan) {
-  const int64_t n = p.T * p.B * p.K;
-  GRID_LOOP(i, n + 1) {
-    if (i == n) {
+  GRID_LOOP(b, p.B + 1) {
+    if (b == p.B) {
       any_nan[0] = 0;
-      for (int64_t b = 0; b < p.B; ++b) any_nan[0] |= p.status[b] == HMM_NAN;
+      for (int64_t i = 0; i < p.B; ++i) any_nan[0] |= p.status[i] == HMM_NAN;
       continue;
     }
-    int64_t b = (i / p.K) % p.B, t = i / (p.K * p.B);
-    if (p.status[b] == HMM_NAN && t < p.seq_len[b]) dle[i] = (Float)NAN_F;
+    if (p.status[b] != HMM_NAN) continue;
+    for (int64_t t = 0; t < p.seq_len[b]; ++t)
+      for (int64_t k = 0; k < p.K; ++k) dle[(t * p.B + b) * p.K + k] = (Float)NAN_F;
   }
 }
 

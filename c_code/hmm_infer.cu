@@ -15,26 +15,11 @@
 
 enum { HMM_CHECK_UNIFORM = 100 };  // uniforms[i, j] = value is not in [0, 1) (an FsaCheck code of ours)
 
-struct HmmInferParams {
-  int64_t T, B, K, Kp;  // Kp: K rounded up to a multiple of 4 (the CPU matvec's row length)
-  const Float *le, *lA, *lpi, *lf;
-  const int32_t* seq_len;
-  const double *A, *Ap, *ATp, *pi, *f, *consts;  // Ap, ATp: A and its transpose with rows padded to Kp
-  int32_t* status;                          // per sequence: HMM_SCALED, HMM_NO_PATH or HMM_NAN
-  FsaCheck* check;
+struct HmmInferParams : HmmModel {
+  int64_t Kp;                // K rounded up to a multiple of 4 (the CPU matvec's row length)
+  const double *Ap, *ATp;    // A and its transpose with rows padded to Kp
+  int32_t* status;           // per sequence: HMM_SCALED, HMM_NO_PATH or HMM_NAN
 };
-
-static FsaTerms hmm_infer_terms(const char* fn, int64_t T, int64_t B, int64_t K) {
-  FsaTerms t;
-  memset(&t, 0, sizeof(t));
-  t.fn = fn;
-  t.scores = "log_emissions";
-  t.mask = "mask";
-  t.T = T;
-  t.B = B;
-  t.D = K;
-  return t;
-}
 
 static void hmm_infer_raise(const FsaCheck* check_dev, const FsaTerms& terms) {
   HANDLE_LAST_ERROR();
@@ -75,47 +60,20 @@ DEF_KERNEL void hmm_infer_pad(HmmInferParams p, double* Ap, double* ATp) {
   }
 }
 
-// Inputs 0-4 are log_emissions (T, B, K), log_transitions (K, K), log_initial (K,), log_final (K,), mask (T, B):
-// shapes checked, lengths, shifted parameters, per-sequence status; failures raise in the terms of `fn`.
+// The model of inputs 0-4 (hmm_model_setup), A padded, and the per-sequence status (NaN); failures (+inf
+// emissions too) raise in the terms of `fn`.
 static HmmInferParams hmm_infer_setup(HmmScratch& scratch, Ndarray** inputs, const char* fn) {
-  Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
   HmmInferParams p;
-  p.T = Ndarray_DIMS(le)[0];
-  p.B = Ndarray_DIMS(le)[1];
-  p.K = Ndarray_DIMS(le)[2];
+  static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, fn);
   p.Kp = (p.K + 3) / 4 * 4;
-  const FsaTerms terms = hmm_infer_terms(fn, p.T, p.B, p.K);
-  hmm_check_shape(terms, lA, "log_transitions", p.K, p.K, "(K, K)");
-  hmm_check_shape(terms, lpi, "log_initial", p.K, 0, "(K,)");
-  hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
-  hmm_check_shape(terms, mask, "mask", p.T, p.B, "(T, B)");
-  p.le = Ndarray_DEV_DATA(le);
-  p.lA = Ndarray_DEV_DATA(lA);
-  p.lpi = Ndarray_DEV_DATA(lpi);
-  p.lf = Ndarray_DEV_DATA(lf);
-  int32_t* seq_len = scratch.get<int32_t>(p.B);
-  double* A = scratch.get<double>(p.K * p.K);
   double* Ap = scratch.get<double>(p.K * p.Kp);
   double* ATp = scratch.get<double>(p.K * p.Kp);
-  double* pi = scratch.get<double>(p.K);
-  double* f = scratch.get<double>(p.K);
-  double* consts = scratch.get<double>(4);
-  p.status = scratch.get<int32_t>(p.B);
-  p.check = scratch.get<FsaCheck>(1);
-  Ndarray_memset(p.check, 0, sizeof(FsaCheck));
-  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
-  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, scratch.get<double>(p.K * p.K), pi, f, consts, p.check));
-  hmm_infer_raise(p.check, terms);
-  p.seq_len = seq_len;
-  p.A = A;
   p.Ap = Ap;
   p.ATp = ATp;
-  p.pi = pi;
-  p.f = f;
-  p.consts = consts;
+  p.status = scratch.get<int32_t>(p.B);
   start_dev_kernel(hmm_infer_pad, (p, Ap, ATp));
   start_dev_kernel(hmm_infer_scan, (p));
-  hmm_infer_raise(p.check, terms);
+  hmm_infer_raise(p.check, hmm_model_terms(fn, p.T, p.B, p.K));
   return p;
 }
 
@@ -123,7 +81,10 @@ static HmmInferParams hmm_infer_setup(HmmScratch& scratch, Ndarray** inputs, con
 DEV_FUNC inline void hmm_infer_matvec(const HmmInferParams& p, const double* __restrict__ x, double* __restrict__ out,
                                       bool transposed = false) {
 #if !CUDA
-  hmm_matvec(x, p.K, transposed ? p.ATp : p.Ap, p.Kp, out);
+  if (p.Kp == 4)  // one vector of columns (known at compile time in the small-K kernels)
+    hmm_gemm_tile<1, 1>(x, p.K, 1, p.K, transposed ? p.ATp : p.Ap, 4, out, 4, false);
+  else
+    hmm_matvec(x, p.K, transposed ? p.ATp : p.Ap, p.Kp, out);
 #else
   for (int64_t j = 0; j < p.K; ++j) {
     double s = 0.0;
@@ -146,6 +107,14 @@ DEV_FUNC inline double hmm_dot(const double* __restrict__ x, const double* __res
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+// E[k] = exp(min(x[k] - m, 0)) for k < K (m finite).
+DEV_FUNC inline void hmm_exp_shifted(const Float* __restrict__ x, int64_t K, double m, double* __restrict__ E) {
+#if !CUDA
+#pragma GCC ivdep
+#endif
+  for (int64_t k = 0; k < K; ++k) E[k] = fsa_exp(hmm_nonpositive((double)x[k] - m));
+}
+
 // E (K) = exp(min(log e_t(k) - m, 0)), 0 everywhere if m = -inf.
 DEV_FUNC inline void hmm_infer_emissions(const HmmInferParams& p, int64_t t, int64_t b, double m, double* E) {
   const Float* et = p.le + (t * p.B + b) * p.K;
@@ -153,10 +122,7 @@ DEV_FUNC inline void hmm_infer_emissions(const HmmInferParams& p, int64_t t, int
     for (int64_t k = 0; k < p.K; ++k) E[k] = 0.0;
     return;
   }
-#if !CUDA
-#pragma GCC ivdep
-#endif
-  for (int64_t k = 0; k < p.K; ++k) E[k] = fsa_exp(hmm_nonpositive((double)et[k] - m));
+  hmm_exp_shifted(et, p.K, m, E);
 }
 
 // The transitions of the shared-parameter ops: pred = pi (t = 0) or x . A.
@@ -187,10 +153,8 @@ DEV_FUNC int hmm_infer_filter_step(const HmmInferParams& p, int64_t t, int64_t b
     mt = pred[k] > 0.0 && v > mt ? v : mt;
   }
   if (!(mt > -INFINITY)) return HMM_NO_PATH;
-#if !CUDA
-#pragma GCC ivdep
-#endif
-  for (int64_t k = 0; k < K; ++k) at[k] = pred[k] * fsa_exp(hmm_nonpositive((double)et[k] - mt));
+  hmm_exp_shifted(et, K, mt, at);
+  for (int64_t k = 0; k < K; ++k) at[k] *= pred[k];
   const double s = hmm_dot(at, (const double*)0, K);
   if (!(s > 0.0)) return HMM_NO_PATH;
   const double inv = 1.0 / s;

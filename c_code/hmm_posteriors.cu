@@ -93,7 +93,8 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 }
 
 // Forward op: the filter, then the backward pass writing gamma and xi.  The CPU runs time outer and batch inner
-// (the sequences' independent recursions overlap in the pipeline); CUDA one thread per sequence.
+// (the sequences' independent recursions overlap in the pipeline) over the sequences [b0, b1) of one part of the
+// batch (hmm_run_parts: one per CPU thread for large problems); CUDA one thread per sequence.
 DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w, Float* gamma, Float* xi_out,
                                 int64_t b0, int64_t b1) {
 #if CUDA
@@ -134,7 +135,12 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   HmmPostWork w = {scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K};
   Float* gamma = Ndarray_DEV_DATA(*outputs[0]);
   Float* xi = Ndarray_DEV_DATA(*outputs[1]);
+#if CUDA
   start_dev_kernel(hmm_post_kernel, (p, st, w, gamma, xi, (int64_t)0, p.B));
+#else
+  hmm_run_parts(scratch, hmm_cpu_parts(p.T, p.B, p.K), p.B, p.check,
+                [&](int, int64_t b0, int64_t b1, FsaCheck*) { hmm_post_kernel(p, st, w, gamma, xi, b0, b1); });
+#endif
   HANDLE_LAST_ERROR();
 }
 

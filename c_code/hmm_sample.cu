@@ -63,7 +63,7 @@ static void hmm_sample_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray
   assert_cmp(n_outputs, ==, 1);
   HmmScratch scratch;
   HmmInferParams p = hmm_infer_setup(scratch, inputs, "hmm_sample_states");
-  const FsaTerms terms = hmm_infer_terms("hmm_sample_states", p.T, p.B, p.K);
+  const FsaTerms terms = hmm_model_terms("hmm_sample_states", p.T, p.B, p.K);
   hmm_check_shape(terms, inputs[5], "uniforms", p.T, p.B, "(T, B)");
   if (p.B == 0) return;
   const Float* u = Ndarray_DEV_DATA(inputs[5]);

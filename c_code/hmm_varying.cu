@@ -129,7 +129,7 @@ static HmmInferParams hmm_var_setup(HmmScratch& scratch, Ndarray** inputs, HmmVa
   p.B = Ndarray_DIMS(le)[1];
   p.K = Ndarray_DIMS(le)[2];
   p.Kp = (p.K + 3) / 4 * 4;
-  const FsaTerms terms = hmm_infer_terms("hmm_log_likelihood", p.T, p.B, p.K);
+  const FsaTerms terms = hmm_model_terms("hmm_log_likelihood", p.T, p.B, p.K);
   const int64_t* dA = Ndarray_DIMS(lA);
   const int64_t Tm1 = p.T > 0 ? p.T - 1 : 0;
   if (!((dA[0] == 1 || dA[0] == Tm1) && (dA[1] == 1 || dA[1] == p.B) && dA[2] == p.K && dA[3] == p.K)) {

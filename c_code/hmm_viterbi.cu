@@ -3,7 +3,8 @@
 // delta_0 = log pi + log e_0, delta_t(j) = max_i (delta_{t-1}(i) + log A(i, j)) + log e_t(j), the score is
 // max_k delta_{T_b-1}(k) + log f(k).  Ties go to the lowest state, at the end and at every step of the backtrace.
 // Padded frames get -1; a sequence with a NaN input or without a path gets -1 on every frame and the score NaN
-// or -inf.  One thread per sequence; the backpointers live in a (T, B, K) int32 scratch.
+// or -inf.  One thread per sequence (CUDA), or per block of sequences (CPU); the backpointers live in a (T, B, K)
+// int32 scratch.
 
 #include "hmm_infer.cu"
 
@@ -100,7 +101,39 @@ DEV_FUNC void hmm_viterbi_finish(const HmmInferParams& p, int64_t b, const doubl
   }
 }
 
-// The CPU runs time outer and batch inner (independent recursions overlap); CUDA one thread per sequence.
+#if !CUDA
+// The recursion of sequence b alone for K <= 4 (one vector of states): delta stays in a register from frame to
+// frame and the rows of log A too, so that a frame costs one short chain (add, K-1 compare-selects, add) instead
+// of stores and loads of delta.  The same operations in the same order as hmm_viterbi_frame (ties to the lowest
+// state); delta_{T_b-1} goes to `last`.
+static void hmm_viterbi_small(const HmmInferParams& p, const double* lAd, int64_t b, double* last, int32_t* bp) {
+  const int64_t B = p.B, K = p.K, len = p.seq_len[b];
+  hmm_v4d rows[4];
+  for (int64_t i = 0; i < 4; ++i) memcpy(&rows[i], lAd + (i < K ? i : 0) * 4, sizeof(hmm_v4d));
+  hmm_v4d d = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  for (int64_t k = 0; k < K; ++k) d[k] = (double)p.lpi[k] + (double)p.le[b * K + k];
+  for (int64_t t = 1; t < len; ++t) {
+    const Float* et = p.le + (t * B + b) * K;
+    hmm_v4d e = {0.0, 0.0, 0.0, 0.0};
+    for (int64_t k = 0; k < K; ++k) e[k] = (double)et[k];
+    hmm_v4d best = hmm_v4d{d[0], d[0], d[0], d[0]} + rows[0], arg = {0.0, 0.0, 0.0, 0.0};
+    for (int64_t i = 1; i < K; ++i) {
+      const double di = d[i], fi = (double)i;
+      const hmm_v4d v = hmm_v4d{di, di, di, di} + rows[i];
+      const auto better = v > best;
+      best = better ? v : best;
+      arg = better ? hmm_v4d{fi, fi, fi, fi} : arg;
+    }
+    int32_t* bpt = bp + (t * B + b) * K;
+    for (int64_t k = 0; k < K; ++k) bpt[k] = (int32_t)arg[k];
+    d = best + e;
+  }
+  for (int64_t k = 0; k < K; ++k) last[k] = d[k];
+}
+#endif
+
+// The CPU runs time outer and batch inner (independent recursions overlap) over the sequences [b0, b1) of one
+// part of the batch (hmm_run_parts: one per CPU thread for large problems); CUDA one thread per sequence.
 DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* delta, int32_t* bp, int32_t* path,
                                    Float* score,
                                    int64_t b0, int64_t b1) {
@@ -111,8 +144,14 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
     hmm_viterbi_finish(p, b, delta, bp, path, score);
   }
 #else
-  for (int64_t t = 0; t < p.T; ++t)
-    for (int64_t b = b0; b < b1; ++b) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
+  if (p.Kp == 4 && b1 - b0 == 1) {  // one sequence of few states: its chain is the whole work
+    const int64_t len = p.seq_len[b0];
+    if (len > 0 && p.status[b0] != HMM_NAN)
+      hmm_viterbi_small(p, lAd, b0, delta + b0 * 2 * p.K + ((len - 1) % 2) * p.K, bp);
+  } else {
+    for (int64_t t = 0; t < p.T; ++t)
+      for (int64_t b = b0; b < b1; ++b) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
+  }
   for (int64_t b = b0; b < b1; ++b) hmm_viterbi_finish(p, b, delta, bp, path, score);
 #endif
 }
@@ -131,6 +170,12 @@ static void hmm_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   Float* score = Ndarray_DEV_DATA(*outputs[1]);
   double* lAd = scratch.get<double>(p.K * p.Kp);
   start_dev_kernel(hmm_viterbi_prep, (p, lAd));
+#if CUDA
   start_dev_kernel(hmm_viterbi_kernel, (p, lAd, delta, bp, path, score, (int64_t)0, p.B));
+#else
+  hmm_run_parts(scratch, hmm_cpu_parts(p.T, p.B, p.K), p.B, p.check, [&](int, int64_t b0, int64_t b1, FsaCheck*) {
+    hmm_viterbi_kernel(p, lAd, delta, bp, path, score, b0, b1);
+  });
+#endif
   HANDLE_LAST_ERROR();
 }

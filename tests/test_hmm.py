@@ -94,6 +94,31 @@ def test_viterbi_long_sequences_against_numpy(mode):
     np.testing.assert_allclose(score, want_score, rtol=1e-12)
 
 
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_viterbi_one_sequence_few_states(K):
+    """B = 1, K <= 4 (the CPU's register path): ties, -inf transitions, NaN, the empty series, against the
+    references, and the same path and score as the same sequence computed among others."""
+    rng = np.random.default_rng(40 + K)
+    T = 400
+    f = compiled(hmm.hmm_viterbi, "float64", None)
+    le = rng.integers(-2, 1, size=(T, 1, K)).astype(np.float64)  # integer weights: many exact ties
+    lA = rng.integers(-1, 1, size=(K, K)).astype(np.float64)
+    lA[K - 1, 0] = -np.inf if K > 1 else 0.0
+    lpi, lf = np.zeros(K), -np.arange(K, dtype=np.float64)
+    for lens in ([400], [1], [0]):
+        path, score = f(le, lA, lpi, lf, mask_of(lens, T))
+        want_path, want_score = ref.viterbi(le, lA, lpi, lf, lens)
+        np.testing.assert_array_equal(path, want_path)
+        np.testing.assert_allclose(score, want_score, rtol=1e-12)
+        both = f(np.concatenate([le, le], 1), lA, lpi, lf, mask_of(lens * 2, T))
+        np.testing.assert_array_equal(both[0][:, 1], path[:, 0])
+        np.testing.assert_array_equal(both[1][1], score[0])
+    le_nan = le.copy()
+    le_nan[7, 0, 0] = np.nan
+    path, score = f(le_nan, lA, lpi, lf, mask_of([400], T))
+    assert np.all(path == -1) and np.isnan(score[0])
+
+
 # ------------------------------------------------------------------ posteriors
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_posteriors_against_enumeration(mode, dtype):
@@ -418,10 +443,28 @@ def test_bad_input(mode):
         f(np.zeros((3, 1, 2)), np.ones((3, 1)), A, np.zeros((2, 1)))
     # a uniform on a padded frame is not used
     f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [0.0]]), A, np.array([[0.5], [7.0], [np.nan]]))
-    with pytest.raises(ValueError, match=r"hmm_viterbi: log_transitions must have ndim 2, got 1"):
+    with pytest.raises(ValueError, match=r"hmm_viterbi: log_transitions must have ndim 2 \(K, K\), got 1"):
         hmm.hmm_viterbi(x, np.zeros(2), np.zeros(2))
-    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms must have ndim 2, got 3"):
+    with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms must have ndim 2 \(T, B\), got 3"):
         hmm.hmm_sample_states(x, lA, np.zeros(2), uniforms=x)
+    with pytest.raises(ValueError, match=r"hmm_posteriors: log_emissions must have ndim 3 \(T, B, K\), got 2"):
+        hmm.hmm_posteriors(m, lA, np.zeros(2))
+    with pytest.raises(TypeError, match=r"hmm_viterbi: log_initial must have a real or bool dtype, got complex128"):
+        hmm.hmm_viterbi(x, lA, np.zeros(2, dtype=complex))
+    with pytest.raises(TypeError, match=r"hmm_posteriors: log_emissions must have a real or bool dtype, got complex"):
+        hmm.hmm_posteriors(pt.tensor3(dtype="complex128"), lA, np.zeros(2))
+    with pytest.raises(TypeError, match=r"hmm_sample_states: log_final must be a real tensor, got str"):
+        hmm.hmm_sample_states(x, lA, np.zeros(2), log_final="x", uniforms=u)
+
+
+def test_argument_dtypes():
+    """Integer and bool emissions compute in float64; the other arguments take the emissions' dtype."""
+    x32 = pt.tensor3(dtype="float32")
+    marginals, counts = hmm.hmm_posteriors(x32, np.zeros((2, 2)), np.zeros(2, dtype="int64"),
+                                           mask=np.ones((3, 1), dtype=bool))
+    assert marginals.dtype == counts.dtype == "float32"
+    path, score = hmm.hmm_viterbi(pt.tensor3(dtype="int16"), np.zeros((2, 2), dtype="float32"), np.zeros(2))
+    assert path.dtype == "int32" and score.dtype == "float64"
 
 
 def test_infer_shape():
@@ -450,3 +493,38 @@ def test_hmm_kernels_compile_with_nvcc(monkeypatch):
             for dtype in DTYPES:
                 path = ptnative.build.build(o.variant(dtype, device="cuda"))
                 assert path.exists() and path.stat().st_size > 0
+
+
+# ------------------------------------------------------------------ CPU threads
+def test_threads_split_the_batch(monkeypatch):
+    """Above T B K^2 = 1e7 the CPU kernels split the batch over PTNATIVE_NUM_THREADS threads: the same numbers
+    as one thread (bit for bit where no sum runs over the batch), the same bits on every call with a fixed
+    count, against the numpy references; ragged and empty sequences in several parts."""
+    rng = np.random.default_rng(41)
+    T, B, K = 1000, 7, 40
+    le, lA, lpi, lf = model(rng, T, B, K, 3.0)
+    lens = [1000, 999, 1, 0, 250, 1000, 37]
+    mask = mask_of(lens, T)
+    x = symbols("float64")
+    ll = ptnative.hmm_log_likelihood(*x)
+    grads = pytensor.grad((ll * np.arange(1.0, B + 1)).sum(), x[:4])
+    f = pytensor.function(x, [ll, *grads, *hmm.hmm_posteriors(*x), *hmm.hmm_viterbi(*x)])
+    results = {}
+    for n in ["1", "2", "3"]:
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", n)
+        results[n] = f(le, lA, lpi, lf, mask)
+        for got, again in zip(results[n], f(le, lA, lpi, lf, mask)):
+            np.testing.assert_array_equal(got, again)
+    one = results["1"]
+    np.testing.assert_allclose(one[0], ref_fsa.hmm_forward(le, lA, lpi, lf, np.array(lens)), rtol=1e-11)
+    gamma, xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, np.array(lens))
+    np.testing.assert_allclose(one[5], gamma, atol=1e-9)
+    np.testing.assert_allclose(one[6], xi, rtol=1e-8, atol=1e-9)
+    np.testing.assert_array_equal(one[7], ref.viterbi(le, lA, lpi, lf, lens)[0])
+    np.testing.assert_allclose(one[1], gamma * np.arange(1.0, B + 1)[:, None], atol=1e-9)  # d ll / d log e
+    for n in ["2", "3"]:
+        for k, (got, want) in enumerate(zip(results[n], one)):
+            if k in (2, 3, 4):  # d log A, d log pi, d log f: sums over the batch, in part order
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)
+            else:
+                np.testing.assert_array_equal(got, want)

@@ -18,7 +18,8 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
-from .fsa import _arr, _as_float, _hidden
+from ._args import float_tensor, real_tensor
+from .fsa import _arr, _hidden
 
 
 def _support(name):
@@ -143,18 +144,16 @@ def varying_log_likelihood(log_emissions, log_transitions, log_initial, log_fina
 
 # ---------------------------------------------------------------------------------------- functional API
 def _model(fn, log_emissions, log_transitions, log_initial, log_final, mask):
-    """The five op inputs, in the dtype of ``log_emissions``; ndim errors name ``fn``."""
-    try:
-        log_emissions = _as_float(log_emissions, "log_emissions", 3)
-        dtype = log_emissions.dtype
-        log_transitions = _as_float(log_transitions, "log_transitions", 2, dtype)
-        log_initial = _as_float(log_initial, "log_initial", 1, dtype)
-        log_final = (pt.zeros_like(log_initial) if log_final is None
-                     else _as_float(log_final, "log_final", 1, dtype))
-        mask = (pt.ones(log_emissions.shape[:2], dtype=dtype) if mask is None
-                else _as_float(mask, "mask", 2, dtype))
-    except (ValueError, TypeError) as e:
-        raise type(e)(f"{fn}: {e}") from None
+    """The five op inputs, in the dtype of ``log_emissions`` (integer and bool emissions: float64); errors
+    (ops/_args.py's rule) name ``fn``."""
+    log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, "(T, B, K)", cast_int=True)
+    dtype = log_emissions.dtype
+    log_transitions = real_tensor(fn, "log_transitions", log_transitions, 2, dtype, "(K, K)")
+    log_initial = real_tensor(fn, "log_initial", log_initial, 1, dtype, "(K,)")
+    log_final = (pt.zeros_like(log_initial) if log_final is None
+                 else real_tensor(fn, "log_final", log_final, 1, dtype, "(K,)"))
+    mask = (pt.ones(log_emissions.shape[:2], dtype=dtype) if mask is None
+            else real_tensor(fn, "mask", mask, 2, dtype, "(T, B)"))
     return log_emissions, log_transitions, log_initial, log_final, mask
 
 
@@ -232,10 +231,7 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
     as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.
     """
     model = _model("hmm_sample_states", log_emissions, log_transitions, log_initial, log_final, mask)
-    try:
-        uniforms = _as_float(uniforms, "uniforms", 2, model[0].dtype)
-    except (ValueError, TypeError) as e:
-        raise type(e)(f"hmm_sample_states: {e}") from None
+    uniforms = real_tensor("hmm_sample_states", "uniforms", uniforms, 2, model[0].dtype, "(T, B)")
     return HmmSampleStatesOp.make_op()(*model, uniforms)
 
 
