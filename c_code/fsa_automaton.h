@@ -218,7 +218,8 @@ static void fsa_check_shape(const Ndarray* a, const char* name, std::initializer
 // CPU: items [0, n) grouped by key_of(i) in [0, n_batch) (-1: in no group) by a counting sort, so that each group
 // keeps the items' order: group b is ids[start[b] .. start[b + 1]).
 template <typename KeyOf>
-static void fsa_group(int64_t n, int64_t n_batch, KeyOf key_of, std::vector<int64_t>& start, std::vector<int32_t>& ids) {
+static void fsa_group(int64_t n, int64_t n_batch, KeyOf key_of, std::vector<int64_t>& start,
+                      std::vector<int32_t>& ids) {
   start.assign(n_batch + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
     int64_t s = key_of(i);

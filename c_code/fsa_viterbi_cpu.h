@@ -2,8 +2,8 @@
 // pool, $PTNATIVE_NUM_THREADS), a thread taking one whole sequence at a time, on its own edges (in the order of the
 // edge list) and states renumbered locally, so the results do not depend on the thread count.  Frame t's row of D
 // scores is read once: scanned for NaN (and, for a loss, +inf), turned into the log-softmax for logits, and, for a
-// loss, written into grad as the softmax (exp(lp), or 0); only the scores of the U classes the sequence's edges emit
-// are kept for the recursion.  The backpointers take (T_b + 1) S_b int32 per thread.
+// loss, written into grad as the softmax (exp(lp) by fsa_exp, or 0); only the scores of the U classes the
+// sequence's edges emit are kept for the recursion.  The backpointers take (T_b + 1) S_b int32 per thread.
 
 struct VitSeq {
   int64_t len, S, E, U;
@@ -84,15 +84,20 @@ static bool vit_seq_row(const VitProblem& p, int64_t t, int64_t b, VitSeq& q, Fs
     if (p.mode == VIT_LOGPROBS) std::fill(p.grad + (t * p.B + b) * D, p.grad + (t * p.B + b + 1) * D, Float(0));
     return true;
   }
-  double sum = 0.0;
-  if (m > -INFINITY)
-    for (int64_t d = 0; d < D; ++d) sum += exp((double)row[d] - m);
-  const double lse = m + log(sum);
+  // exp of arguments <= 0 (fsa_exp: vectorised), four partial sums
+  double s4[4] = {0.0, 0.0, 0.0, 0.0};
+  if (m > -INFINITY) {
+    int64_t d = 0;
+    for (; d + 4 <= D; d += 4)
+      for (int j = 0; j < 4; ++j) s4[j] += fsa_exp((double)row[d + j] - m);
+    for (; d < D; ++d) s4[0] += fsa_exp((double)row[d] - m);
+  }
+  const double lse = m + log((s4[0] + s4[1]) + (s4[2] + s4[3]));
   q.lse[t] = lse;
   Float* g = p.grad + (t * p.B + b) * D;
   for (int64_t d = 0; d < D; ++d) {
     Float lp = m > -INFINITY ? (Float)((double)row[d] - lse) : -(Float)INFINITY;
-    g[d] = (Float)exp((double)lp);
+    g[d] = (Float)fsa_exp((double)lp);
   }
   for (int64_t u = 0; u < q.U; ++u)
     q.lp[u] = m > -INFINITY ? (Float)((double)row[q.cls[u]] - lse) : -(Float)INFINITY;
