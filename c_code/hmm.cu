@@ -365,17 +365,19 @@ static int hmm_cpu_parts(int64_t T, int64_t B, int64_t K) {
 }
 
 // body(q, b0, b1, check) for each part q over the sequences [b0, b1); each records failed checks in its own
-// FsaCheck, and the first part's failure is reported (the same one whatever the threads' timing).
+// FsaCheck (the parts run time outer: their first failure is their smallest (frame, sequence)), and the smallest
+// of those is reported: the failure one thread would meet first, whatever the number of threads and their timing.
 template <typename F>
 static void hmm_run_parts(ptn::Scratch& scratch, int parts, int64_t B, FsaCheck* check, F&& body) {
   FsaCheck* checks = scratch.get<FsaCheck>(parts);
   memset(checks, 0, parts * sizeof(FsaCheck));
   ptn::parallel_parts(parts, [&](int q) { body(q, q * B / parts, (q + 1) * B / parts, checks + q); });
+  const FsaCheck* first = 0;
   for (int q = 0; q < parts; ++q) {
-    if (checks[q].code == FSA_CHECK_OK) continue;
-    if (check->code == FSA_CHECK_OK) *check = checks[q];
-    break;
+    const FsaCheck& c = checks[q];
+    if (c.code != FSA_CHECK_OK && (!first || c.i < first->i || (c.i == first->i && c.j < first->j))) first = &c;
   }
+  if (first && check->code == FSA_CHECK_OK) *check = *first;
 }
 
 // The scaled forward on the CPU: per part, time outer and batch inner; the step's products alpha_{t-1} A of the

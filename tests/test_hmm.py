@@ -509,12 +509,18 @@ def test_threads_split_the_batch(monkeypatch):
     ll = ptnative.hmm_log_likelihood(*x)
     grads = pytensor.grad((ll * np.arange(1.0, B + 1)).sum(), x[:4])
     f = pytensor.function(x, [ll, *grads, *hmm.hmm_posteriors(*x), *hmm.hmm_viterbi(*x)])
+    f_ll = pytensor.function(x, grads)
     results = {}
+    le_inf = le.copy()
+    le_inf[500, 5, 3] = le_inf[600, 1, 2] = np.inf
     for n in ["1", "2", "3"]:
         monkeypatch.setenv("PTNATIVE_NUM_THREADS", n)
         results[n] = f(le, lA, lpi, lf, mask)
         for got, again in zip(results[n], f(le, lA, lpi, lf, mask)):
             np.testing.assert_array_equal(got, again)
+        # the failure one thread meets first (frame 500 of sequence 5), whatever the split
+        with pytest.raises(ValueError, match=r"hmm_log_likelihood: log_emissions\[500, 5, 3\] = inf"):
+            f_ll(le_inf, lA, lpi, lf, mask)
     one = results["1"]
     np.testing.assert_allclose(one[0], ref_fsa.hmm_forward(le, lA, lpi, lf, np.array(lens)), rtol=1e-11)
     gamma, xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, np.array(lens))
