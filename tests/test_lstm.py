@@ -531,7 +531,7 @@ def test_lstm_cell_bad_input():
         lstm_cell(pt.matrix(shape=(2, 3)), pt.matrix(shape=(2, 10)))
     with pytest.raises(ValueError, match="ndim"):
         lstm_cell(pt.matrix(), pt.tensor3())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^lstm_cell: c_prev must be float32 or float64, got int32"):
         lstm_cell(pt.imatrix(), pt.imatrix())
     c_prev, x = pt.matrix("c"), pt.matrix("x")
     f = pytensor.function([c_prev, x], lstm_cell(c_prev, x))
@@ -716,7 +716,7 @@ def test_new_ops_bad_input(mode):
     with pytest.raises(ValueError, match=r"LstmLowMem.*W.shape\[0\] = 4; expected n_in \+ n "
                                          r"\(X.shape\[2\] \+ y0.shape\[1\]\) = 5"):
         fl(argl[0], argl[1][1:], *argl[2:], 0, 1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"NativeLstm2.*input 'step' \(#6\) must be int32, got float32"):
         NativeLstm2.make_op()(X, W, y0, c0, i, start, pt.fscalar())  # float step
 
 
