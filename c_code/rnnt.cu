@@ -130,23 +130,11 @@ DEV_FUNC inline Float rnnt_clamp(const RnntConf& c, Float g) {
   return g;
 }
 
-// The wavefront form runs on CUDA; defining RNNT_EMULATE_CUDA_ON_CPU (tests do,
-// through an extra support-code entry) runs the same kernels through the CPU
-// launch emulation, one thread per block, to check their logic without a GPU.
-#if CUDA || defined(RNNT_EMULATE_CUDA_ON_CPU)
-#define RNNT_WAVEFRONT 1
-#else
-#define RNNT_WAVEFRONT 0
-#endif
+// The wavefront form runs on CUDA (tests/test_cuda_emulation.py runs it on the CPU too, threads and barriers
+// included).
 #if CUDA
 #define RNNT_ROW_THREADS 128
 #define RNNT_MAX_LATTICE_THREADS 1024
-#else
-#define RNNT_ROW_THREADS 1
-#define RNNT_MAX_LATTICE_THREADS 1
-#endif
-
-#if RNNT_WAVEFRONT
 // ------------------------------------------------------------------ CUDA (wavefront)
 
 // fmax for the block reduction: a NaN logit is passed over, as in the per-thread loop.
@@ -268,7 +256,7 @@ DEF_KERNEL void rnnt_outputs_kernel(RnntConf c, const int32_t* act_lens, const i
     }
   }
 }
-#endif  // RNNT_WAVEFRONT
+#endif  // CUDA
 
 #if !CUDA
 // ------------------------------------------------------------------ CPU
@@ -535,7 +523,7 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   const int64_t cells = c.T * c.U1;
   Float* G = Ndarray_DEV_DATA(grads);
 
-#if RNNT_WAVEFRONT
+#if CUDA
   const int64_t n_rows = c.B * cells;
   ptn::Scratch scratch;
   double* W = scratch.get<double>(n_rows * c.nw);

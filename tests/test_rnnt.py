@@ -446,12 +446,11 @@ def test_rnnt_kernels_compile_with_nvcc(monkeypatch):
 
 
 def test_wavefront_kernels_emulated_on_cpu():
-    """The CUDA form (row blocks, anti-diagonal wavefront), run through the CPU
-    launch emulation with one thread per block, against the reference."""
-    from ptnative.source import read_kernel_file
+    """The CUDA form (row blocks of 128 threads, anti-diagonal wavefront), run through the CUDA emulation of
+    tests/cuda_emulation.h, against the reference."""
+    from .test_cuda_emulation import emulated
 
-    op = MultiBlankRnntLoss.make_op(c_extra_support_code={"0_emulate": "#define RNNT_EMULATE_CUDA_ON_CPU 1\n",
-                                                          "rnnt": read_kernel_file("rnnt.cu")})
+    op = emulated(MultiBlankRnntLoss.make_op())
     x, lab, al, ll = pt.tensor4("acts"), pt.imatrix("labels"), pt.ivector("act_lens"), pt.ivector("label_lens")
     dur, blank, params = pt.ivector("durations"), pt.iscalar("blank"), pt.dvector("params")
     f = pytensor.function([x, lab, al, ll, dur, blank, params], op(x, lab, al, ll, dur, blank, params))
