@@ -397,10 +397,10 @@ def test_no_gradient():
 
 
 def emulated_cuda_op(cls):
-    """The op with its CUDA branch (diagonal sweep, thread per candidate), run on the CPU launch emulation."""
-    text = cls.c_extra_support_code["edit_distance"]
-    wrapped = f'#pragma push_macro("CUDA")\n#undef CUDA\n#define CUDA 1\n{text}\n#pragma pop_macro("CUDA")\n'
-    return cls.make_op(c_extra_support_code={"edit_distance": wrapped})
+    """The op with its CUDA branch (diagonal sweep, thread per candidate), run by tests/cuda_emulation.h."""
+    from .test_cuda_emulation import emulated
+
+    return emulated(cls.make_op())
 
 
 def test_cuda_algorithm_emulated_on_cpu():
