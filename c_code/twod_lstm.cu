@@ -119,6 +119,40 @@ static TwoDDiagonal twod_diagonal(const TwoDShapes& s, int64_t d) {
   return {y0, y1 - y0 + 1};
 }
 
+// The recurrent products of a diagonal, out (rows x cols) = a_h . op(V_h) + a_v . op(V_v), with op(V) = V forward
+// ((n x 5n) each) and V^T backward.  On the CPU by the packed kernel of lstm.cu (BLAS would start its threads for
+// each of these small products), its rows split over threads when that pays; on CUDA by cuBLAS.
+struct TwoDProducts {
+  const Float *V_h, *V_v;
+  bool trans;
+  int64_t k, cols;
+#if !CUDA
+  LstmPacked packed_h, packed_v;
+#endif
+};
+
+static TwoDProducts twod_products(Ndarray* V_h, Ndarray* V_v, bool trans, int64_t n) {
+  TwoDProducts p{Ndarray_DEV_DATA(V_h), Ndarray_DEV_DATA(V_v), trans, trans ? 5 * n : n, trans ? n : 5 * n};
+#if !CUDA
+  p.packed_h = lstm_pack(p.V_h, trans, p.k, p.cols);
+  p.packed_v = lstm_pack(p.V_v, trans, p.k, p.cols);
+#endif
+  return p;
+}
+
+static void twod_recurrent(const TwoDProducts& p, const Float* a_h, const Float* a_v, Float* out, int64_t rows) {
+#if CUDA
+  lstm_gemm(a_h, false, p.V_h, p.trans, out, rows, p.cols, p.k, 0.0);
+  lstm_gemm(a_v, false, p.V_v, p.trans, out, rows, p.cols, p.k, 1.0);
+#else
+  Ndarray_memset(out, 0, rows * p.cols * sizeof(Float));
+  lstm_cpu_rows(rows, std::min(p.k, p.cols), 1, [&](int64_t r0, int64_t r1) {
+    lstm_packed_gemm(a_h + r0 * p.k, p.k, p.packed_h, out + r0 * p.cols, p.cols, r1 - r0);
+    lstm_packed_gemm(a_v + r0 * p.k, p.k, p.packed_v, out + r0 * p.cols, p.cols, r1 - r0);
+  });
+#endif
+}
+
 // dst[0 .. n) = src, or 0 without one.
 static void twod_copy_or_zero(Float* dst, const Float* src, int64_t n) {
   if (src)
@@ -190,6 +224,7 @@ static void twod_lstm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   Float* left = scratch.get<Float>(most * cell_y);  // the outputs of the diagonal's left neighbours (0: none)
   Float* up = scratch.get<Float>(most * cell_y);    // and of its upper neighbours
   Float* rec = scratch.get<Float>(most * cell_h);   // the recurrent part of the diagonal's pre-activations
+  TwoDProducts products = twod_products(V_h, V_v, false, s.n);
   for (int64_t dg = 0; dg < s.h + s.w - 1; ++dg) {
     TwoDDiagonal D = twod_diagonal(s, dg);
     for (int64_t c = 0; c < D.count; ++c) {
@@ -199,8 +234,7 @@ static void twod_lstm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
       twod_copy_or_zero(left + c * cell_y, x > 0 ? Yd + (y * s.w + x - 1) * cell_y : nullptr, cell_y);
       twod_copy_or_zero(up + c * cell_y, above, cell_y);
     }
-    lstm_gemm(left, false, Ndarray_DEV_DATA(V_h), false, rec, D.count * s.B, n5, s.n, 0.0);
-    lstm_gemm(up, false, Ndarray_DEV_DATA(V_v), false, rec, D.count * s.B, n5, s.n, 1.0);
+    twod_recurrent(products, left, up, rec, D.count * s.B);
     for (int64_t c = 0; c < D.count; ++c) {
       int64_t y = D.y0 + c, x = dg - y;
       Float* Hc = Hd + (y * s.w + x) * cell_h;
@@ -242,6 +276,7 @@ static void twod_lstm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
   Float* right = scratch.get<Float>(most * cell_h);  // delta of the diagonal's right neighbours (0: none)
   Float* below = scratch.get<Float>(most * cell_h);  // and of its lower neighbours
   Float* rec = scratch.get<Float>(most * cell_y);    // dL/dY of the diagonal's cells through the recurrences
+  TwoDProducts products = twod_products(V_h, V_v, true, s.n);
   // dL/ds passed left and up by the cells of the previous (d + 1) and of the current diagonal, by row y
   Float* es_left[2] = {scratch.get<Float>(s.h * cell_y), scratch.get<Float>(s.h * cell_y)};
   Float* es_up[2] = {scratch.get<Float>(s.h * cell_y), scratch.get<Float>(s.h * cell_y)};
@@ -252,8 +287,7 @@ static void twod_lstm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*
       twod_copy_or_zero(right + c * cell_h, x + 1 < s.w ? delta + y * row_h + (x + 1) * cell_h : nullptr, cell_h);
       twod_copy_or_zero(below + c * cell_h, y + 1 < s.h ? delta + (y + 1) * row_h + x * cell_h : nullptr, cell_h);
     }
-    lstm_gemm(right, false, Ndarray_DEV_DATA(V_h), true, rec, D.count * s.B, s.n, n5, 0.0);
-    lstm_gemm(below, false, Ndarray_DEV_DATA(V_v), true, rec, D.count * s.B, s.n, n5, 1.0);
+    twod_recurrent(products, right, below, rec, D.count * s.B);
     for (int64_t c = 0; c < D.count; ++c) {
       int64_t y = D.y0 + c, x = dg - y;
       const Float* Hc = Hd + y * row_h + x * cell_h;

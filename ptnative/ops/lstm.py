@@ -222,6 +222,11 @@ class TwoDLSTM(NativeOpGenBase):
 _CELL_SUPPORT = {"lstm": read_kernel_file("lstm.cu"), "lstm_cell": read_kernel_file("lstm_cell.cu")}
 
 
+def _zeros_where_disconnected(cotangents, outputs):
+    """The cotangents, with zeros shaped like the output for a disconnected one."""
+    return [pt.zeros_like(o) if isinstance(g.type, DisconnectedType) else g for g, o in zip(cotangents, outputs)]
+
+
 class LstmCellGradGrad(NativeOpGenBase):
     """Second derivative of :class:`LstmCell`: the cotangents ``(ggc_prev, ggx)`` of LstmCellGrad's
     outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
@@ -243,8 +248,7 @@ class _LstmCellGradOp(NativeOp):
     """LstmCellGrad's Op: its pullback is the native LstmCellGradGrad kernel."""
 
     def pullback(self, inputs, outputs, cotangents):
-        ggc_prev, ggx = (pt.zeros_like(o) if isinstance(g.type, DisconnectedType) else g
-                         for g, o in zip(cotangents, outputs))
+        ggc_prev, ggx = _zeros_where_disconnected(cotangents, outputs)
         return LstmCellGradGrad.make_op()(*inputs, ggc_prev, ggx)
 
     L_op = pullback
@@ -269,8 +273,7 @@ class _LstmCellOp(NativeOp):
     """LstmCell's Op: its pullback is the (twice differentiable) LstmCellGrad op."""
 
     def pullback(self, inputs, outputs, cotangents):
-        gc, gh = (pt.zeros_like(o) if isinstance(g.type, DisconnectedType) else g
-                  for g, o in zip(cotangents, outputs))
+        gc, gh = _zeros_where_disconnected(cotangents, outputs)
         c_prev, x = inputs
         return LstmCellGrad.make_op()(c_prev, x, outputs[0], gc, gh)
 
