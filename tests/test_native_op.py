@@ -429,7 +429,8 @@ def test_compile_of_one_node_computes_its_variant_once(mode, monkeypatch):
     monkeypatch.setattr(source, "_variants", {})  # a cold cache for this test
     computed, given, built = [], [], []
     real_generate, real_variant, real_init = source.generate, NativeOp.variant, NativeOp.__init__
-    monkeypatch.setattr(source, "generate", lambda spec, *a: computed.append((spec.name, *a)) or real_generate(spec, *a))
+    monkeypatch.setattr(source, "generate",
+                        lambda spec, *a: computed.append((spec.name, *a)) or real_generate(spec, *a))
     monkeypatch.setattr(NativeOp, "variant", lambda self, *a: given.append(real_variant(self, *a)) or given[-1])
     monkeypatch.setattr(NativeOp, "__init__", lambda self, *a, **kw: built.append(kw.get("inplace"))
                         or real_init(self, *a, **kw))
