@@ -96,7 +96,11 @@ typedef Float lstm_vec __attribute__((vector_size(32)));
 #endif
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
-constexpr int LSTM_MR = 6;                                        // rows per register tile
+#ifdef __AVX512F__
+constexpr int LSTM_MR = 8;  // rows per register tile: 16 accumulators of the 32 vector registers
+#else
+constexpr int LSTM_MR = 6;  // rows per register tile: 12 accumulators of the 16 vector registers
+#endif
 
 struct LstmPacked {
   std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
@@ -142,6 +146,13 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
     }
   }
   for (int r = 0; r < MR; ++r) {
+    if (nc == LSTM_NR) {  // a whole panel: two vector adds
+      for (int h = 0; h < 2; ++h) {
+        lstm_vec c = lstm_load(C + r * ldc + h * LSTM_VL) + acc[r][h];
+        memcpy(C + r * ldc + h * LSTM_VL, &c, sizeof c);
+      }
+      continue;
+    }
     Float out[LSTM_NR];
     memcpy(out, acc[r], sizeof out);
     for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] += out[c];
@@ -149,12 +160,13 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
 }
 
 // C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack, in tiles of
-// near-equal row counts up to LSTM_MR (16 rows: 5 5 6); each panel of op(B) serves all of them in turn.
+// near-equal row counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) serves
+// all of them in turn.
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m) {
   typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t);
-  static const tile_fn tiles[LSTM_MR + 1] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
-                                             lstm_tile<6>};
-  static_assert(LSTM_MR == 6, "the tile table lists one entry per row count");
+  static const tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
+                                  lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
+  static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
   int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (m + LSTM_MR - 1) / LSTM_MR;
   for (int64_t p = 0; p < panels; ++p) {
     const Float* panel = P.data.data() + p * P.k * LSTM_NR;
@@ -172,9 +184,9 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
 // weights through its caches once per frame for all its rows (measured 3-5 % faster on 2 cores).
 template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
-  int64_t tiles = (n_batch + LSTM_MR - 1) / LSTM_MR;
+  int64_t blocks = (n_batch + 5) / 6;  // at most one part per 6 rows
   double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
-  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), tiles));
+  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
   ptn::parallel_parts(parts, [&](int p) { body(p * n_batch / parts, (p + 1) * n_batch / parts); });
 }
 #endif
