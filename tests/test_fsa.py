@@ -492,7 +492,7 @@ def test_ctc_loss_bad_input(mode, fn):
         f(np.zeros((4, 3, 3)), *ok)  # B mismatch
     with pytest.raises(ValueError, match=rf"{fn}: blank_index = 5 is out of range \[-D, D\) for D = 3"):
         loss_fn(pt.tensor3(shape=(None, None, 3)), l_, t, tl, blank_index=5)
-    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+    with pytest.raises(TypeError, match=r"^ctc_loss\w*: targets must have an integer or bool dtype, got float64"):
         loss_fn(x, l_, pt.matrix(), tl)
     with pytest.raises(ValueError, match="logits must have ndim 3"):
         loss_fn(pt.matrix(), l_, t, tl)

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
+from ._args import flag, float_tensor, host_int32_scalar, int_tensor, real_tensor
+from ._loss import LossWithGradOp
 
 
 def _hidden(name, shape):
@@ -46,11 +47,6 @@ def _arr(name, ndim, dtype=None, shape=None, disc=True):
     if disc:
         info["gradient"] = "disconnected"
     return info
-
-
-def _host_scalar(name):
-    return {"name": name, "ndim": 0, "shape": (), "dtype": "int32", "need_contiguous": True, "host_memory": True,
-            "gradient": "disconnected"}
 
 
 class FastBaumWelchOp(NativeOpGenBase):
@@ -214,7 +210,7 @@ class FastViterbiOp(NativeOpGenBase):
         _arr("edges", 2, "int32", (4, None)),
         _arr("weights", 1, shape=((3, 1),)),
         _arr("start_end_states", 2, "int32", (2, (0, 0))),
-        _host_scalar("n_states"),
+        host_int32_scalar("n_states"),
     )
     out_info = (
         {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
@@ -247,9 +243,9 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     in_info = (
         _arr("targets", 2, "int32"),
         _arr("seq_lens", 1, "int32"),
-        _host_scalar("blank_idx"),
+        host_int32_scalar("blank_idx"),
         _arr("weights", 1),
-        _host_scalar("label_loop"),
+        host_int32_scalar("label_loop"),
     )
     out_info = (
         {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
@@ -260,21 +256,10 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     code_version = (2,)
 
 
-class _LossWithGradOp(NativeOp):
-    """A NativeOp whose output 0 is a per-sequence loss (B,) and output 1 its gradient
-    w.r.t. input 0 (per sequence, along axis 1); the pullback scales output 1 by the
-    upstream gradient.  Second derivatives are not implemented."""
+class _CtcLossOp(LossWithGradOp):
+    """The CTC losses' op: the gradient output (T, B, D) has its batch on axis 1."""
 
-    def pullback(self, inputs, outputs, cotangents):
-        g_loss, g_grad = cotangents
-        rest = [disconnected_type() for _ in inputs[1:]]
-        if not isinstance(g_grad.type, DisconnectedType):
-            return [grad_not_implemented(self, 0, inputs[0], "the gradient output has no gradient")] + rest
-        if isinstance(g_loss.type, DisconnectedType):
-            return [pt.zeros_like(inputs[0])] + rest
-        return [pt.cast(g_loss.dimshuffle("x", 0, "x") * outputs[1], inputs[0].dtype)] + rest
-
-    L_op = pullback
+    grad_batch_axis = 1
 
 
 class CtcFsaLossOp(NativeOpGenBase):
@@ -299,9 +284,9 @@ class CtcFsaLossOp(NativeOpGenBase):
         _arr("logits_seq_lens", 1, "int32"),
         _arr("targets", 2, "int32"),
         _arr("targets_seq_lens", 1, "int32"),
-        _host_scalar("blank_index"),
-        _host_scalar("label_loop"),
-        _host_scalar("logits_normalized"),
+        host_int32_scalar("blank_index"),
+        host_int32_scalar("label_loop"),
+        host_int32_scalar("logits_normalized"),
     )
     out_info = (
         {"name": "loss", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
@@ -310,7 +295,7 @@ class CtcFsaLossOp(NativeOpGenBase):
     c_extra_support_code = kernel_unit("ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
-    op_class = _LossWithGradOp
+    op_class = _CtcLossOp
 
 
 class CtcViterbiLossOp(NativeOpGenBase):
@@ -329,7 +314,7 @@ class CtcViterbiLossOp(NativeOpGenBase):
     c_extra_support_code = kernel_unit("ctc_loss_viterbi.cu")
     c_fw_code = "ctc_loss_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
-    op_class = _LossWithGradOp
+    op_class = _CtcLossOp
 
 
 class HmmForwardBackwardOp(NativeOpGenBase):
@@ -366,43 +351,10 @@ class HmmForwardBackwardOp(NativeOpGenBase):
 
 
 # ---------------------------------------------------------------------------------------- functional API
-def _as_int(x, name, ndim):
-    x = pt.as_tensor_variable(x)
-    if not (x.dtype.startswith(("int", "uint")) or x.dtype == "bool"):
-        raise TypeError(f"{name} must be an integer tensor, got {x.type}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim}")
-    return pt.cast(x, "int32") if x.dtype != "int32" else x
-
-
-def _as_float(x, name, ndim, dtype=None):
-    x = pt.as_tensor_variable(x)
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have ndim {ndim}, got {x.ndim}")
-    if dtype is None:
-        if x.dtype not in ("float32", "float64"):
-            if x.dtype.startswith(("int", "uint")) or x.dtype == "bool":
-                return pt.cast(x, "float64")
-            raise TypeError(f"{name} must be a float tensor, got {x.type}")
-        return x
-    if not (x.dtype.startswith(("float", "int", "uint")) or x.dtype == "bool"):
-        raise TypeError(f"{name} must be numeric, got {x.type}")
-    return pt.cast(x, dtype) if x.dtype != dtype else x
-
-
 def _n_states(edges, start_end_states):
     """The number of states an edge list uses: the largest state index + 1."""
     flat = pt.concatenate([edges[:2].flatten(), start_end_states.flatten(), pt.constant([-1], dtype="int32")])
     return pt.cast(pt.max(flat) + 1, "int32")
-
-
-def _bool_scalar(x, name):
-    if isinstance(x, bool | int | np.bool_ | np.integer):
-        return pt.constant(np.int32(bool(x)))
-    x = pt.as_tensor_variable(x)
-    if x.ndim != 0:
-        raise ValueError(f"{name} must be a scalar")
-    return pt.cast(pt.neq(x, 0), "int32")
 
 
 def get_ctc_fsa_fast_bw(targets, seq_lens, blank_idx, label_loop=True):
@@ -424,14 +376,15 @@ def get_ctc_fsa_fast_bw(targets, seq_lens, blank_idx, label_loop=True):
     edges : (4, E) int32, weights : (E,) float32 zeros, start_end_states : (2, B) int32
         with ``E = B * (5 * (N - 1) + 10)``.  See :class:`GetCtcFsaFastBwOp`.
     """
-    targets = _as_int(targets, "targets", 2)
-    seq_lens = _as_int(seq_lens, "seq_lens", 1)
-    blank = _as_int(blank_idx, "blank_idx", 0)
+    fn = "get_ctc_fsa_fast_bw"
+    targets = int_tensor(fn, "targets", targets, 2, allow_bool=True)
+    seq_lens = int_tensor(fn, "seq_lens", seq_lens, 1, allow_bool=True)
+    blank = int_tensor(fn, "blank_idx", blank_idx, 0, allow_bool=True)
     n_batch, n_labels = targets.shape[0], targets.shape[1]
     n_edges = n_batch * (5 * (n_labels - 1) + 10)
     weights = pt.zeros((n_edges,), dtype="float32")
     edges, start_end_states = GetCtcFsaFastBwOp.make_op()(targets, seq_lens, blank, weights,
-                                                          _bool_scalar(label_loop, "label_loop"))
+                                                          flag(fn, "label_loop", label_loop))
     return edges, weights, start_end_states
 
 
@@ -453,16 +406,17 @@ def fast_baum_welch(am_scores, edges, weights, start_end_states, float_idx, stat
     obs_scores : (T, B) ``-log p(x_b)`` on valid frames (0 on padded frames or without a path).
     Not differentiable (use :func:`ctc_loss` for a CTC gradient).
     """
-    am_scores = _as_float(am_scores, "am_scores", 3)
+    fn = "fast_baum_welch"
+    am_scores = float_tensor(fn, "am_scores", am_scores, 3, cast_int=True)
     dtype = am_scores.dtype
-    edges = _as_int(edges, "edges", 2)
-    weights = _as_float(weights, "weights", 1, dtype)
-    start_end_states = _as_int(start_end_states, "start_end_states", 2)
-    float_idx = _as_float(float_idx, "float_idx", 2, dtype)
+    edges = int_tensor(fn, "edges", edges, 2, allow_bool=True)
+    weights = real_tensor(fn, "weights", weights, 1, dtype)
+    start_end_states = int_tensor(fn, "start_end_states", start_end_states, 2, allow_bool=True)
+    float_idx = real_tensor(fn, "float_idx", float_idx, 2, dtype)
     if state_buffer is None:
         state_buffer = pt.zeros((2, _n_states(edges, start_end_states)), dtype=dtype)
     else:
-        state_buffer = _as_float(state_buffer, "state_buffer", 2, dtype)
+        state_buffer = real_tensor(fn, "state_buffer", state_buffer, 2, dtype)
     fwdbwd, obs = FastBaumWelchOp.make_op()(am_scores, edges, weights, start_end_states, float_idx, state_buffer)
     return fwdbwd, obs
 
@@ -480,11 +434,12 @@ def fast_viterbi(am_scores, am_seq_len, edges, weights, start_end_states):
     alignment : (T, B) int32 emissions of the best path (0 past the length or without a path);
     scores : (B,) best path score (``-inf`` without a path).
     """
-    am_scores = _as_float(am_scores, "am_scores", 3)
-    edges = _as_int(edges, "edges", 2)
-    start_end_states = _as_int(start_end_states, "start_end_states", 2)
-    weights = _as_float(weights, "weights", 1, am_scores.dtype)
-    am_seq_len = _as_int(am_seq_len, "am_seq_len", 1)
+    fn = "fast_viterbi"
+    am_scores = float_tensor(fn, "am_scores", am_scores, 3, cast_int=True)
+    edges = int_tensor(fn, "edges", edges, 2, allow_bool=True)
+    start_end_states = int_tensor(fn, "start_end_states", start_end_states, 2, allow_bool=True)
+    weights = real_tensor(fn, "weights", weights, 1, am_scores.dtype)
+    am_seq_len = int_tensor(fn, "am_seq_len", am_seq_len, 1, allow_bool=True)
     alignment, scores = FastViterbiOp.make_op()(am_scores, am_seq_len, edges, weights, start_end_states,
                                                 _n_states(edges, start_end_states))
     return alignment, scores
@@ -493,12 +448,12 @@ def fast_viterbi(am_scores, am_seq_len, edges, weights, start_end_states):
 def _ctc_op_call(op_class, fn, logits, logits_seq_lens, targets, targets_seq_lens, blank_index, label_loop,
                  logits_normalized, zero_infinity):
     """The fused CTC op ``op_class`` on checked arguments; ``zero_infinity`` maps an infinite loss to 0."""
-    logits = _as_float(logits, "logits", 3)
-    logits_seq_lens = _as_int(logits_seq_lens, "logits_seq_lens", 1)
-    targets = _as_int(targets, "targets", 2)
-    targets_seq_lens = _as_int(targets_seq_lens, "targets_seq_lens", 1)
+    logits = float_tensor(fn, "logits", logits, 3, cast_int=True)
+    logits_seq_lens = int_tensor(fn, "logits_seq_lens", logits_seq_lens, 1, allow_bool=True)
+    targets = int_tensor(fn, "targets", targets, 2, allow_bool=True)
+    targets_seq_lens = int_tensor(fn, "targets_seq_lens", targets_seq_lens, 1, allow_bool=True)
     if isinstance(blank_index, bool) or not isinstance(blank_index, int | np.integer):
-        blank = _as_int(blank_index, "blank_index", 0)
+        blank = int_tensor(fn, "blank_index", blank_index, 0, allow_bool=True)
     else:
         n_classes = logits.type.shape[2]
         if n_classes is not None and not -n_classes <= blank_index < n_classes:
@@ -506,8 +461,8 @@ def _ctc_op_call(op_class, fn, logits, logits_seq_lens, targets, targets_seq_len
                              "classes (logits.shape[2])")
         blank = pt.constant(np.int32(blank_index))
     loss, _ = op_class.make_op()(logits, logits_seq_lens, targets, targets_seq_lens, blank,
-                                 _bool_scalar(label_loop, "label_loop"), _bool_scalar(logits_normalized,
-                                                                                      "logits_normalized"))
+                                 flag(fn, "label_loop", label_loop),
+                                 flag(fn, "logits_normalized", logits_normalized))
     if zero_infinity:
         loss = pt.switch(pt.isinf(loss), pt.zeros_like(loss), loss)
     return loss
@@ -603,22 +558,23 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     in a matrix or initial row makes the sequences using it NaN; a weight below ``e^-708``
     times the largest of its matrix counts as impossible there).
     """
-    log_emissions = _as_float(log_emissions, "log_emissions", 3)
+    fn = "hmm_log_likelihood"
+    log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, cast_int=True)
     dtype = log_emissions.dtype
     log_transitions = pt.as_tensor_variable(log_transitions)
     log_initial = pt.as_tensor_variable(log_initial)
     varying = log_transitions.ndim in (3, 4) or log_initial.ndim == 2  # batched / time-varying: ptnative.ops.hmm
     transitions_ndim = log_transitions.ndim if log_transitions.ndim in (3, 4) else 2
-    log_transitions = _as_float(log_transitions, "log_transitions", transitions_ndim, dtype)
-    log_initial = _as_float(log_initial, "log_initial", 2 if log_initial.ndim == 2 else 1, dtype)
+    log_transitions = real_tensor(fn, "log_transitions", log_transitions, transitions_ndim, dtype)
+    log_initial = real_tensor(fn, "log_initial", log_initial, 2 if log_initial.ndim == 2 else 1, dtype)
     if log_final is None:
         log_final = pt.zeros_like(log_initial[0] if log_initial.ndim == 2 else log_initial)
     else:
-        log_final = _as_float(log_final, "log_final", 1, dtype)
+        log_final = real_tensor(fn, "log_final", log_final, 1, dtype)
     if mask is None:
         mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
     else:
-        mask = _as_float(mask, "mask", 2, dtype)
+        mask = real_tensor(fn, "mask", mask, 2, dtype)
     if varying:
         from .hmm import varying_log_likelihood
 
