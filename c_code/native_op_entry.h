@@ -181,33 +181,4 @@ inline int run_entry_device(cudaStream_t stream, body_t body, int n_in, int n_ou
 
 }  // namespace ptn
 
-#if defined(Py_PYTHON_H) && !PTN_CUDA
-// Inside a PyTensor C module: take sgemm/dgemm from scipy.linalg.cython_blas.
-static int ptn_init_blas_from_scipy(void) {
-  void* fn[2] = {0, 0};
-  const char* names[2] = {"sgemm", "dgemm"};
-  PyObject* mod = PyImport_ImportModule("scipy.linalg.cython_blas");
-  if (!mod) return -1;
-  PyObject* capi = PyObject_GetAttrString(mod, "__pyx_capi__");
-  Py_DECREF(mod);
-  if (!capi) return -1;
-  for (int i = 0; i < 2; ++i) {
-    PyObject* cap = PyDict_GetItemString(capi, names[i]);
-    if (!cap) {
-      Py_DECREF(capi);
-      PyErr_Format(PyExc_ImportError, "scipy.linalg.cython_blas has no %s", names[i]);
-      return -1;
-    }
-    fn[i] = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap));
-    if (!fn[i]) {
-      Py_DECREF(capi);
-      return -1;
-    }
-  }
-  Py_DECREF(capi);
-  ptn::set_blas(fn[0], fn[1]);
-  return 0;
-}
-#endif
-
 #endif  // PTNATIVE_NATIVE_OP_ENTRY_H

@@ -7,7 +7,8 @@
 //   @CTYPE@       float | double;  @DEVICE@  cpu | cuda
 //   @DIALECT@     c_code/native_op.h with its #includes inlined;  @TYPED@  c_code/native_op_typed.h
 //   @SUPPORT@     the op's c_extra_support_code;  @BODY@  its c_fw_code, %-formatted
-//   @NDIMS@ @ITEMSIZES@ @INPLACE_OF@ @HOST_MEMORY@   the argument plan's tables (ptnative/plan.py), brace-enclosed
+//   @NDIMS@ @ITEMSIZES@ @INPLACE_OF@ @HOST_MEMORY@   the argument plan's tables (ptnative/plan.py), C array
+//                 initialisers with a trailing 0 (ptnative.source.c_array)
 //   @N_IN@ @N_OUT@  the number of inputs and outputs (dummy outputs included)
 //   @NS@ @SYM@    left as they are: replaced after hashing by the namespace and the entry point's symbol,
 //                 ptn_<name>_<first 16 hex digits of the SHA-256 of the filled text>

@@ -190,15 +190,12 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
     plan = ArgumentPlan.of(spec, float_dtype, device)
     body = spec.c_fw_code % {"fail": "ptn::fail_pending();"}
 
-    def ints(values):  # an op without inputs has empty input tables: "{0}", as C wants no empty initialiser
-        return "{" + (", ".join(str(int(v)) for v in values) or "0") + "}"
-
     text = fill_glue(glue_sections(UNIT_FILE)["unit"], {
         "OP": repr(spec.name), "CTYPE": ctype, "DEVICE": device,
         "DIALECT": dialect_header(), "TYPED": read_kernel_file("native_op_typed.h"),
         "SUPPORT": spec.c_extra_support_code, "BODY": body,
-        "NDIMS": ints(plan.ndims), "ITEMSIZES": ints(plan.itemsizes), "INPLACE_OF": ints(plan.inplace_of),
-        "HOST_MEMORY": ints(plan.host_memory), "N_IN": plan.n_in, "N_OUT": plan.n_out,
+        "NDIMS": c_array(plan.ndims), "ITEMSIZES": c_array(plan.itemsizes), "INPLACE_OF": c_array(plan.inplace_of),
+        "HOST_MEMORY": c_array(plan.host_memory), "N_IN": plan.n_in, "N_OUT": plan.n_out,
         "NS": "@NS@", "SYM": "@SYM@",  # filled after hashing
     })
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]
