@@ -71,15 +71,10 @@ DEF_KERNEL void lstm_valid_rows(const Float* __restrict__ X, const Float* __rest
   LSTM_FOR_BJ(b, j, n_batch, n_cols) { out[b * n_cols + j] = mask[b] == Float(0) ? Float(0) : X[b * n_cols + j]; }
 }
 
-// C (m x n) (+)= A (m x k) . B (k x n) with row-major pointers; op(A) / op(B) by the flags.  Empty
-// products leave C as it is (beta = 1) or zero it (beta = 0) without calling BLAS.
+// C (m x n) (+)= A (m x k) . B (k x n) with row-major pointers; op(A) / op(B) by the flags (an empty product
+// leaves C as it is with beta = 1 and zeroes it with beta = 0, as affine_raw does).
 static void lstm_gemm(const Float* A, bool tA, const Float* B, bool tB, Float* C, int64_t m, int64_t n, int64_t k,
                       double beta) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == 0.0) Ndarray_memset(C, 0, m * n * sizeof(Float));
-    return;
-  }
   affine_raw(A, tA ? k : m, tA ? m : k, B, tB ? n : k, tB ? k : n, C, m, n, tA, tB, beta);
 }
 

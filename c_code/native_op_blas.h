@@ -118,13 +118,16 @@ void affine_raw(const T* A, int64_t a0, int64_t a1, const T* B, int64_t b0, int6
   assert_cmp(n, ==, c1);
   assert_cmp(k, ==, kb);
   if (c0 == 0 || c1 == 0) return;
-  if (k == 0) {  // BLAS would reject the zero leading dimensions; C = beta * C.
+  if (k == 0) {  // an empty product; BLAS would reject the zero leading dimensions.  C = beta * C.
 #if PTN_CUDA
-    ptn::raise(PTN_STATUS_RUNTIME, "affine: empty inner dimension on CUDA is not supported");
+    if (beta == 0.0)
+      Ndarray_memset(C, 0, c0 * c1 * (int64_t)sizeof(T));
+    else if (beta != 1.0)  // no caller scales by another beta: say so rather than leave C unscaled
+      ptn::raise(PTN_STATUS_RUNTIME, "affine: an empty product with beta other than 0 or 1 on CUDA");
 #else
     for (int64_t i = 0; i < c0 * c1; ++i) C[i] = beta == 0.0 ? T(0) : T(beta) * C[i];
-    return;
 #endif
+    return;
   }
   // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T.
   int lda = ptn::checked_int(std::max<int64_t>(1, a1 * ldA_factor), "lda");

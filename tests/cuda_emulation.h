@@ -16,7 +16,7 @@
 //   fault becomes an error naming the buffer.  ptn::Scratch blocks are host memory here (not checked).
 // - A failed check in device code is "check failed in device code at line N" at the next HANDLE_LAST_ERROR, as on
 //   CUDA.  A device_malloc block not freed by the end of the body is an error.  GEMMs run on the host BLAS with
-//   device memory open, and refuse an empty inner dimension as the CUDA dialect does (PTN_EMU_REFUSE_EMPTY_GEMM).
+//   device memory open (an empty product, which the CUDA dialect turns into a device-side C = beta * C, too).
 //
 // Inserted as support code: it closes the op's namespace for its own includes and reopens it at the end.
 }  // namespace @NS@
@@ -275,22 +275,18 @@ T block_reduce(T* sh, T v, Op op) {
 }
 
 // ---------------------------------------------------------------- GEMM (cuBLAS on CUDA)
-// The CUDA dialect's affine_raw refuses an empty inner dimension (k = 0) where C is not empty (the CPU's scales C by
-// beta); the test defines PTN_EMU_REFUSE_EMPTY_GEMM while native_op_blas.h does so.
-inline void refuse_empty_gemm(int64_t k, int64_t c0, int64_t c1) {
-#if PTN_EMU_REFUSE_EMPTY_GEMM
-  if (k == 0 && c0 != 0 && c1 != 0)
-    ptn::raise(PTN_STATUS_RUNTIME, "affine: empty inner dimension on CUDA is not supported");
-#else
-  (void)k, (void)c0, (void)c1;
-#endif
-}
+// An empty product (k = 0): the CUDA dialect sets C = beta * C on the device (a memset for beta = 0); the CPU
+// branch that the emulation compiles does it on the host, so the buffers are open meanwhile.
+struct EmptyProduct {
+  bool empty;
+  explicit EmptyProduct(int64_t k) : empty(k == 0) { if (empty && open_depth++ == 0) set_access(true); }
+  ~EmptyProduct() { if (empty && --open_depth == 0) set_access(false); }
+};
 
 template <typename T>
 void affine(const T* A, int64_t a0, int64_t a1, const T* B, int64_t b0, int64_t b1, T* C, int64_t c0, int64_t c1,
             bool transA = false, bool transB = false, double beta = 1.0, double alpha = 1.0, int64_t ldA_factor = 1,
             int64_t ldB_factor = 1) {
-  refuse_empty_gemm(transA ? a0 : a1, c0, c1);
   Open open;
   ::affine_raw(A, a0, a1, B, b0, b1, C, c0, c1, transA, transB, beta, alpha, ldA_factor, ldB_factor);
 }
@@ -508,13 +504,14 @@ inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); r
 #define affine_raw(...) ptn_emu::affine(__VA_ARGS__)
 
 namespace @NS@ {
-// native_op_typed.h's GEMM helpers (compiled before this file) with the CUDA dialect's refusal of k = 0.
+// native_op_typed.h's GEMM helpers (compiled before this file), with device memory open for an empty product.
 inline void ptn_emu_affine_y_x(int64_t x_A, Ndarray* A, int64_t x_B, Ndarray* B, int64_t x_C, Ndarray* C,
                                bool transA = false, bool transB = false, double beta = 1.0) {
   int64_t a[2], c[2];
   last_two_dims(A, a);
   last_two_dims(C, c);
-  ptn_emu::refuse_empty_gemm(transA ? a[0] : a[1], c[0], c[1]);
+  const int64_t k = transA ? a[0] : a[1];
+  ptn_emu::EmptyProduct device_side(k);
   (affine_y_x)(x_A, A, x_B, B, x_C, C, transA, transB, beta);
 }
 inline void ptn_emu_affine_global(Ndarray* A, Ndarray* B, Ndarray* C, bool transA = false, bool transB = false,
@@ -523,7 +520,8 @@ inline void ptn_emu_affine_global(Ndarray* A, Ndarray* B, Ndarray* C, bool trans
   last_two_dims(A, a);
   last_two_dims(C, c);
   const int64_t a_rows = ptn::n_elements(A) / std::max<int64_t>(a[1], 1) - offset * a[0];
-  ptn_emu::refuse_empty_gemm(transA ? a_rows : a[1], c[0], c[1]);
+  const int64_t k = transA ? a_rows : a[1];
+  ptn_emu::EmptyProduct device_side(k);
   (affine_global)(A, B, C, transA, transB, offset, beta);
 }
 #define affine_y_x(...) ptn_emu_affine_y_x(__VA_ARGS__)
