@@ -7,6 +7,7 @@ import importlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -29,7 +30,18 @@ def _first_line(cmd: list[str]) -> str:
 
 
 def _dir_size(path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of the regular files under ``path``; files and folders that another process removes meanwhile (a
+    compiler's temporary build folder) are skipped, and links are not followed."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk ignores folders that vanish under it
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def info() -> None:

@@ -20,6 +20,31 @@ def test_info():
         assert field in out.stdout
 
 
+def test_cache_size_skips_links_and_files_that_vanish(tmp_path, monkeypatch):
+    """``info`` sums the cache while other processes compile into it: a file (or a temporary build folder) removed
+    meanwhile is skipped instead of failing, and a link is not followed."""
+    import os
+
+    from ptnative.cli import _dir_size
+
+    (tmp_path / "a.so").write_bytes(b"x" * 1000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.so").write_bytes(b"y" * 24)
+    (tmp_path / "gone.build").write_bytes(b"z" * 5000)
+    big = tmp_path.parent / f"{tmp_path.name}-outside"
+    big.write_bytes(b"w" * 7000)
+    (tmp_path / "link.so").symlink_to(big)
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        if str(path).endswith("gone.build"):
+            raise FileNotFoundError(path)
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    assert _dir_size(tmp_path) == 1024
+
+
 def test_demo():
     out = run("demo")
     assert out.returncode == 0, out.stderr
