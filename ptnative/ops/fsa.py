@@ -49,6 +49,19 @@ def _arr(name, ndim, dtype=None, shape=None, disc=True):
     return info
 
 
+def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
+    """The inputs of the dense HMM ops (here and in ops/hmm.py): ``log_emissions`` (T, B, K), ``log_transitions``
+    (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
+    gradient for any (the mask never has one)."""
+    return (
+        _arr("log_emissions", 3, disc=disc),
+        _arr("log_transitions", transitions_ndim, disc=disc),
+        _arr("log_initial", initial_ndim, disc=disc),
+        _arr("log_final", 1, disc=disc),
+        _arr("mask", 2),
+    )
+
+
 class FastBaumWelchOp(NativeOpGenBase):
     """Forward-backward over an automaton, in ``-log`` space.
 
@@ -329,13 +342,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     in log space (``alpha`` then holds log-alphas), 2 no path, 3 NaN.
     """
 
-    in_info = (
-        _arr("log_emissions", 3, disc=False),
-        _arr("log_transitions", 2, disc=False),
-        _arr("log_initial", 1, disc=False),
-        _arr("log_final", 1, disc=False),
-        _arr("mask", 2),
-    )
+    in_info = _hmm_inputs(False)
     out_info = (
         {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
         _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
