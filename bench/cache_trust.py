@@ -13,6 +13,7 @@ import argparse
 import glob
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,21 +27,12 @@ ARGS.add_argument("--reps", type=int, default=200)
 opts = ARGS.parse_args()
 
 os.environ["PTNATIVE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ptnative-bench-cache-")
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, after any installed ptnative
 import ptnative  # noqa: E402
 from ptnative import build, cache  # noqa: E402
+from tests._ops_for_tests import double_spec  # noqa: E402  (the README's Double)
 
-double = ptnative.NativeOp(
-    in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},),
-    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},),
-    c_extra_support_code="""
-        DEF_KERNEL void twice(const Float* x, Float* y, int64_t n) {
-          for (int64_t i = threadIdx.x + blockDim.x * blockIdx.x; i < n; i += blockDim.x * gridDim.x)
-            y[i] = 2 * x[i];
-        }""",
-    c_fw_code="start_dev_kernel(twice, (Ndarray_DEV_DATA(inputs[0]), Ndarray_DEV_DATA(*outputs[0]), "
-              "Ndarray_DIMS(inputs[0])[0]));",
-    name="Double",
-)
+double = ptnative.NativeOp(**double_spec())
 variant = double.variant("float64")
 small = build.build(variant)
 big_sources = sorted(glob.glob(os.path.join(os.path.dirname(np.__file__), "..", "*.libs", "*.so*")) +

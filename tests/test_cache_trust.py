@@ -26,22 +26,13 @@ import ptnative
 from ptnative import build, cache
 from ptnative.cache import RECORD_SUFFIX, CacheError, UntrustedLibraryWarning
 
+from ._ops_for_tests import double_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
 
-DOUBLE = dict(
-    in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},),
-    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},),
-    c_extra_support_code="""
-        DEF_KERNEL void twice(const Float* x, Float* y, int64_t n) {
-          for (int64_t i = threadIdx.x + blockDim.x * blockIdx.x; i < n; i += blockDim.x * gridDim.x)
-            y[i] = 2 * x[i];
-        }""",
-    c_fw_code="start_dev_kernel(twice, (Ndarray_DEV_DATA(inputs[0]), Ndarray_DEV_DATA(*outputs[0]), "
-              "Ndarray_DIMS(inputs[0])[0]));",
-    name="Double",
-)
+DOUBLE = double_spec()
 X = [1.5, -2.0, 3.25, 0.0]
 EXPECTED = [3.0, -4.0, 6.5, 0.0]
 

@@ -22,21 +22,12 @@ import ptnative
 from ptnative import build, prebuilt
 from ptnative.cache import RECORD_SUFFIX, UntrustedLibraryWarning
 
+from ._ops_for_tests import double_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 
-DOUBLE = dict(
-    in_info=({"name": "x", "ndim": 1, "shape": (None,), "need_contiguous": True},),
-    out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},),
-    c_extra_support_code="""
-        DEF_KERNEL void twice_prebuilt(const Float* x, Float* y, int64_t n) {
-          for (int64_t i = threadIdx.x + blockDim.x * blockIdx.x; i < n; i += blockDim.x * gridDim.x)
-            y[i] = 2 * x[i];
-        }""",
-    c_fw_code="start_dev_kernel(twice_prebuilt, (Ndarray_DEV_DATA(inputs[0]), Ndarray_DEV_DATA(*outputs[0]), "
-              "Ndarray_DIMS(inputs[0])[0]));",
-    name="DoublePrebuilt",
-)
+DOUBLE = double_spec(kernel="twice_prebuilt", name="DoublePrebuilt")  # a library apart from test_cache_trust's
 
 
 @pytest.fixture(scope="module")
