@@ -26,6 +26,7 @@ from .reference import fsa as ref_fsa
 from .reference import lstm as ref_lstm
 from .reference import rnnt as ref_rnnt
 from .reference import sparse as ref_sparse
+from .test_fsa import segment_columns
 
 RTOL, ATOL = 1e-12, 1e-13  # float64 values vs a float64 reference computing them in another order
 FD_RTOL, FD_ATOL = 1e-6, 1e-7  # gradients vs central finite differences
@@ -605,17 +606,8 @@ def test_multi_end_fast_baum_welch_every_mode(mode):
 def test_segment_fast_baum_welch_every_mode(mode, segmentwise):
     rng = np.random.default_rng(21)
     L, D, F, B = 3, 2, 4, 2
-    lens = [4, 3]
-    bidx = -np.ones((F, B), np.int32)
-    cols = []
-    for b in range(B):
-        for t in range(lens[b]):
-            bidx[t, b] = len(cols)
-            cols.append((t, b))
-    Nb = len(cols) + 1
-    index = np.zeros((L, Nb))
-    for n, (t, b) in enumerate(cols):
-        index[: lens[b] - t, n] = 1
+    bidx, index = segment_columns([4, 3], F, L)
+    Nb = index.shape[1]
     edges = np.array([[0, 0, 1, 1, 2, 2, 3, 3], [1, 0, 1, 0, 3, 2, 3, 2], [0, 1, 1, 0, 0, 1, 1, 0],
                       [0, 1, 1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1]], np.int32)
     se = np.array([[0, 2], [1, 3]], np.int32)

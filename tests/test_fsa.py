@@ -16,6 +16,7 @@ from ptnative.ops import fsa
 
 from .conftest import check_infer_shape, tol
 from .reference import fsa as ref
+from .test_hmm import model as hmm_data  # (log emissions, log A, log initial, log final)
 
 INF = np.inf
 
@@ -261,24 +262,29 @@ def test_multi_end_fast_bw(dtype):
                                               0), rtol=rtol, atol=atol)
 
 
+def segment_columns(lens, F, L):
+    """The segmental ops' columns for sequences of ``lens`` frames (``F >= max(lens)``, segments up to ``L``
+    frames): one column per (frame, sequence), sequence by sequence, and one unused column last.  Returns
+    ``batch_idxs`` ((F, B) int32: frame t of sequence b's column, -1 past its end) and ``index`` ((L, columns)
+    float64: 1 where a segment of l + 1 frames starting at that column ends within its sequence)."""
+    B = len(lens)
+    cols = [(t, b) for b in range(B) for t in range(lens[b])]
+    bidx = -np.ones((F, B), np.int32)
+    index = np.zeros((L, len(cols) + 1))
+    for n, (t, b) in enumerate(cols):
+        bidx[t, b] = n
+        index[: lens[b] - t, n] = 1
+    return bidx, index
+
+
 @pytest.mark.parametrize("segmentwise", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_segment_fast_bw(dtype, segmentwise):
     rng = np.random.default_rng(5)
     L, D = 3, 2
     # two sequences of 4 and 3 frames; a column per (frame, sequence)
-    lens = [4, 3]
-    F, B = 4, 2
-    bidx = -np.ones((F, B), np.int32)
-    cols = []
-    for b in range(B):
-        for t in range(lens[b]):
-            bidx[t, b] = len(cols)
-            cols.append((t, b))
-    Nb = len(cols) + 1  # one unused column
-    index = np.zeros((L, Nb))
-    for n, (t, b) in enumerate(cols):
-        index[: lens[b] - t, n] = 1
+    bidx, index = segment_columns([4, 3], 4, L)
+    Nb = index.shape[1]  # one unused column
     edges = np.array([[0, 0, 1, 1, 2, 2, 3, 3],  # from
                       [1, 0, 1, 0, 3, 2, 3, 2],  # to
                       [0, 1, 1, 0, 0, 1, 1, 0],  # emission
@@ -651,14 +657,6 @@ def test_hmm_nan_and_empty_series(mode, dtype):
 
 
 # ------------------------------------------------------------------ HMM
-def hmm_data(rng, T, B, K, scale=1.0):
-    le = rng.normal(size=(T, B, K)) * scale
-    lA = np.log(rng.dirichlet(np.ones(K), size=K))
-    lpi = np.log(rng.dirichlet(np.ones(K)))
-    lf = rng.normal(size=K) * 0.3
-    return le, lA, lpi, lf
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_hmm_against_reference(mode, dtype):
     rng = np.random.default_rng(13)

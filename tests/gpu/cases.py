@@ -46,7 +46,7 @@ from ptnative.ops.sparse import (CrossEntropySoftmaxAndGradientZSparse, MaxAndAr
 from ..test_chunking import data as chunk_data
 from ..test_edit_distance import batch as ed_batch
 from ..test_edit_distance import next_data as ed_next_data
-from ..test_fsa import hmm_data, mask_of, random_fsa
+from ..test_fsa import hmm_data, mask_of, random_fsa, segment_columns
 from ..test_lstm import lstm2_data, lstm_data, lowmem_data, ragged_mask
 from ..test_rnnt import rnnt_data
 from ..test_sparse import coo
@@ -345,16 +345,8 @@ def _segment_fast_bw(g, dtype, size):
     rng = np.random.default_rng(F * B)
     lens = rng.integers(max(1, F // 2), F + 1, size=B)
     lens[0] = F
-    bidx = -np.ones((F, B), I32)
-    cols = []
-    for b in range(B):
-        for t in range(lens[b]):
-            bidx[t, b] = len(cols)
-            cols.append((t, b))
-    Nb = len(cols) + 1
-    index = np.zeros((L, Nb))
-    for k, (t, b) in enumerate(cols):
-        index[: lens[b] - t, k] = 1
+    bidx, index = segment_columns(lens, F, L)
+    Nb = index.shape[1]
     pattern = np.array([[0, 0, 1, 1], [1, 0, 1, 0]])  # from, to (per sequence: states 2b, 2b + 1)
     edges = np.concatenate([
         np.concatenate([pattern + 2 * b for b in range(B)], axis=1),
