@@ -14,66 +14,58 @@ from ptnative.spec import validate
 
 FN = "some_function"
 
-# (call, exception type, message): the same mistake gives the same type and message shape whatever the check.
-CASES = [
-    ("int wrong ndim", lambda: A.int_tensor(FN, "lens", np.zeros((2, 2), "int32"), 1), ValueError,
-     r"^some_function: lens must have ndim 1, got 2 \(Matrix\(int32"),
-    ("float wrong ndim", lambda: A.float_tensor(FN, "x", pt.matrix(), 3, layout="(T, B, D)"), ValueError,
-     r"^some_function: x must have ndim 3 \(T, B, D\), got 2 \("),
-    ("real wrong ndim", lambda: A.real_tensor(FN, "mask", pt.vector(), 2, "float32"), ValueError,
-     r"^some_function: mask must have ndim 2, got 1 \("),
-    ("several ndims", lambda: A.float_tensor(FN, "x", pt.vector(), (2, 3)), ValueError,
-     r"^some_function: x must have ndim 2 or 3, got 1 \("),
-    ("flag not a scalar", lambda: A.flag(FN, "loop", pt.vector()), ValueError,
-     r"^some_function: loop must have ndim 0, got 1 \("),
-    ("size not a scalar", lambda: A.int_size(FN, "n", pt.lvector(), 0), ValueError,
-     r"^some_function: n must have ndim 0, got 1 \("),
-    ("float for int", lambda: A.int_tensor(FN, "labels", pt.matrix(), 2), TypeError,
-     r"^some_function: labels must have an integer dtype, got float"),
-    ("bool for int", lambda: A.int_tensor(FN, "labels", np.zeros((2, 2), bool), 2), TypeError,
-     r"^some_function: labels must have an integer dtype, got bool"),
-    ("float for int scalar", lambda: A.int32_scalar(FN, "blank", pt.dscalar()), TypeError,
-     r"^some_function: blank must have an integer dtype, got float64"),
-    ("float for size", lambda: A.int_size(FN, "n", pt.dscalar(), 1), TypeError,
-     r"^some_function: n must have an integer dtype, got float64"),
-    ("int for float", lambda: A.float_tensor(FN, "x", pt.imatrix(), 2), TypeError,
-     r"^some_function: x must have a float dtype \(float32 or float64\), got int32"),
-    ("complex for float", lambda: A.float_tensor(FN, "x", pt.zmatrix(), 2, cast_int=True), TypeError,
-     r"^some_function: x must have a real or bool dtype, got complex128"),
-    ("complex for real", lambda: A.real_tensor(FN, "w", pt.matrix(dtype="complex64"), 2, "float64"), TypeError,
-     r"^some_function: w must have a real or bool dtype, got complex64"),
-    ("not array-like", lambda: A.int_tensor(FN, "labels", "abc", 2), TypeError,
-     r"^some_function: labels must be an integer tensor, got str 'abc'"),
-    ("None", lambda: A.float_tensor(FN, "x", None, 2), TypeError,
-     r"^some_function: x must be a float tensor, got NoneType"),
-    ("ragged", lambda: A.real_tensor(FN, "w", [[1.0], [1.0, 2.0]], 2), TypeError,
-     r"^some_function: w must be a real tensor, got list"),
-    ("python bool for int", lambda: A.python_int(FN, "blank", True), TypeError,
-     r"^some_function: blank must be an int, got bool True"),
-    ("python float for int", lambda: A.python_int(FN, "blank", 1.0), TypeError,
-     r"^some_function: blank must be an int, got float 1.0"),
-    ("python float for size", lambda: A.int_size(FN, "n", 2.0, 1), TypeError,
-     r"^some_function: n must be an int >= 1 or an integer scalar tensor, got float 2.0"),
-    ("str for real", lambda: A.real_number(FN, "sigma", "0.1"), TypeError,
-     r"^some_function: sigma must be a real number, got str '0.1'"),
-    ("int below minimum", lambda: A.python_int(FN, "n", -1, 0), ValueError, r"^some_function: n must be >= 0, got -1"),
-    ("size below minimum", lambda: A.int_size(FN, "n", 0, 1), ValueError, r"^some_function: n must be >= 1, got 0"),
-    ("int above maximum", lambda: A.python_int(FN, "n", 5, 0, 4), ValueError, r"^some_function: n must be <= 4, got 5"),
-    ("int32 overflow", lambda: A.int32_scalar(FN, "blank", 2**31), ValueError,
-     r"^some_function: blank must be <= 2147483647, got 2147483648"),
-    ("int32 underflow", lambda: A.int32_scalar(FN, "blank", -2**31 - 1), ValueError,
-     r"^some_function: blank must be >= -2147483648"),
-    ("real below minimum", lambda: A.real_number(FN, "lam", -0.5, 0), ValueError,
-     r"^some_function: lam must be >= 0, got -0.5"),
-    ("nan", lambda: A.real_number(FN, "sigma", float("nan")), ValueError,
-     r"^some_function: sigma must be finite, got nan"),
-    ("inf", lambda: A.real_number(FN, "sigma", np.inf), ValueError, r"^some_function: sigma must be finite, got inf"),
+# (name, call, message after "some_function: "), by exception type: the same mistake gives the same type and message
+# shape whatever the check.
+TYPE_ERRORS = [
+    ("float for int", lambda: A.int_tensor(FN, "labels", pt.matrix(), 2),
+     r"labels must have an integer dtype, got float"),
+    ("bool for int", lambda: A.int_tensor(FN, "labels", np.zeros((2, 2), bool), 2),
+     r"labels must have an integer dtype, got bool"),
+    ("float for int scalar", lambda: A.int32_scalar(FN, "blank", pt.dscalar()),
+     r"blank must have an integer dtype, got float64"),
+    ("float for size", lambda: A.int_size(FN, "n", pt.dscalar(), 1), r"n must have an integer dtype, got float64"),
+    ("int for float", lambda: A.float_tensor(FN, "x", pt.imatrix(), 2),
+     r"x must have a float dtype \(float32 or float64\), got int32"),
+    ("complex for float", lambda: A.float_tensor(FN, "x", pt.zmatrix(), 2, cast_int=True),
+     r"x must have a real or bool dtype, got complex128"),
+    ("complex for real", lambda: A.real_tensor(FN, "w", pt.matrix(dtype="complex64"), 2, "float64"),
+     r"w must have a real or bool dtype, got complex64"),
+    ("not array-like", lambda: A.int_tensor(FN, "labels", "abc", 2),
+     r"labels must be an integer tensor, got str 'abc'"),
+    ("None", lambda: A.float_tensor(FN, "x", None, 2), r"x must be a float tensor, got NoneType"),
+    ("ragged", lambda: A.real_tensor(FN, "w", [[1.0], [1.0, 2.0]], 2), r"w must be a real tensor, got list"),
+    ("python bool for int", lambda: A.python_int(FN, "blank", True), r"blank must be an int, got bool True"),
+    ("python float for int", lambda: A.python_int(FN, "blank", 1.0), r"blank must be an int, got float 1.0"),
+    ("python float for size", lambda: A.int_size(FN, "n", 2.0, 1),
+     r"n must be an int >= 1 or an integer scalar tensor, got float 2.0"),
+    ("str for real", lambda: A.real_number(FN, "sigma", "0.1"), r"sigma must be a real number, got str '0.1'"),
 ]
+VALUE_ERRORS = [
+    ("int wrong ndim", lambda: A.int_tensor(FN, "lens", np.zeros((2, 2), "int32"), 1),
+     r"lens must have ndim 1, got 2 \(Matrix\(int32"),
+    ("float wrong ndim", lambda: A.float_tensor(FN, "x", pt.matrix(), 3, layout="(T, B, D)"),
+     r"x must have ndim 3 \(T, B, D\), got 2 \("),
+    ("real wrong ndim", lambda: A.real_tensor(FN, "mask", pt.vector(), 2, "float32"),
+     r"mask must have ndim 2, got 1 \("),
+    ("several ndims", lambda: A.float_tensor(FN, "x", pt.vector(), (2, 3)), r"x must have ndim 2 or 3, got 1 \("),
+    ("flag not a scalar", lambda: A.flag(FN, "loop", pt.vector()), r"loop must have ndim 0, got 1 \("),
+    ("size not a scalar", lambda: A.int_size(FN, "n", pt.lvector(), 0), r"n must have ndim 0, got 1 \("),
+    ("int below minimum", lambda: A.python_int(FN, "n", -1, 0), r"n must be >= 0, got -1"),
+    ("size below minimum", lambda: A.int_size(FN, "n", 0, 1), r"n must be >= 1, got 0"),
+    ("int above maximum", lambda: A.python_int(FN, "n", 5, 0, 4), r"n must be <= 4, got 5"),
+    ("int32 overflow", lambda: A.int32_scalar(FN, "blank", 2**31), r"blank must be <= 2147483647, got 2147483648"),
+    ("int32 underflow", lambda: A.int32_scalar(FN, "blank", -2**31 - 1), r"blank must be >= -2147483648"),
+    ("real below minimum", lambda: A.real_number(FN, "lam", -0.5, 0), r"lam must be >= 0, got -0.5"),
+    ("nan", lambda: A.real_number(FN, "sigma", float("nan")), r"sigma must be finite, got nan"),
+    ("inf", lambda: A.real_number(FN, "sigma", np.inf), r"sigma must be finite, got inf"),
+]
+CASES = [(name, call, TypeError, msg) for name, call, msg in TYPE_ERRORS] + \
+        [(name, call, ValueError, msg) for name, call, msg in VALUE_ERRORS]
 
 
 @pytest.mark.parametrize("call, exc, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_one_rule_for_every_check(call, exc, message):
-    with pytest.raises(exc, match=message):
+    with pytest.raises(exc, match=f"^{FN}: " + message):
         call()
 
 

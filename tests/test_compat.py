@@ -98,24 +98,19 @@ def check_catalogue_op(mode):
     np.testing.assert_allclose(gpi, (gamma[0] * upstream[:, None]).sum(axis=0), rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_native_op_every_mode(without_pymc_flags, mode):
-    check_native_op(mode)
+CHECKS = {"native_op": check_native_op, "catalogue_op": check_catalogue_op}
+every_op_and_mode = pytest.mark.parametrize("check, mode", [(c, m) for c in CHECKS.values() for m in MODES],
+                                            ids=[f"{name}-{m}" for name in CHECKS for m in MODE_IDS])
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_catalogue_op_every_mode(without_pymc_flags, mode):
-    check_catalogue_op(mode)
+@every_op_and_mode
+def test_every_mode(without_pymc_flags, check, mode):
+    check(mode)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_native_op_every_mode_after_pymc(pymc_imported, mode):
-    check_native_op(mode)
-
-
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_catalogue_op_every_mode_after_pymc(pymc_imported, mode):
-    check_catalogue_op(mode)
+@every_op_and_mode
+def test_every_mode_after_pymc(pymc_imported, check, mode):
+    check(mode)
 
 
 def test_ptnative_warns_about_nothing(tmp_path):
