@@ -11,21 +11,16 @@ Usage:  python bench/chunking.py [--reps R]
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 
 import ptnative  # noqa: F401
 from ptnative.ops.chunking import chunk, n_chunks, unchunk
-from timing import measure_against  # noqa: E402  (bench/timing.py)
+from _common import peer_options  # (bench/_common.py)
+from timing import measure_against  # (bench/timing.py)
 
-ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ARGS.add_argument("--reps", type=int, default=20)
-ARGS.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
-                  "(default: PyTensor's default, Numba; try C)")
-opts = ARGS.parse_args()
+opts = peer_options(__doc__, reps=20)
 MODE = opts.mode
 
 T, B, D, SIZE, STEP = 1000, 16, 256, 100, 50

@@ -122,6 +122,14 @@ def guarded(name, make):
         return None
 
 
+def torch_peer(g, torch, why_not, name, make):
+    """The torch row's timed call, ``make(device)``, set up under ``guarded``; None where that failed, or where
+    ``torch`` is None (the row ``name`` is then skipped for ``why_not``)."""
+    if torch is None:
+        g.skip(name, why_not)
+        return None
+    return guarded(name, lambda: make(torch.device(opts.device)))
+
 
 def jax_fn(jax, graph, make_inputs):
     """A JAX-mode function of ``graph = (inputs, outputs)`` on the device arrays ``make_inputs()``, waiting for
@@ -260,37 +268,33 @@ def bench_lstm(jax, torch, torch_note, graphs):
     if d is None:
         return
     (layer_in, layer_out), (core_in, core_out) = graphs
-    ref_loss = None
-    if torch is None:
-        g.skip("torch.nn.LSTM (cuDNN)", torch_note)
-    else:
-        def make_torch():
-            dev = torch.device(opts.device)
-            model = torch.nn.LSTM(n, n).to(dev)
-            # ptnative's gate blocks [cell-in | input | forget | output] -> torch's [input | forget | cell | output]
-            perm = lambda w: np.concatenate([w[n:2 * n], w[2 * n:3 * n], w[:n], w[3 * n:]])  # noqa: E731
-            with torch.no_grad():
-                model.weight_ih_l0.copy_(torch.from_numpy(perm(d["W_in"].T)))
-                model.weight_hh_l0.copy_(torch.from_numpy(perm(d["W_rec"].T)))
-                model.bias_ih_l0.copy_(torch.from_numpy(perm(d["b"])))
-                model.bias_hh_l0.zero_()
-            x = torch.from_numpy(d["x"]).to(dev).requires_grad_(True)
-            return torch_backward_call(torch, x, lambda x: model(x)[0].sum(), model)
+    def make_torch(dev):
+        model = torch.nn.LSTM(n, n).to(dev)
+        # ptnative's gate blocks [cell-in | input | forget | output] -> torch's [input | forget | cell | output]
+        perm = lambda w: np.concatenate([w[n:2 * n], w[2 * n:3 * n], w[:n], w[3 * n:]])  # noqa: E731
+        with torch.no_grad():
+            model.weight_ih_l0.copy_(torch.from_numpy(perm(d["W_in"].T)))
+            model.weight_hh_l0.copy_(torch.from_numpy(perm(d["W_rec"].T)))
+            model.bias_ih_l0.copy_(torch.from_numpy(perm(d["b"])))
+            model.bias_hh_l0.zero_()
+        x = torch.from_numpy(d["x"]).to(dev).requires_grad_(True)
+        return torch_backward_call(torch, x, lambda x: model(x)[0].sum(), model)
 
-        run = guarded("torch.nn.LSTM", make_torch)
-        if run is not None:
-            tf32 = torch.backends.cudnn.allow_tf32
-            try:
-                torch.backends.cudnn.allow_tf32 = True
-                loss = g.row("torch.nn.LSTM (cuDNN, TF32 allowed: torch's default)" if opts.device == "cuda"
-                             else "torch.nn.LSTM (CPU)", run, reference=True)
-                ref_loss = None if loss is None else float(loss)
-                if opts.device == "cuda":
-                    torch.backends.cudnn.allow_tf32 = False
-                    loss = g.row("torch.nn.LSTM (cuDNN, strict float32)", run)
-                    ref_loss = ref_loss if loss is None else float(loss)
-            finally:
-                torch.backends.cudnn.allow_tf32 = tf32
+    ref_loss = None
+    run = torch_peer(g, torch, torch_note, "torch.nn.LSTM (cuDNN)", make_torch)
+    if run is not None:
+        tf32 = torch.backends.cudnn.allow_tf32
+        try:
+            torch.backends.cudnn.allow_tf32 = True
+            loss = g.row("torch.nn.LSTM (cuDNN, TF32 allowed: torch's default)" if opts.device == "cuda"
+                         else "torch.nn.LSTM (CPU)", run, reference=True)
+            ref_loss = None if loss is None else float(loss)
+            if opts.device == "cuda":
+                torch.backends.cudnn.allow_tf32 = False
+                loss = g.row("torch.nn.LSTM (cuDNN, strict float32)", run)
+                ref_loss = ref_loss if loss is None else float(loss)
+        finally:
+            torch.backends.cudnn.allow_tf32 = tf32
 
     if jax is None:
         g.skip("ptnative JAX mode", jax_note)
@@ -340,21 +344,17 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
     logits, lens, targets, tlens = data
     D = shape["D"]
     g = Group(f"ctc_loss forward+backward, {shape_str(shape)}, float32, reduction sum")
-    ref = None
-    if torch is None:
-        g.skip("torch.nn.functional.ctc_loss", torch_note)
-    else:
-        def make_torch():
-            dev = torch.device(opts.device)
-            x = torch.from_numpy(logits).to(dev).requires_grad_(True)
-            tt, lt, tlt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (targets, lens, tlens))
-            return torch_backward_call(torch, x, lambda x: torch.nn.functional.ctc_loss(
-                torch.log_softmax(x, -1), tt, lt, tlt, blank=D - 1, reduction="sum"))
+    def make_torch(dev):
+        x = torch.from_numpy(logits).to(dev).requires_grad_(True)
+        tt, lt, tlt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (targets, lens, tlens))
+        return torch_backward_call(torch, x, lambda x: torch.nn.functional.ctc_loss(
+            torch.log_softmax(x, -1), tt, lt, tlt, blank=D - 1, reduction="sum"))
 
-        run = guarded("torch ctc_loss", make_torch)
-        if run is not None:
-            out = g.row("torch.nn.functional.ctc_loss", run, reference=True)
-            ref = None if out is None else float(out)
+    ref = None
+    run = torch_peer(g, torch, torch_note, "torch.nn.functional.ctc_loss", make_torch)
+    if run is not None:
+        out = g.row("torch.nn.functional.ctc_loss", run, reference=True)
+        ref = None if out is None else float(out)
 
     def check(out):
         print_agreement(out, ref, "torch's")
@@ -411,26 +411,24 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
         taf.rnnt_loss  # noqa: B018  (removed from some torchaudio versions)
     except Exception as e:
         taf, ta_note = None, f"torchaudio unavailable ({type(e).__name__}: {e})"
-    if torch is None or taf is None:
-        g.skip("torchaudio.functional.rnnt_loss", torch_note if torch is None else ta_note)
-    else:
-        def make_torch():
-            dev = torch.device(opts.device)
-            if big:
-                gen = torch.Generator(device=dev).manual_seed(0)
-                x = torch.randn((B, T, U + 1, V + 1), device=dev, generator=gen).requires_grad_(True)
-            else:
-                x = torch.from_numpy(acts).to(dev).requires_grad_(True)
-            tl, al, ll = (torch.from_numpy(a).to(dev) for a in (labels, act_lens, label_lens))
-            return torch_backward_call(torch, x, lambda x: taf.rnnt_loss(x, tl, al, ll, blank=0, reduction="sum"))
 
-        run = guarded("torchaudio rnnt_loss", make_torch)
-        if run is not None:
-            out = g.row("torchaudio.functional.rnnt_loss", run, reference=True)
-            ref = None if out is None or big else float(out)
-            del run
-            if opts.device == "cuda":
-                torch.cuda.empty_cache()
+    def make_torch(dev):
+        if big:
+            gen = torch.Generator(device=dev).manual_seed(0)
+            x = torch.randn((B, T, U + 1, V + 1), device=dev, generator=gen).requires_grad_(True)
+        else:
+            x = torch.from_numpy(acts).to(dev).requires_grad_(True)
+        tl, al, ll = (torch.from_numpy(a).to(dev) for a in (labels, act_lens, label_lens))
+        return torch_backward_call(torch, x, lambda x: taf.rnnt_loss(x, tl, al, ll, blank=0, reduction="sum"))
+
+    run = torch_peer(g, torch if taf is not None else None, torch_note if torch is None else ta_note,
+                     "torchaudio.functional.rnnt_loss", make_torch)
+    if run is not None:
+        out = g.row("torchaudio.functional.rnnt_loss", run, reference=True)
+        ref = None if out is None or big else float(out)
+        del run
+        if opts.device == "cuda":
+            torch.cuda.empty_cache()
 
     def check(out):
         print_agreement(out, ref, "torchaudio's")

@@ -15,8 +15,6 @@ Usage:  python bench/sparse.py [--reps R]
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -25,13 +23,10 @@ from pytensor.tensor.special import log_softmax
 import ptnative  # noqa: F401
 from ptnative.ops.sparse import (crossentropy_softmax_and_gradient_z_sparse, max_and_argmax_sparse, sparse_to_dense,
                                  subtensor_batched_index)
+from _common import peer_options  # (bench/_common.py)
 from timing import measure_against  # (bench/timing.py)
 
-ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ARGS.add_argument("--reps", type=int, default=20)
-ARGS.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
-                  "(default: PyTensor's default, Numba; try C)")
-opts = ARGS.parse_args()
+opts = peer_options(__doc__, reps=20)
 MODE = opts.mode
 DTYPE = "float32"
 rng = np.random.default_rng(0)

@@ -1,0 +1,14 @@
+"""What several benchmark scripts share (they run as scripts, bench/ first on sys.path: ``from _common import``)."""
+
+import argparse
+
+
+def peer_options(doc, reps):
+    """The command line of a benchmark against numpy and pytensor peers, parsed: ``--reps R`` (timed calls per
+    row, default ``reps``) and ``--mode M`` (the PyTensor mode of ptnative and of the pytensor peers, default
+    None: PyTensor's default).  ``doc``, the script's docstring, is its ``--help``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
+                        "(default: PyTensor's default, Numba; try C)")
+    return parser.parse_args()
