@@ -26,7 +26,7 @@ FLOAT_GENERIC = "float32"
 DTYPES = ("float32", "float64", "int32", "int64", "uint8")
 INFO_KEYS = {
     "name", "ndim", "shape", "dtype", "need_contiguous", "want_inplace", "is_inplace", "gradient", "bw_input",
-    "bw_in_var", "bw_out_var", "bw_grad_var", "host_memory", "dummy",
+    "bw_in_var", "bw_out_var", "bw_grad_var", "host_memory", "dummy", "batch_axis",
 }
 #: Keys whose value is a dict of overrides applied when deriving the gradient op.
 _OVERRIDE_KEYS = ("bw_in_var", "bw_out_var", "bw_grad_var")
@@ -102,6 +102,7 @@ def resolve_want_inplace_dummy(in_info, out_info):
             "shape": tuple((i, d) for d in range(ndim if isinstance(ndim, int) else 0)),
             "dtype": info.get("dtype", FLOAT_GENERIC),
             "dummy": True,
+            **({"batch_axis": info["batch_axis"]} if "batch_axis" in info else {}),
         })
         info["want_inplace"] = len(out_info) - 1
     return in_info, out_info, n_dummy
@@ -148,6 +149,9 @@ def _value_problem(key, value) -> str | None:
         if value == "dummy_out" or (_is_int(value) and value >= -1):
             return None
         return f"must be -1, 'dummy_out' or an output index, got {_short(value)}"
+    if key == "batch_axis":
+        return None if _is_int(value) and value >= 0 else f"a non-negative int (a dimension) is required, " \
+                                                            f"got {_short(value)}"
     if key == "gradient":
         return None if value in ("", "disconnected") else f"only 'disconnected' is allowed, got {_short(value)}"
     if key in ("bw_in_var", "bw_out_var", "bw_grad_var"):
@@ -222,6 +226,8 @@ def check_info_lists(name: str, in_info, out_info) -> tuple[list[dict], list[dic
             if "ndim" not in info:
                 err("ndim", "missing; every entry needs its number of dimensions")
             ndim = info["ndim"] = int(info["ndim"])
+            if "batch_axis" in info and not info["batch_axis"] < ndim:
+                err("batch_axis", f"{info['batch_axis']} is not a dimension of this {ndim}-d array")
             shape = info.get("shape")
             if shape is None:
                 if kind == "out_info":
@@ -287,6 +293,24 @@ def validate(name: str, in_info, out_info) -> None:
             err(f"output {k} has ndim {out.get('ndim')}, the input has {info['ndim']}")
         if out.get("dtype", FLOAT_GENERIC) != info.get("dtype", FLOAT_GENERIC):
             err(f"output {k} has another dtype than the input")
+        if out.get("batch_axis") != info.get("batch_axis"):
+            err(f"output {k} has batch_axis {out.get('batch_axis')}, the input has {info.get('batch_axis')}")
+    for idx, info in enumerate(out_info):
+        if "batch_axis" in info and not _sized_by_batch_axis(info, in_info):
+            _raise(name, "out_info", idx, info, "batch_axis",
+                   f"dim {info['batch_axis']} has size {info['shape'][info['batch_axis']]!r}, which is not the "
+                   "batch axis of an input (its size must be a ref (in_idx, dim) to an input whose batch_axis is dim)")
+
+
+def _sized_by_batch_axis(out: Mapping, in_info: Sequence[Mapping]) -> bool:
+    """Whether output entry ``out``'s size along its ``batch_axis`` is a ref to an input's batch axis (so that
+    folding a vmapped axis into the inputs' batch axes folds it into the output's; see backends/jax.py)."""
+    shape, axis = out.get("shape"), out["batch_axis"]
+    if not isinstance(shape, tuple | list) or not axis < len(shape):
+        return False
+    ref = shape[axis]
+    return (isinstance(ref, tuple | list) and len(ref) == 2 and _is_int(ref[0]) and 0 <= ref[0] < len(in_info)
+            and in_info[ref[0]].get("batch_axis") == ref[1])
 
 
 _FORMAT_SPEC = re.compile(r"%(?:%|\(fail\)s)")
@@ -412,7 +436,10 @@ class NativeOpBase:
     @staticmethod
     def _with(info, key):
         info = dict(info)
-        info.update(info.pop(key, None) or {})
+        overrides = info.pop(key, None) or {}
+        if ("ndim" in overrides or "shape" in overrides) and "batch_axis" not in overrides:
+            info.pop("batch_axis", None)  # another array: its batch axis is not the forward entry's
+        info.update(overrides)
         return info
 
     def kwargs_for_grad_op(self) -> dict[str, Any]:
@@ -436,9 +463,7 @@ class NativeOpBase:
         for idx, info in enumerate(self.in_info):
             if info.get("gradient") == "disconnected":
                 continue
-            out = dict(info)
-            out.pop("shape", None)
-            out.update(out.pop("bw_out_var", None) or {})
+            out = self._with({k: v for k, v in info.items() if k != "shape"}, "bw_out_var")
             out.pop("want_inplace", None)
             out.pop("is_inplace", None)
             if "shape" not in out:
@@ -447,6 +472,8 @@ class NativeOpBase:
                         f"NativeOp {self.name!r}: the gradient of input {info.get('name', idx)!r} needs a shape: "
                         "add the input to grad_input_map or give it bw_out_var={'shape': ...}")
                 out["shape"] = tuple((pos[idx], d) for d in range(info["ndim"]))
+            if "batch_axis" in out and not _sized_by_batch_axis(out, grad_in_info):
+                del out["batch_axis"]  # its size is no longer the batch size of a gradient op input
             grad_out_info.append(out)
         return dict(
             name="GradOf%s" % self.name, in_info=grad_in_info, out_info=grad_out_info, c_fw_code=self.c_bw_code,

@@ -64,7 +64,7 @@ def test_unknown_key_names_the_closest(key, closest):
 
 
 def test_unknown_key_without_a_close_one_lists_the_keys():
-    keys = "unknown key; the keys are bw_grad_var, .*, want_inplace$"
+    keys = "unknown key; the keys are batch_axis, bw_grad_var, .*, want_inplace$"
     with pytest.raises(ValueError, match=entry_error("out_info", "y", 0, "zzz", keys)):
         make(out_info=[dict(OUT[0], zzz=1)])
     with pytest.raises(ValueError, match=entry_error("out_info", "y", 0, 5, "unknown key")):

@@ -25,8 +25,8 @@ import numpy as np
 from pytensor.graph.rewriting.basic import GraphRewriter
 
 _DISPATCH_MODULE = "pytensor.link.jax.dispatch"
-#: How ``jax.vmap`` maps a NativeOp's FFI call: one call per element of the mapped axis.  A spec states neither a
-#: batch axis nor that its elements are independent along one, so no op may assume more (see docs/scaling.md).
+#: How ``jax.vmap`` maps a NativeOp's FFI call that cannot be folded into the op's batch axis (see
+#: :func:`fold_vmap`): one call per element of the mapped axis.
 VMAP_METHOD = "sequential"
 _libraries: dict[str, ctypes.CDLL] = {}
 _registered = False
@@ -71,14 +71,71 @@ def ffi_forward(op, node):
     plan = variant.plan
     aliases = {i: k for i, k in enumerate(plan.inplace_of) if k >= 0}
 
-    def forward(*inputs):
+    def call(*inputs):
         shapes = plan.output_shapes([np.shape(x) for x in inputs])
         result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
-        call = jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases, vmap_method=VMAP_METHOD)
+        return tuple(jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases,
+                                      vmap_method=VMAP_METHOD)(*inputs))
+
+    mapped = fold_vmap(call, batch_axes(op.in_info), batch_axes(op.out_info))
+
+    def forward(*inputs):
         axes = varying_axes(*inputs)
-        return tuple(make_varying(o, axes) for o in call(*inputs))
+        return tuple(make_varying(o, axes) for o in mapped(*inputs))
 
     return forward
+
+
+def batch_axes(infos) -> tuple:
+    """Each spec entry's declared ``batch_axis``, or None."""
+    return tuple(info.get("batch_axis") for info in infos)
+
+
+def foldable(in_axes, out_axes, in_batched) -> bool:
+    """Whether ``jax.vmap`` can fold its axis into the op's batch axis for inputs batched as ``in_batched``: every
+    output has a batch axis, and so has every input that ``vmap`` maps (the others are shared by all elements, or
+    have a batch axis and are repeated along it)."""
+    return (all(a is not None for a in out_axes) and any(in_batched)
+            and all(a is not None for a, b in zip(in_axes, in_batched) if b))
+
+
+def fold_vmap(call, in_axes, out_axes):
+    """``call`` (``f(*arrays) -> tuple of arrays``, one FFI call) for ``jax.vmap``: where :func:`foldable`, the
+    mapped axis (size N) is folded into each entry's batch axis (size B): inputs (..., B, ...) mapped to (N, ...,
+    B, ...) become (..., N * B, ...) (element n's sequence b at n * B + b), unmapped ones with a batch axis are
+    repeated N times along it, one call runs, and each output (..., N * B, ...) is split back into (N, ..., B,
+    ...).  Otherwise one call per element (:data:`VMAP_METHOD`).  Nested maps fold again."""
+    if any(a is None for a in out_axes) or all(a is None for a in in_axes):
+        return call
+    import jax
+    import jax.numpy as jnp
+    from jax.custom_batching import custom_vmap
+
+    folded = custom_vmap(call)
+
+    def rule(axis_size, in_batched, *args):
+        in_batched = list(in_batched)
+        if not foldable(in_axes, out_axes, in_batched):
+            outs = jax.vmap(call, in_axes=[0 if b else None for b in in_batched])(*args)
+            return outs, (True,) * len(outs)
+        merged, batch = [], None
+        for x, a, b in zip(args, in_axes, in_batched):
+            if a is None:
+                merged.append(x)
+                continue
+            if not b:
+                x = jnp.broadcast_to(x, (axis_size, *x.shape))
+            batch = x.shape[a + 1]
+            x = jnp.moveaxis(x, 0, a)
+            merged.append(x.reshape(*x.shape[:a], axis_size * batch, *x.shape[a + 2:]))
+        outs = []
+        for y, a in zip(folded(*merged), out_axes):
+            y = y.reshape(*y.shape[:a], axis_size, batch, *y.shape[a + 1:])
+            outs.append(jnp.moveaxis(y, a, 0))
+        return tuple(outs), (True,) * len(outs)
+
+    folded.def_vmap(rule)
+    return folded
 
 
 def varying_axes(*arrays) -> frozenset:

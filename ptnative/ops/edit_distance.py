@@ -28,14 +28,21 @@ __all__ = [
     "optimal_completion_edit_distance_per_successor", "next_edit_distance_row", "next_edit_distance_reduce",
 ]
 
-def _seq(name):
+def _seq(name, batch=True):
+    """A (B, T) int32 entry (``batch``: its axis 0 is the batch axis)."""
     return {"name": name, "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
-            "gradient": "disconnected"}
+            "gradient": "disconnected", **({"batch_axis": 0} if batch else {})}
 
 
-def _vec(name):
+def _vec(name, batch=True):
+    """A (B,) int32 entry (``batch``: one per sequence), or (L,) shared by all (``batch=False``)."""
     return {"name": name, "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-            "gradient": "disconnected"}
+            "gradient": "disconnected", **({"batch_axis": 0} if batch else {})}
+
+
+#: The (B,) int32 output of the distances, one per pair.
+_DISTANCES = {"name": "output", "ndim": 1, "shape": ((0, 0),), "dtype": "int32", "need_contiguous": True,
+              "batch_axis": 0}
 
 
 class _EditDistanceBase(NativeOpGenBase):
@@ -53,7 +60,7 @@ class EditDistanceOp(_EditDistanceBase):
     """
 
     in_info = (_seq("a"), _vec("a_len"), _seq("b"), _vec("b_len"))
-    out_info = ({"name": "output", "ndim": 1, "shape": ((0, 0),), "dtype": "int32", "need_contiguous": True},)
+    out_info = (_DISTANCES,)
     c_fw_code = "edit_distance_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
@@ -77,8 +84,9 @@ class OptimalCompletionEditDistancePerSuccessorOp(_EditDistanceBase):
     ``successors`` (L,) int32.  Output: ``output`` (B, L) int32.
     """
 
-    in_info = EditDistanceOp.in_info + (_vec("successors"),)
-    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (4, 0)), "dtype": "int32", "need_contiguous": True},)
+    in_info = EditDistanceOp.in_info + (_vec("successors", batch=False),)
+    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (4, 0)), "dtype": "int32", "need_contiguous": True,
+                 "batch_axis": 0},)
     c_fw_code = "optimal_completion_edit_distance_per_successor_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
@@ -96,11 +104,10 @@ class NextEditDistanceRowOp(_EditDistanceBase):
     """
 
     in_info = (
-        {"name": "last_row", "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected"},
-        _vec("a"), _vec("a_n"), _vec("a_ended"), _seq("b"), _vec("b_len"),
+        _seq("last_row"), _vec("a"), _vec("a_n"), _vec("a_ended"), _seq("b"), _vec("b_len"),
     )
-    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},)
+    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True,
+                 "batch_axis": 0},)
     c_fw_code = "next_edit_distance_row_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
@@ -116,7 +123,9 @@ class NextEditDistanceReduceOp(_EditDistanceBase):
     of an ended entry, keeps ``last_row`` (its min or ``last_row[b_len]``).
     """
 
-    in_info = NextEditDistanceRowOp.in_info[:1] + (_seq("a"),) + NextEditDistanceRowOp.in_info[2:] + (
+    # ``a`` (1, L) is shared by the batch, so ``a`` has no batch axis, and the output none: jax.vmap maps this op
+    # one call per element (folding would need to know which form ``a`` has).
+    in_info = NextEditDistanceRowOp.in_info[:1] + (_seq("a", batch=False),) + NextEditDistanceRowOp.in_info[2:] + (
         host_int32_scalar("optimal_completion"), host_int32_scalar("a_blank_idx"))
     out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (1, 1)), "dtype": "int32", "need_contiguous": True},)
     c_fw_code = "next_edit_distance_reduce_fw(n_inputs, inputs, n_outputs, outputs);"

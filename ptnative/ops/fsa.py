@@ -33,19 +33,28 @@ from ._args import flag, float_tensor, host_int32_scalar, int_tensor, real_tenso
 from ._loss import LossWithGradOp
 
 
-def _hidden(name, shape):
+def _hidden(name, shape, batch_axis=None):
     """A float64 output that calling the op does not return (it feeds the gradient op)."""
-    return {"name": name, "ndim": len(shape), "shape": shape, "dtype": "float64", "need_contiguous": True,
-            "dummy": True}
+    return _out(name, shape, batch_axis, dtype="float64", dummy=True)
 
 
-def _arr(name, ndim, dtype=None, shape=None, disc=True):
+def _arr(name, ndim, dtype=None, shape=None, disc=True, batch_axis=None):
     info = {"name": name, "ndim": ndim, "shape": shape if shape is not None else (None,) * ndim,
             "need_contiguous": True}
     if dtype:
         info["dtype"] = dtype
     if disc:
         info["gradient"] = "disconnected"
+    if batch_axis is not None:
+        info["batch_axis"] = batch_axis
+    return info
+
+
+def _out(name, shape, batch_axis=None, **extra):
+    """An output entry (its sequences along ``batch_axis``, if given: see docs/scaling.md)."""
+    info = {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
+    if batch_axis is not None:
+        info["batch_axis"] = batch_axis
     return info
 
 
@@ -54,11 +63,11 @@ def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
     (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
     gradient for any (the mask never has one)."""
     return (
-        _arr("log_emissions", 3, disc=disc),
+        _arr("log_emissions", 3, disc=disc, batch_axis=1),
         _arr("log_transitions", transitions_ndim, disc=disc),
         _arr("log_initial", initial_ndim, disc=disc),
         _arr("log_final", 1, disc=disc),
-        _arr("mask", 2),
+        _arr("mask", 2, batch_axis=1),
     )
 
 
@@ -293,17 +302,17 @@ class CtcFsaLossOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("logits", 3, disc=False),
-        _arr("logits_seq_lens", 1, "int32"),
-        _arr("targets", 2, "int32"),
-        _arr("targets_seq_lens", 1, "int32"),
+        _arr("logits", 3, disc=False, batch_axis=1),
+        _arr("logits_seq_lens", 1, "int32", batch_axis=0),
+        _arr("targets", 2, "int32", batch_axis=0),
+        _arr("targets_seq_lens", 1, "int32", batch_axis=0),
         host_int32_scalar("blank_index"),
         host_int32_scalar("label_loop"),
         host_int32_scalar("logits_normalized"),
     )
     out_info = (
-        {"name": "loss", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
-        {"name": "grad", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        _out("loss", ((0, 1),), 0),
+        _out("grad", ((0, 0), (0, 1), (0, 2)), 1),
     )
     c_extra_support_code = kernel_unit("ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -344,10 +353,10 @@ class HmmForwardBackwardOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False)
     out_info = (
-        {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
-        _hidden("scales", ((0, 0), (0, 1))),
-        _hidden("status", ((0, 1),)),
+        _out("log_likelihood", ((0, 1),), 0),
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1),
+        _hidden("scales", ((0, 0), (0, 1)), 1),
+        _hidden("status", ((0, 1),), 0),
     )
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9)

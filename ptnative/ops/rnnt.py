@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorConstant
 
 from ..op import NativeOpGenBase
-from ..source import read_kernel_file
+from ..source import kernel_unit
 from ._args import float_tensor, host_int32_scalar, int_tensor, python_int, real_number
 from ._loss import LossWithGradOp
 
@@ -67,13 +67,14 @@ class MultiBlankRnntLoss(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "acts", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True, "want_inplace": 1},
+        {"name": "acts", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True, "want_inplace": 1,
+         "batch_axis": 0},
         {"name": "labels", "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected"},
+         "gradient": "disconnected", "batch_axis": 0},
         {"name": "act_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected"},
+         "gradient": "disconnected", "batch_axis": 0},
         {"name": "label_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected"},
+         "gradient": "disconnected", "batch_axis": 0},
         {"name": "durations", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
          "host_memory": True, "gradient": "disconnected"},
         host_int32_scalar("blank"),
@@ -81,14 +82,16 @@ class MultiBlankRnntLoss(NativeOpGenBase):
          "host_memory": True, "gradient": "disconnected"},
     )
     out_info = (
-        {"name": "costs", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True},
-        {"name": "grads", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (0, 3)), "need_contiguous": True},
-        {"name": "loglik", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True},
-        {"name": "alphas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "betas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "lognorm", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
+        {"name": "costs", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True, "batch_axis": 0},
+        {"name": "grads", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (0, 3)), "need_contiguous": True,
+         "batch_axis": 0},
+        {"name": "loglik", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True, "batch_axis": 0},
+        {"name": "alphas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True, "batch_axis": 0},
+        {"name": "betas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True, "batch_axis": 0},
+        {"name": "lognorm", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True,
+         "batch_axis": 0},
     )
-    c_extra_support_code = {"rnnt": read_kernel_file("rnnt.cu")}
+    c_extra_support_code = kernel_unit("rnnt.cu")
     c_fw_code = "rnnt_multiblank_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = None  # the gradient is the `grads` output (RnntLossOp.pullback)
     code_version = (2,)

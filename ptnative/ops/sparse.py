@@ -36,9 +36,9 @@ def _call(function: str, strict: str = "") -> str:
 
 
 def _coo(name: str, **extra) -> dict:
-    """The in_info entry of an (N, B) COO array (indices and masks: no gradient)."""
+    """The in_info entry of an (N, B) COO array (indices and masks: no gradient); the batch is axis 1."""
     return {"name": name, "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected",
-            **extra}
+            "batch_axis": 1, **extra}
 
 
 class _SparseOpGen(NativeOpGenBase):
@@ -72,10 +72,10 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """
 
     in_info = (
-        {"name": "x", "ndim": 3, "shape": (None, None, None)},
-        {"name": "idx", "ndim": 2, "shape": (None, None), "gradient": "disconnected"},
+        {"name": "x", "ndim": 3, "shape": (None, None, None), "batch_axis": 1},
+        {"name": "idx", "ndim": 2, "shape": (None, None), "gradient": "disconnected", "batch_axis": 1},
     )
-    out_info = ({"name": "y", "ndim": 2, "shape": ((0, 0), (0, 1))},)
+    out_info = ({"name": "y", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},)
 
     @classmethod
     def grad_input_map(cls, x, idx, y, DY):
@@ -95,15 +95,15 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
 
     in_info = (
         {"name": "_initial_W", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 0,
-         "bw_out_var": {"shape": ((3, 0), (3, 1), (3, 2))}},
+         "batch_axis": 1, "bw_out_var": {"shape": ((3, 0), (3, 1), (3, 2)), "batch_axis": 1}},
         _coo("s0"),
         _coo("s1"),
-        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True,
-         "bw_out_var": {"shape": ((0, 0), (0, 1))}},
+        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1,
+         "bw_out_var": {"shape": ((0, 0), (0, 1)), "batch_axis": 1}},
         _coo("mask"),
     )
     out_info = (
-        {"name": "W", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)),
+        {"name": "W", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "batch_axis": 1,
          "bw_grad_var": {"want_inplace": 0, "need_contiguous": True}},
     )
 
@@ -127,14 +127,14 @@ class MaxAndArgmaxSparse(_SparseOpGen, kernel="max_and_argmax_sparse", backward=
     in_info = (
         _coo("s0"),
         _coo("s1"),
-        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1},
         _coo("mask"),
         _coo("_out_max", want_inplace=0),
         _coo("_out_arg", want_inplace=1),
     )
     out_info = (
-        {"name": "out_max", "ndim": 2, "shape": ((4, 0), (4, 1))},
-        {"name": "out_arg", "ndim": 2, "shape": ((5, 0), (5, 1))},
+        {"name": "out_max", "ndim": 2, "shape": ((4, 0), (4, 1)), "batch_axis": 1},
+        {"name": "out_arg", "ndim": 2, "shape": ((5, 0), (5, 1)), "batch_axis": 1},
     )
 
 
@@ -176,17 +176,17 @@ class CrossEntropySoftmaxAndGradientZSparse(_SparseOpGen, kernel="crossentropy_s
     """
 
     in_info = (
-        {"name": "z", "ndim": 3, "shape": (None, None, None), "need_contiguous": True},
+        {"name": "z", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "batch_axis": 1},
         _coo("z_mask"),
         _coo("y_target_t"),
         _coo("y_target_i"),
-        {"name": "y_target_w", "ndim": 2, "shape": (None, None), "need_contiguous": True},
+        {"name": "y_target_w", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1},
         _coo("y_target_mask"),
     )
     out_info = (
-        {"name": "out_ce", "ndim": 2, "shape": ((0, 0), (0, 1))},
-        {"name": "out_grad_z", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
-        {"name": "_out_max_z", "ndim": 2, "shape": ((0, 0), (0, 1))},
+        {"name": "out_ce", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},
+        {"name": "out_grad_z", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "batch_axis": 1},
+        {"name": "_out_max_z", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},
     )
 
     @classmethod
