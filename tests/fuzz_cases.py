@@ -76,8 +76,15 @@ class Harness:
     """One catalogue function: ``symbols()``, ``graph(*symbols)``, ``valid(rng)`` and ``cases()``."""
 
     name = ""
-    output_names: list[str] = []
-    batch_axes: list = []  # batch axis of each output (None: no batch axis)
+    outputs: dict = {}  # each output's name: its batch axis (None: no batch axis)
+
+    @property
+    def output_names(self):
+        return list(self.outputs)
+
+    @property
+    def batch_axes(self):
+        return list(self.outputs.values())
 
     def __init__(self, mode):
         self.mode = mode
@@ -116,6 +123,12 @@ class Harness:
         for k, v in changes.items():
             values[names.index(k)] = v(values[names.index(k)]) if callable(v) else v
         return values
+
+    def rejected(self, arg, value, names=None):
+        """A case: the valid values with ``arg`` replaced by ``value`` (a callable: applied to the valid value, as in
+        ``with_values``) raise an error naming the function or one of ``names`` (default: ``arg`` alone)."""
+        names = [arg] if names is None else names
+        return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), [self.name, *names])
 
     def layout_cases(self):
         """Every array argument as a negative-stride view and as a non-contiguous view: same results.
@@ -200,8 +213,7 @@ class Lstm(Harness):
     """``lstm`` with both implementations (native2 and lowmem) in one graph."""
 
     name = "lstm"
-    output_names = ["Y", "final_c", "final_y", "Y_lowmem", "final_c_lowmem", "final_y_lowmem", "dx"]
-    batch_axes = [1, 0, 0, 1, 0, 0, 1]
+    outputs = {"Y": 1, "final_c": 0, "final_y": 0, "Y_lowmem": 1, "final_c_lowmem": 0, "final_y_lowmem": 0, "dx": 1}
     T, B, NIN, N = 4, 3, 2, 2
     LENS = [4, 2, 3]
 
@@ -320,8 +332,7 @@ def _set(a, idx, v):
 
 class LstmCellH(Harness):
     name = "lstm_cell"
-    output_names = ["c", "h", "dc_prev", "dx"]
-    batch_axes = [0, 0, 0, 0]
+    outputs = {"c": 0, "h": 0, "dc_prev": 0, "dx": 0}
 
     def symbols(self):
         pt = _pt()
@@ -399,8 +410,7 @@ def _shapes(got, shapes):
 
 class TwoD(Harness):
     name = "twod_lstm"
-    output_names = ["CompleteY", "H", "dX", "dW"]
-    batch_axes = [2, 2, 2, None]
+    outputs = {"CompleteY": 2, "H": 2, "dX": 2, "dW": None}
 
     def symbols(self):
         pt = _pt()
@@ -509,19 +519,43 @@ def ctc_automaton(targets, tlens, blank):
     return [np.asarray(v) for v in f(np.asarray(targets, np.int32), np.asarray(tlens, np.int32))]
 
 
-class CtcFsa(Harness):
+class FsaFunction(Harness):
+    """A function of ``ptnative.ops.fsa`` (named ``name``) whose outputs are the graph of its symbols."""
+
+    def graph(self, *symbols):
+        from ptnative.ops import fsa
+
+        return getattr(fsa, self.name)(*symbols)
+
+    @staticmethod
+    def automaton_symbols():
+        pt = _pt()
+        return [pt.imatrix("edges"), pt.vector("weights"), pt.imatrix("start_end_states")]
+
+    def automaton(self):
+        """The values of ``automaton_symbols()``: the CTC automaton of the labels [1, 2] and [2] (blank 0), its
+        weights float64; built once."""
+        if not hasattr(self, "_fsa"):
+            edges, weights, se = ctc_automaton([[1, 2], [2, 0]], [2, 1], 0)
+            self._fsa = [edges, weights.astype(np.float64), se]
+        return self._fsa
+
+    def bad_edges(self, row, value):
+        """A case: ``edges[row, 0] = value`` raises an error naming the function or ``edges``."""
+        def change(e):
+            e = e.copy()
+            e[row, 0] = value
+            return e
+        return lambda: expect_error(lambda: self(*self.with_values(edges=change)), [self.name, "edges"])
+
+
+class CtcFsa(FsaFunction):
     name = "get_ctc_fsa_fast_bw"
-    output_names = ["edges", "weights", "start_end_states"]
-    batch_axes = [None, None, None]
+    outputs = {"edges": None, "weights": None, "start_end_states": None}
 
     def symbols(self):
         pt = _pt()
         return [pt.imatrix("targets"), pt.ivector("seq_lens"), pt.iscalar("blank_idx")]
-
-    def graph(self, targets, seq_lens, blank_idx):
-        from ptnative.ops.fsa import get_ctc_fsa_fast_bw
-
-        return get_ctc_fsa_fast_bw(targets, seq_lens, blank_idx)
 
     def valid(self):
         return [np.array([[1, 2, 2], [0, 0, 0], [2, 1, 0]], np.int32), np.array([3, 0, 2], np.int32), np.int32(3)]
@@ -561,28 +595,18 @@ class CtcFsa(Harness):
         ]
 
 
-class FastBW(Harness):
+class FastBW(FsaFunction):
     name = "fast_baum_welch"
-    output_names = ["fwdbwd", "obs_scores"]
-    batch_axes = [1, 1]
+    outputs = {"fwdbwd": 1, "obs_scores": 1}
     LENS = [5, 3]
 
     def symbols(self):
         pt = _pt()
-        return [pt.tensor3("am_scores"), pt.imatrix("edges"), pt.vector("weights"), pt.imatrix("start_end_states"),
-                pt.matrix("float_idx")]
-
-    def graph(self, am, edges, weights, se, idx):
-        from ptnative.ops.fsa import fast_baum_welch
-
-        return fast_baum_welch(am, edges, weights, se, idx)
+        return [pt.tensor3("am_scores"), *self.automaton_symbols(), pt.matrix("float_idx")]
 
     def valid(self):
-        if not hasattr(self, "_fsa"):
-            self._fsa = ctc_automaton([[1, 2], [2, 0]], [2, 1], 0)
-        edges, weights, se = self._fsa
         r = np.random.default_rng(5)
-        return [r.random((5, 2, 3)) * 2, edges, weights.astype(np.float64), se, mask_of(self.LENS, 5)]
+        return [r.random((5, 2, 3)) * 2, *self.automaton(), mask_of(self.LENS, 5)]
 
     def runtime_cases(self):
         from .reference import fsa as ref
@@ -610,15 +634,7 @@ class FastBW(Harness):
                   "posteriors vs the log-space forward-backward", exact=False)
 
         def minus_inf(arg, idx):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, -INF)})),
-                                        ["fast_baum_welch", arg])
-
-        def bad_edges(row, value, what):
-            def change(e):
-                e = e.copy()
-                e[row, 0] = value
-                return e
-            return lambda: expect_error(lambda: self(*self.with_values(edges=change)), ["fast_baum_welch", "edges"])
+            return self.rejected(arg, lambda a: _set(a, idx, -INF))
 
         def empty_batch():
             got = self(np.zeros((5, 0, 3)), np.zeros((4, 0), np.int32), np.zeros(0), np.zeros((2, 0), np.int32),
@@ -638,10 +654,10 @@ class FastBW(Harness):
             ("inf:am_scores_pos", plus_inf),
             ("inf:am_scores_neg", minus_inf("am_scores", (1, 0, 1))),
             ("inf:weights_neg", minus_inf("weights", (0,))),
-            ("out_of_range_label:emission", bad_edges(2, 3, "emission >= D")),
-            ("out_of_range_label:emission_negative", bad_edges(2, -1, "emission < 0")),
-            ("out_of_range_label:state_negative", bad_edges(0, -1, "state < 0")),
-            ("out_of_range_label:sequence", bad_edges(3, 2, "sequence >= B")),
+            ("out_of_range_label:emission", self.bad_edges(2, 3)),  # emission >= D
+            ("out_of_range_label:emission_negative", self.bad_edges(2, -1)),
+            ("out_of_range_label:state_negative", self.bad_edges(0, -1)),
+            ("out_of_range_label:sequence", self.bad_edges(3, 2)),  # sequence >= B
             ("bad_value:float_idx_not_01", lambda: expect_error(
                 lambda: self(*self.with_values(float_idx=lambda m: _set(m, (0, 0), 0.5))),
                 ["fast_baum_welch", "float_idx"])),
@@ -671,28 +687,17 @@ class FastBW(Harness):
         ]
 
 
-class FastViterbi(Harness):
+class FastViterbi(FsaFunction):
     name = "fast_viterbi"
-    output_names = ["alignment", "scores"]
-    batch_axes = [1, 0]
+    outputs = {"alignment": 1, "scores": 0}
 
     def symbols(self):
         pt = _pt()
-        return [pt.tensor3("am_scores"), pt.ivector("am_seq_len"), pt.imatrix("edges"), pt.vector("weights"),
-                pt.imatrix("start_end_states")]
-
-    def graph(self, am, lens, edges, weights, se):
-        from ptnative.ops.fsa import fast_viterbi
-
-        return fast_viterbi(am, lens, edges, weights, se)
+        return [pt.tensor3("am_scores"), pt.ivector("am_seq_len"), *self.automaton_symbols()]
 
     def valid(self):
-        if not hasattr(self, "_fsa"):
-            self._fsa = ctc_automaton([[1, 2], [2, 0]], [2, 1], 0)
-        edges, weights, se = self._fsa
         r = np.random.default_rng(6)
-        return [np.log(r.dirichlet(np.ones(3), size=(5, 2))), np.array([5, 3], np.int32), edges,
-                weights.astype(np.float64), se]
+        return [np.log(r.dirichlet(np.ones(3), size=(5, 2))), np.array([5, 3], np.int32), *self.automaton()]
 
     def runtime_cases(self):
         from .reference import fsa as ref
@@ -715,13 +720,6 @@ class FastViterbi(Harness):
             return lambda: expect_error(lambda: self(*self.with_values(am_seq_len=np.array([v, 3], np.int32))),
                                         ["fast_viterbi", "am_seq_len"])
 
-        def bad_edges(row, value):
-            def change(e):
-                e = e.copy()
-                e[row, 0] = value
-                return e
-            return lambda: expect_error(lambda: self(*self.with_values(edges=change)), ["fast_viterbi", "edges"])
-
         def zero_length():
             got = self(*self.with_values(am_seq_len=np.array([5, 0], np.int32)))
             equal(got[0][:, 1], np.zeros(5, np.int32), "alignment of an empty sequence")
@@ -732,9 +730,9 @@ class FastViterbi(Harness):
             ("inf:am_scores_neg", minus_inf),
             ("out_of_range_length:am_seq_len_too_big", bad_len(6)),
             ("out_of_range_length:am_seq_len_negative", bad_len(-1)),
-            ("out_of_range_label:emission", bad_edges(2, 3)),
-            ("out_of_range_label:state_negative", bad_edges(1, -2)),
-            ("out_of_range_label:sequence", bad_edges(3, 5)),
+            ("out_of_range_label:emission", self.bad_edges(2, 3)),
+            ("out_of_range_label:state_negative", self.bad_edges(1, -2)),
+            ("out_of_range_label:sequence", self.bad_edges(3, 5)),
             ("zero_length:sequence", zero_length),
             ("empty_batch:B0", lambda: _shapes(self(np.zeros((5, 0, 3)), np.zeros(0, np.int32),
                                                     np.zeros((4, 0), np.int32), np.zeros(0),
@@ -760,8 +758,7 @@ class Ctc(Harness):
 
     name = "ctc_loss"
     viterbi = False
-    output_names = ["loss", "dlogits", "loss_zero_infinity"]
-    batch_axes = [0, 1, 0]
+    outputs = {"loss": 0, "dlogits": 1, "loss_zero_infinity": 0}
     LENS = [6, 4, 5]
     TLENS = [2, 0, 2]
 
@@ -842,9 +839,6 @@ class Ctc(Harness):
             assert got[0][0] == INF and got[2][0] == 0, f"{fn}: L_b = 2 over 0 frames: {got[0][0]}, {got[2][0]}"
             same_batch_entries(got, self.clean(), self.batch_axes, [1, 2], self.output_names)
 
-        def bad(arg, value, names):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), [fn, *names])
-
         return [
             ("nan:logits_valid_frame", nan_valid),
             ("nan:logits_padded_frame", nan_padding),
@@ -857,18 +851,19 @@ class Ctc(Harness):
                                                     np.zeros((0, 2), np.int32), np.zeros(0, np.int32)),
                                                [(0,), (6, 0, 4), (0,)])),
             ("out_of_range_length:logits_seq_lens_too_big",
-             bad("logits_seq_lens", np.array([7, 4, 5], np.int32), ["logits_seq_lens"])),
+             self.rejected("logits_seq_lens", np.array([7, 4, 5], np.int32))),
             ("out_of_range_length:logits_seq_lens_negative",
-             bad("logits_seq_lens", np.array([-1, 4, 5], np.int32), ["logits_seq_lens"])),
+             self.rejected("logits_seq_lens", np.array([-1, 4, 5], np.int32))),
             ("out_of_range_length:targets_seq_lens_too_big",
-             bad("targets_seq_lens", np.array([3, 0, 2], np.int32), ["targets_seq_lens"])),
+             self.rejected("targets_seq_lens", np.array([3, 0, 2], np.int32))),
             ("out_of_range_length:targets_seq_lens_negative",
-             bad("targets_seq_lens", np.array([-1, 0, 2], np.int32), ["targets_seq_lens"])),
+             self.rejected("targets_seq_lens", np.array([-1, 0, 2], np.int32))),
             ("out_of_range_label:targets_too_big",
-             bad("targets", np.array([[1, 4], [0, 0], [2, 2]], np.int32), ["targets"])),
+             self.rejected("targets", np.array([[1, 4], [0, 0], [2, 2]], np.int32))),
             ("out_of_range_label:targets_negative",
-             bad("targets", np.array([[1, -1], [0, 0], [2, 2]], np.int32), ["targets"])),
-            ("shape_mismatch:batch", bad("logits_seq_lens", np.array([6, 4], np.int32), ["logits_seq_lens", "logits"])),
+             self.rejected("targets", np.array([[1, -1], [0, 0], [2, 2]], np.int32))),
+            ("shape_mismatch:batch",
+             self.rejected("logits_seq_lens", np.array([6, 4], np.int32), ["logits_seq_lens", "logits"])),
         ]
 
     def build_cases(self):
@@ -900,8 +895,8 @@ class CtcViterbi(Ctc):
 
 class Hmm(Harness):
     name = "hmm_log_likelihood"
-    output_names = ["log_likelihood", "d_log_emissions", "d_log_transitions", "d_log_initial", "d_log_final"]
-    batch_axes = [0, 1, None, None, None]
+    outputs = {"log_likelihood": 0, "d_log_emissions": 1, "d_log_transitions": None, "d_log_initial": None,
+               "d_log_final": None}
 
     def symbols(self):
         pt = _pt()
@@ -926,8 +921,7 @@ class Hmm(Harness):
         from .reference import fsa as ref
 
         def bad(arg, idx, v, names):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, v)})),
-                                        ["hmm_log_likelihood", *names])
+            return self.rejected(arg, lambda a: _set(a, idx, v), names)
 
         def nan_emission():
             # documented: b's log-likelihood NaN, its emission gradient NaN on its valid frames, others unaffected
@@ -1036,8 +1030,7 @@ class HmmInference(Hmm):
             all_equal(got, self.clean(), [n + " with NaN on a padded frame" for n in self.output_names])
 
         def bad(arg, idx, v):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: lambda a: _set(a, idx, v)})),
-                                        [self.name, arg])
+            return self.rejected(arg, lambda a: _set(a, idx, v))
 
         return [
             ("valid:reference", ref_check()),
@@ -1074,8 +1067,7 @@ class HmmInference(Hmm):
 
 class HmmViterbiH(HmmInference):
     name = "hmm_viterbi"
-    output_names = ["path", "score"]
-    batch_axes = [1, 0]
+    outputs = {"path": 1, "score": 0}
 
     def reference(self, vals):
         from .reference import hmm as ref
@@ -1090,8 +1082,7 @@ class HmmViterbiH(HmmInference):
 
 class HmmPosteriorsH(HmmInference):
     name = "hmm_posteriors"
-    output_names = ["marginals", "counts"]
-    batch_axes = [1, 0]
+    outputs = {"marginals": 1, "counts": 0}
 
     def reference(self, vals):
         from .reference import fsa as ref
@@ -1106,8 +1097,7 @@ class HmmPosteriorsH(HmmInference):
 
 class HmmSampleH(HmmInference):
     name = "hmm_sample_states"
-    output_names = ["path"]
-    batch_axes = [1]
+    outputs = {"path": 1}
 
     def symbols(self):
         return super().symbols() + [_pt().matrix("uniforms")]
@@ -1167,8 +1157,7 @@ class HmmSampleH(HmmInference):
 # ------------------------------------------------------------------------------------------------ RNN-T
 class Rnnt(Harness):
     name = "rnnt_loss"
-    output_names = ["costs", "dacts"]
-    batch_axes = [0, 0]
+    outputs = {"costs": 0, "dacts": 0}
     durations = ()
     B, T, U, K = 3, 4, 2, 4
 
@@ -1249,9 +1238,6 @@ class Rnnt(Harness):
             equal(got[0], costs, "costs", exact=False)
             equal(got[1], grads, "grads", exact=False)
 
-        def bad(arg, value, names):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), [fn, *names])
-
         return [
             ("nan:acts_valid", nan_valid),
             ("nan:acts_padding", nan_padding),
@@ -1263,17 +1249,17 @@ class Rnnt(Harness):
                                                     np.zeros(0, np.int32), np.zeros(0, np.int32)),
                                                [(0,), (0, 4, 3, self.K)])),
             ("out_of_range_label:labels_too_big",
-             bad("labels", np.array([[1, self.K], [3, 1], [2, 2]], np.int32), ["labels"])),
+             self.rejected("labels", np.array([[1, self.K], [3, 1], [2, 2]], np.int32))),
             ("out_of_range_label:labels_negative",
-             bad("labels", np.array([[1, -1], [3, 1], [2, 2]], np.int32), ["labels"])),
-            ("out_of_range_length:act_lens_too_big", bad("act_lens", np.array([5, 2, 3], np.int32), ["act_lens"])),
-            ("out_of_range_length:act_lens_negative", bad("act_lens", np.array([4, -1, 3], np.int32), ["act_lens"])),
+             self.rejected("labels", np.array([[1, -1], [3, 1], [2, 2]], np.int32))),
+            ("out_of_range_length:act_lens_too_big", self.rejected("act_lens", np.array([5, 2, 3], np.int32))),
+            ("out_of_range_length:act_lens_negative", self.rejected("act_lens", np.array([4, -1, 3], np.int32))),
             ("out_of_range_length:label_lens_too_big",
-             bad("label_lens", np.array([3, 1, 0], np.int32), ["label_lens"])),
+             self.rejected("label_lens", np.array([3, 1, 0], np.int32))),
             ("out_of_range_length:label_lens_negative",
-             bad("label_lens", np.array([2, -1, 0], np.int32), ["label_lens"])),
+             self.rejected("label_lens", np.array([2, -1, 0], np.int32))),
             ("valid:acts_padded_beyond_the_longest", padded),
-            ("shape_mismatch:batch", bad("act_lens", np.array([4, 2], np.int32), ["act_lens", "acts"])),
+            ("shape_mismatch:batch", self.rejected("act_lens", np.array([4, 2], np.int32), ["act_lens", "acts"])),
         ]
 
     def build_cases(self):
@@ -1327,8 +1313,7 @@ class MultiRnnt(Rnnt):
 
 class RnntLattice(MultiRnnt):
     name = "multiblank_rnnt_lattice"
-    output_names = ["costs", "grads", "loglik", "alphas", "betas", "lognorm"]
-    batch_axes = [0, 0, 0, 0, 0, 0]
+    outputs = {"costs": 0, "grads": 0, "loglik": 0, "alphas": 0, "betas": 0, "lognorm": 0}
 
     def call(self, acts, labels, act_lens, label_lens, **kw):
         from ptnative.ops.rnnt import multiblank_rnnt_lattice
@@ -1363,8 +1348,7 @@ class RnntLattice(MultiRnnt):
 # ---------------------------------------------------------------------------------------- edit distance
 class EditDistance(Harness):
     name = "edit_distance"
-    output_names = ["output"]
-    batch_axes = [0]
+    outputs = {"output": 0}
     ref_name = "edit_distance"
 
     def fn(self):
@@ -1392,9 +1376,6 @@ class EditDistance(Harness):
     def runtime_cases(self):
         fn = self.name
 
-        def bad(arg, value):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), [fn, arg])
-
         def extreme_labels():
             vals = self.with_values(a=lambda a: _set(a, (0, 0), np.iinfo(np.int32).min),
                                     b=lambda b: _set(b, (0, 1), np.iinfo(np.int32).max))
@@ -1414,10 +1395,10 @@ class EditDistance(Harness):
             ("out_of_range_label:int32_extremes", extreme_labels),
             ("zero_length:T0", ref_check(a=np.zeros((3, 0), np.int32), a_len=np.zeros(3, np.int32))),
             ("empty_batch:B0", lambda: _shapes(self(*empty), [self.reference(empty)[0].shape])),
-            ("out_of_range_length:a_len_too_big", bad("a_len", np.array([6, 0, 3], np.int32))),
-            ("out_of_range_length:a_len_negative", bad("a_len", np.array([5, -1, 3], np.int32))),
-            ("out_of_range_length:b_len_too_big", bad("b_len", np.array([4, 7, 0], np.int32))),
-            ("out_of_range_length:b_len_negative", bad("b_len", np.array([4, 2, -3], np.int32))),
+            ("out_of_range_length:a_len_too_big", self.rejected("a_len", np.array([6, 0, 3], np.int32))),
+            ("out_of_range_length:a_len_negative", self.rejected("a_len", np.array([5, -1, 3], np.int32))),
+            ("out_of_range_length:b_len_too_big", self.rejected("b_len", np.array([4, 7, 0], np.int32))),
+            ("out_of_range_length:b_len_negative", self.rejected("b_len", np.array([4, 2, -3], np.int32))),
             ("shape_mismatch:batch", lambda: expect_error(
                 lambda: self(*self.with_values(b_len=np.array([1, 1], np.int32), b=np.zeros((2, 6), np.int32))),
                 [fn, "b", "b_len", "a"])),
@@ -1458,8 +1439,7 @@ class PerSuccessor(EditDistance):
 
 class NextRow(Harness):
     name = "next_edit_distance_row"
-    output_names = ["output"]
-    batch_axes = [0]
+    outputs = {"output": 0}
 
     def symbols(self):
         pt = _pt()
@@ -1483,18 +1463,13 @@ class NextRow(Harness):
         return [np.asarray(ref.next_edit_distance_row(*vals))]
 
     def runtime_cases(self):
-        fn = self.name
-
-        def bad(arg, value):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), [fn, arg])
-
         return [
             ("valid:reference", lambda: all_equal(self(*self.valid()), self.reference(self.valid()),
                                                   self.output_names)),
-            ("out_of_range_length:b_len_too_big", bad("b_len", np.array([6, 2, 0], np.int32))),
-            ("out_of_range_length:b_len_negative", bad("b_len", np.array([5, -2, 0], np.int32))),
-            ("shape_mismatch:last_row", bad("last_row", np.zeros((3, 5), np.int32))),
-            ("shape_mismatch:a", bad("a", np.zeros(2, np.int32))),
+            ("out_of_range_length:b_len_too_big", self.rejected("b_len", np.array([6, 2, 0], np.int32))),
+            ("out_of_range_length:b_len_negative", self.rejected("b_len", np.array([5, -2, 0], np.int32))),
+            ("shape_mismatch:last_row", self.rejected("last_row", np.zeros((3, 5), np.int32))),
+            ("shape_mismatch:a", self.rejected("a", np.zeros(2, np.int32))),
             ("empty_batch:B0", lambda: _shapes(self(np.zeros((0, 6), np.int32), *[np.zeros(0, np.int32)] * 3,
                                                     np.zeros((0, 5), np.int32), np.zeros(0, np.int32)), [(0, 6)])),
             ("zero_length:Tb0", lambda: all_equal(
@@ -1519,8 +1494,7 @@ class NextRow(Harness):
 
 class NextReduce(NextRow):
     name = "next_edit_distance_reduce"
-    output_names = ["output", "output_oc"]
-    batch_axes = [0, 0]
+    outputs = {"output": 0, "output_oc": 0}
 
     def symbols(self):
         s = super().symbols()
@@ -1579,8 +1553,7 @@ class NextReduce(NextRow):
 # ---------------------------------------------------------------------------------------------- chunking
 class Chunk(Harness):
     name = "chunk"
-    output_names = ["out", "oindex", "dx"]
-    batch_axes = [None, None, 1]
+    outputs = {"out": None, "oindex": None, "dx": 1}
 
     def symbols(self):
         pt = _pt()
@@ -1613,9 +1586,6 @@ class Chunk(Harness):
                 all_equal(got[:2], self.reference(vals), self.output_names)
             return run
 
-        def bad(arg, value):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), ["chunk", arg])
-
         return [
             ("nan:x", ref_check(x=lambda x: _set(x, (2, 0, 1), NAN))),
             ("nan:index", ref_check(index=lambda m: _set(m, (1, 1), NAN))),
@@ -1623,10 +1593,10 @@ class Chunk(Harness):
             ("bad_value:index_cutoff", ref_check(index=lambda m: _set(_set(m, (0, 0), 0.09), (1, 0), 0.11))),
             ("zero_length:T0", ref_check(x=np.zeros((0, 2, 3)), index=np.zeros((0, 2)))),
             ("empty_batch:B0", ref_check(x=np.zeros((7, 0, 3)), index=np.zeros((7, 0)))),
-            ("bad_value:chunk_size_0", bad("chunk_size", np.int32(0))),
-            ("bad_value:chunk_step_0", bad("chunk_step", np.int32(0))),
-            ("bad_value:chunk_step_negative", bad("chunk_step", np.int32(-2))),
-            ("shape_mismatch:index", bad("index", np.ones((7, 3)))),
+            ("bad_value:chunk_size_0", self.rejected("chunk_size", np.int32(0))),
+            ("bad_value:chunk_step_0", self.rejected("chunk_step", np.int32(0))),
+            ("bad_value:chunk_step_negative", self.rejected("chunk_step", np.int32(-2))),
+            ("shape_mismatch:index", self.rejected("index", np.ones((7, 3)))),
         ]
 
     def build_cases(self):
@@ -1648,8 +1618,7 @@ class Chunk(Harness):
 
 class Unchunk(Harness):
     name = "unchunk"
-    output_names = ["out", "oindex", "factors", "dx"]
-    batch_axes = [1, 1, 1, None]
+    outputs = {"out": 1, "oindex": 1, "factors": 1, "dx": None}
 
     def symbols(self):
         pt = _pt()
@@ -1682,21 +1651,18 @@ class Unchunk(Harness):
                 all_equal(self(*vals)[:3], self.reference(vals), self.output_names)
             return run
 
-        def bad(arg, value, names):
-            return lambda: expect_error(lambda: self(*self.with_values(**{arg: value})), ["unchunk", *names])
-
         return [
             ("nan:x", ref_check(x=lambda x: _set(x, (1, 0, 0), NAN), index=lambda m: _set(m, (1, 0), 1.0))),
             ("nan:x_uncounted", ref_check(x=lambda x: _set(x, (1, 0, 0), NAN), index=lambda m: _set(m, (1, 0), 0.0))),
             ("nan:index", ref_check(index=lambda m: _set(m, (1, 0), NAN))),
             ("inf:x", ref_check(x=lambda x: _set(x, (1, 0, 0), INF), index=lambda m: _set(m, (1, 0), 1.0))),
             ("bad_value:index_cutoff", ref_check(index=lambda m: _set(_set(m, (0, 0), 0.09), (1, 0), 0.11))),
-            ("shape_mismatch:n_time", bad("n_time", np.int32(3), ["n_time", "x"])),
-            ("shape_mismatch:n_batch", bad("n_batch", np.int32(3), ["n_batch", "x"])),
-            ("out_of_range_length:n_time_negative", bad("n_time", np.int32(-1), ["n_time"])),
+            ("shape_mismatch:n_time", self.rejected("n_time", np.int32(3), ["n_time", "x"])),
+            ("shape_mismatch:n_batch", self.rejected("n_batch", np.int32(3), ["n_batch", "x"])),
+            ("out_of_range_length:n_time_negative", self.rejected("n_time", np.int32(-1), ["n_time"])),
             ("empty_batch:B0", ref_check(x=np.zeros((3, 0, 2)), index=np.zeros((3, 0)), n_batch=np.int32(0))),
             ("zero_length:T0", ref_check(x=np.zeros((3, 2, 2)), index=np.ones((3, 2)), n_time=np.int32(0))),
-            ("shape_mismatch:index", bad("index", np.ones((3, 5)), ["index"])),
+            ("shape_mismatch:index", self.rejected("index", np.ones((3, 5)), ["index"])),
         ]
 
     def build_cases(self):
@@ -1714,8 +1680,7 @@ class Unchunk(Harness):
 # ------------------------------------------------------------------------------------------------ sparse
 class BatchedIndex(Harness):
     name = "subtensor_batched_index"
-    output_names = ["y", "dx"]
-    batch_axes = [1, 1]
+    outputs = {"y": 1, "dx": 1}
 
     def symbols(self):
         pt = _pt()
@@ -1789,7 +1754,14 @@ class BatchedIndex(Harness):
         ]
 
 
+def coo_symbols(names=("s0", "s1", "weight", "mask")):
+    """Symbols of a sparse (COO) batch: four float matrices named ``names``, fed by ``coo_values``."""
+    return [_pt().matrix(name) for name in names]
+
+
 def coo_values(seed, N=6, B=2, T=4, D=3):
+    """A sparse (COO) batch: time and dimension indices (N, B) into (T, B, D), as floats, the second entry of
+    each sequence repeating the first; normal weights; mask 1."""
     r = np.random.default_rng(seed)
     s0 = r.integers(0, T, size=(N, B)).astype(np.float64)
     s1 = r.integers(0, D, size=(N, B)).astype(np.float64)
@@ -1799,13 +1771,10 @@ def coo_values(seed, N=6, B=2, T=4, D=3):
 
 class SparseToDenseH(Harness):
     name = "sparse_to_dense"
-    output_names = ["W", "dweight"]
-    batch_axes = [1, 1]
+    outputs = {"W": 1, "dweight": 1}
 
     def symbols(self):
-        pt = _pt()
-        return [pt.matrix("s0"), pt.matrix("s1"), pt.matrix("weight"), pt.matrix("mask"), pt.iscalar("n_time"),
-                pt.iscalar("n_dim")]
+        return coo_symbols() + [_pt().iscalar("n_time"), _pt().iscalar("n_dim")]
 
     def graph(self, s0, s1, w, m, T, D):
         import pytensor
@@ -1876,13 +1845,10 @@ class SparseToDenseH(Harness):
 
 class MaxArgmax(Harness):
     name = "max_and_argmax_sparse"
-    output_names = ["out_max", "out_arg"]
-    batch_axes = [1, 1]
+    outputs = {"out_max": 1, "out_arg": 1}
 
     def symbols(self):
-        pt = _pt()
-        return [pt.matrix("s0"), pt.matrix("s1"), pt.matrix("weight"), pt.matrix("mask"), pt.matrix("out_max"),
-                pt.matrix("out_arg")]
+        return coo_symbols() + [_pt().matrix("out_max"), _pt().matrix("out_arg")]
 
     def graph(self, *s):
         from ptnative.ops.sparse import max_and_argmax_sparse
@@ -1936,13 +1902,12 @@ class MaxArgmax(Harness):
 
 class CrossEntropySparse(Harness):
     name = "crossentropy_softmax_and_gradient_z_sparse"
-    output_names = ["ce", "grad_z", "dz"]
-    batch_axes = [1, 1, 1]
+    outputs = {"ce": 1, "grad_z": 1, "dz": 1}
 
     def symbols(self):
         pt = _pt()
-        return [pt.tensor3("z"), pt.matrix("z_mask"), pt.matrix("y_target_t"), pt.matrix("y_target_i"),
-                pt.matrix("y_target_w"), pt.matrix("y_target_mask")]
+        return [pt.tensor3("z"), pt.matrix("z_mask"),
+                *coo_symbols(("y_target_t", "y_target_i", "y_target_w", "y_target_mask"))]
 
     def graph(self, *s):
         import pytensor
