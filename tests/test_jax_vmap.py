@@ -317,3 +317,15 @@ def test_batch_axis_does_not_change_the_kernel_source():
     declared = NativeOp(in_info=[IN], out_info=[OUT], c_fw_code=";", name="Axis")
     assert plain != declared
     assert generate(plain, "float64").source == generate(declared, "float64").source
+
+
+@pytest.mark.parametrize("n_map, batch", [(2, 0), (0, 3)])
+def test_empty_map_or_empty_batch(n_map, batch):
+    T, D, N = 5, 4, 2
+    logits = pt.tensor3("logits", shape=(T, None, D), dtype="float64")
+    ins = [logits, pt.ivector("lens"), pt.imatrix("targets", shape=(None, N)), pt.ivector("tlens")]
+    f = jaxify(ins, [ptnative.ctc_loss(*ins, blank_index=0)])
+    args = (np.zeros((n_map, T, batch, D)), np.full((n_map, batch), T, "int32"),
+            np.ones((n_map, batch, N), "int32"), np.ones((n_map, batch), "int32"))
+    assert jax.vmap(f)(*args)[0].shape == (n_map, batch)
+    assert jax.vmap(jax.grad(lambda *a: f(*a)[0].sum()))(*args).shape == (n_map, T, batch, D)

@@ -1,6 +1,8 @@
 """JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``) of a handler built from the op's own entry
 point (:mod:`ptnative.backends.ffi_source`), so it runs inside XLA on the device JAX uses (CPU, or CUDA with a handler
-built by nvcc), with no host round trip.  ``want_inplace`` inputs are aliased to their outputs.
+built by nvcc), with no host round trip.  ``want_inplace`` inputs are aliased to their outputs.  Under ``jax.vmap`` the
+mapped axis is folded into the op's declared batch axes (spec key ``batch_axis``; one FFI call, see
+:func:`fold_vmap`) where every output and every mapped input has one, else the call runs once per element.
 
 Each op is a ``jax.custom_vjp``: ``jax.grad`` (numpyro, blackjax, PyMC's JAX samplers) gets the op's own PyTensor
 pullback (its gradient op, or a family's custom pullback), jaxified, so JAX's gradients equal PyTensor's.  Output
