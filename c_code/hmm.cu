@@ -19,59 +19,12 @@
 // a NaN in the shared parameters does so for every sequence with a frame.  The gradients of the shared
 // parameters are NaN when any sequence is.  +inf log-probabilities raise.
 //
-// fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: fsa_common.h.
+// hmm_model.h: the model, its checks and the CPU threads; hmm_gemm.h: the CPU step products.
 
-#include "fsa_common.h"
+#include "hmm_model.h"
+#include "hmm_gemm.h"
 
-// The dialect's scratch memory, under the name the HMM kernels of other files use.
-typedef ptn::Scratch HmmScratch;
-
-#define HMM_TINY 1e-280
-enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
-
-// *out = max of x[0..n) over the non-NaN entries (-inf if none); returns whether x has a NaN.  A +inf
-// entry i is recorded in `check` (if given) by report(i), and *out is then -inf.
-template <typename Report>
-DEV_FUNC inline bool hmm_checked_max(const Float* x, int64_t n, double* out, FsaCheck* check, Report report) {
-  double mq[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};  // four chains: the comparisons overlap
-  int nan = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int q = 0; q < 4; ++q) {
-      const double v = (double)x[i + q];
-      nan |= v != v;
-      mq[q] = v > mq[q] ? v : mq[q];
-    }
-  for (; i < n; ++i) {
-    const double v = (double)x[i];
-    nan |= v != v;
-    mq[0] = v > mq[0] ? v : mq[0];
-  }
-  const bool has_nan = nan != 0;
-  double m = mq[0] > mq[1] ? mq[0] : mq[1];
-  m = mq[2] > m ? mq[2] : m;
-  m = mq[3] > m ? mq[3] : m;
-  if (m == INFINITY) {
-    i = 0;
-    while (i + 1 < n && !((double)x[i] == INFINITY)) ++i;
-    if (check) report(check, i);
-    m = -INFINITY;
-  }
-  *out = m;
-  return has_nan;
-}
-
-// out[i] = exp(x[i] - m) (0 everywhere if m = -inf).
-DEV_FUNC inline void hmm_exp_row(const Float* __restrict__ x, int64_t n, double m, double* __restrict__ out) {
-  if (!(m > -INFINITY)) {
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.0;
-    return;
-  }
-#if !CUDA
-#pragma GCC ivdep
-#endif
-  for (int64_t i = 0; i < n; ++i) out[i] = fsa_exp((double)x[i] - m);
-}
+#define HMM_TINY 1e-280  // a step mass below it underflowed: the sequence is recomputed in log space
 
 // log sum_i exp(x[i] + y[i]) (y may be null); -inf if empty.
 template <typename X, typename Y>
@@ -86,40 +39,6 @@ DEV_FUNC inline double hmm_lse2(const X* x, const Y* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s += exp((double)x[i] + (y ? (double)y[i] : 0.0) - m);
   return m + log(s);
 }
-
-struct HmmParamReport {
-  int q;
-  DEV_FUNC void operator()(FsaCheck* c, int64_t i) const { fsa_fail(c, FSA_CHECK_PARAM_PLUS_INF, q, i, 0, INFINITY); }
-};
-
-// A, pi, f: shifted exps; consts = [log-shift of A, of pi, of f, 1 if any of them has a NaN].  AT = A transposed.
-DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Float* lf, double* A, double* AT,
-                         double* pi, double* f, double* consts, FsaCheck* check) {
-  GRID_LOOP(i, 1) {
-    const Float* src[3] = {lA, lpi, lf};
-    double* dst[3] = {A, pi, f};
-    int64_t n[3] = {K * K, K, K};
-    consts[3] = 0.0;
-    for (int q = 0; q < 3; ++q) {
-      double m;
-      if (hmm_checked_max(src[q], n[q], &m, check, HmmParamReport{q})) consts[3] = 1.0;
-      hmm_exp_row(src[q], n[q], m, dst[q]);
-      consts[q] = m > -INFINITY ? m : 0.0;
-    }
-    for (int64_t a = 0; a < K; ++a)
-      for (int64_t b = 0; b < K; ++b) AT[b * K + a] = A[a * K + b];
-  }
-}
-
-// The model every HMM op starts from (hmm_model_setup): sizes, the log-probability inputs, the sequence lengths,
-// and the parameters' shifted exps (A, its transpose AT, pi, f; consts as hmm_prep's).
-struct HmmModel {
-  int64_t T, B, K;
-  const Float *le, *lA, *lpi, *lf;
-  const int32_t* seq_len;
-  const double *A, *AT, *pi, *f, *consts;
-  FsaCheck* check;
-};
 
 struct HmmParams : HmmModel {
   double *alpha, *c, *status;
@@ -282,104 +201,9 @@ DEV_FUNC inline void hmm_fwd_final(const HmmParams& p, int64_t b, double* ll) {
     p.status[b] = HMM_LOG_SPACE;
 }
 
+#include "hmm_loglik_small.h"
+
 #if !CUDA
-typedef double hmm_v4d __attribute__((vector_size(32)));
-
-// out[r, j0 + 0..4*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x 4*NB accumulators in registers.
-// X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride: X^T . M).
-template <int R, int NB>
-__attribute__((always_inline)) static inline void hmm_gemm_tile(const double* __restrict__ X, int64_t xr,
-                                                                int64_t xi, int64_t n, const double* __restrict__ M,
-                                                                int64_t ldm, double* __restrict__ out, int64_t ldo,
-                                                                bool add) {
-  hmm_v4d acc[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < NB; ++q) {
-      acc[r][q] = hmm_v4d{0.0, 0.0, 0.0, 0.0};
-      if (add) memcpy(&acc[r][q], out + r * ldo + 4 * q, sizeof(hmm_v4d));
-    }
-  for (int64_t i = 0; i < n; ++i) {
-    hmm_v4d m[NB];
-    for (int q = 0; q < NB; ++q) memcpy(&m[q], M + i * ldm + 4 * q, sizeof(hmm_v4d));
-    for (int r = 0; r < R; ++r) {
-      const double x = X[r * xr + i * xi];
-      const hmm_v4d xv = {x, x, x, x};
-      for (int q = 0; q < NB; ++q) acc[r][q] += xv * m[q];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < NB; ++q) memcpy(out + r * ldo + 4 * q, &acc[r][q], sizeof(hmm_v4d));
-}
-
-template <int R>
-static inline void hmm_gemm_rows(const double* X, int64_t xr, int64_t xi, int64_t n, const double* M, int64_t ld,
-                                 double* out, int64_t ldo, bool add) {
-  int64_t j0 = 0;
-  for (; j0 + 16 <= ld; j0 += 16) hmm_gemm_tile<R, 4>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
-  switch ((ld - j0) / 4) {
-    case 3: hmm_gemm_tile<R, 3>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    case 2: hmm_gemm_tile<R, 2>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    case 1: hmm_gemm_tile<R, 1>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    default: break;
-  }
-}
-
-// out (rows x ld, row stride ldo) = X . M, or += X^T . M with `transposed_add` (X then n x rows); X (rows x n) has
-// row stride ldx, M is n x ld row-major with ld a multiple of 4.  Four rows at a time: each loaded row of M serves
-// four rows of X (sequences of the batch, or states), and their independent sums overlap in the pipeline.  Each
-// output row's sums run in the same order whatever `rows` is.
-static inline void hmm_gemm(const double* X, int64_t rows, int64_t ldx, int64_t n, const double* M, int64_t ld,
-                            double* out, int64_t ldo, bool transposed_add = false) {
-  const int64_t xr = transposed_add ? 1 : ldx, xi = transposed_add ? ldx : 1;
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) hmm_gemm_rows<4>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add);
-  switch (rows - r) {
-    case 3: hmm_gemm_rows<3>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
-    case 2: hmm_gemm_rows<2>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
-    case 1: hmm_gemm_rows<1>(X + r * xr, xr, xi, n, M, ld, out + r * ldo, ldo, transposed_add); break;
-    default: break;
-  }
-}
-
-// out (ld entries) = x (n entries) . M, M being n x ld row-major with ld a multiple of 4.
-static inline void hmm_matvec(const double* __restrict__ x, int64_t n, const double* __restrict__ M, int64_t ld,
-                              double* __restrict__ out) {
-  hmm_gemm_rows<1>(x, n, 1, n, M, ld, out, ld, false);
-}
-
-// src (K x K) into dst (K x Kp), zero-padded columns.
-static void hmm_pad(const double* src, int64_t K, int64_t Kp, double* dst) {
-  for (int64_t i = 0; i < K; ++i)
-    for (int64_t j = 0; j < Kp; ++j) dst[i * Kp + j] = j < K ? src[i * K + j] : 0.0;
-}
-
-// The CPU threads: the batch in contiguous blocks, one per part, as many parts as threads (at most B) when the
-// sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for waking the pool: below that, on a
-// machine whose cores are busy, a part that waits for a core costs more than the split saves (measured: 2 parts
-// of T=1000 B=8 K=16 took 30-50x the one-thread time on 2 cores under a load average of 8).  Results do not
-// depend on the split except for sums over the batch, which add the parts' partial sums in part order (bit-for-bit
-// reproducible for a fixed thread count).
-static int hmm_cpu_parts(int64_t T, int64_t B, int64_t K) {
-  const double work = (double)T * B * K * K;
-  return work < 1e7 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), B));
-}
-
-// body(q, b0, b1, check) for each part q over the sequences [b0, b1); each records failed checks in its own
-// FsaCheck (the parts run time outer: their first failure is their smallest (frame, sequence)), and the smallest
-// of those is reported: the failure one thread would meet first, whatever the number of threads and their timing.
-template <typename F>
-static void hmm_run_parts(ptn::Scratch& scratch, int parts, int64_t B, FsaCheck* check, F&& body) {
-  FsaCheck* checks = scratch.get<FsaCheck>(parts);
-  memset(checks, 0, parts * sizeof(FsaCheck));
-  ptn::parallel_parts(parts, [&](int q) { body(q, q * B / parts, (q + 1) * B / parts, checks + q); });
-  const FsaCheck* first = 0;
-  for (int q = 0; q < parts; ++q) {
-    const FsaCheck& c = checks[q];
-    if (c.code != FSA_CHECK_OK && (!first || c.i < first->i || (c.i == first->i && c.j < first->j))) first = &c;
-  }
-  if (first && check->code == FSA_CHECK_OK) *check = *first;
-}
-
 // The scaled forward on the CPU: per part, time outer and batch inner; the step's products alpha_{t-1} A of the
 // part's sequences are one small register-blocked GEMM.  Status, log-likelihood and c_t live in part-local memory
 // until the end (written per step into shared cache lines, they would bounce between the cores).
@@ -393,9 +217,14 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
   memset(c_all, 0, T * B * sizeof(double));
   hmm_pad(p.A, K, Kp, Ap);
   hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck* check) {
+    const int64_t nb = b1 - b0;
+    if (Kp == 4 && nb == 1) {  // one sequence of few states: hmm_loglik_small.h
+      if (p.seq_len[b0] > 0 && p.status[b0] == HMM_SCALED)
+        hmm_with_k(K, [&](auto k) { p.status[b0] = hmm_small_forward<decltype(k)::value>(p, b0, check, ll + b0); });
+      return;
+    }
     HmmParams pq = p;
     pq.check = check;
-    const int64_t nb = b1 - b0;
     double* pred = pred_all + b0 * Kp;
     double* Et = Et_all + q * K;
     double* c = c_all + T * b0;
@@ -450,70 +279,7 @@ static void hmm_forward_cuda(ptn::Scratch& scratch, const HmmParams& p, double* 
 }
 #endif
 
-// The names the user of function `fn` knows the arguments by.
-static FsaTerms hmm_model_terms(const char* fn, int64_t T, int64_t B, int64_t K) {
-  FsaTerms t;
-  memset(&t, 0, sizeof(t));
-  t.fn = fn;
-  t.scores = "log_emissions";
-  t.mask = "mask";
-  t.T = T;
-  t.B = B;
-  t.D = K;
-  return t;
-}
-
 static FsaTerms hmm_terms(const HmmParams& p) { return hmm_model_terms("hmm_log_likelihood", p.T, p.B, p.K); }
-
-// `a` has shape `want`, else a ValueError in the user's terms.
-static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char* name, int64_t d0, int64_t d1,
-                            const char* want) {
-  bool ok = a->dims[0] == d0 && (a->ndim < 2 || a->dims[1] == d1);
-  if (ok) return;
-  std::ostringstream s;
-  s << name << " must have shape " << want << ", got (" << a->dims[0];
-  if (a->ndim > 1) s << ", " << a->dims[1];
-  s << (a->ndim == 1 ? ",)" : ")") << " (log_emissions has shape (" << terms.T << ", " << terms.B << ", " << terms.D
-    << "))";
-  fsa_require(false, terms, s.str());
-}
-
-// Inputs 0-4 are log_emissions (T, B, K), log_transitions (K, K), log_initial (K,), log_final (K,), mask (T, B):
-// shapes checked, lengths, the parameters' shifted exps; failures raise in the terms of `fn`.
-static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const char* fn) {
-  Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
-  HmmModel p;
-  p.T = Ndarray_DIMS(le)[0];
-  p.B = Ndarray_DIMS(le)[1];
-  p.K = Ndarray_DIMS(le)[2];
-  const FsaTerms terms = hmm_model_terms(fn, p.T, p.B, p.K);
-  hmm_check_shape(terms, lA, "log_transitions", p.K, p.K, "(K, K)");
-  hmm_check_shape(terms, lpi, "log_initial", p.K, 0, "(K,)");
-  hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
-  hmm_check_shape(terms, mask, "mask", p.T, p.B, "(T, B)");
-  p.le = Ndarray_DEV_DATA(le);
-  p.lA = Ndarray_DEV_DATA(lA);
-  p.lpi = Ndarray_DEV_DATA(lpi);
-  p.lf = Ndarray_DEV_DATA(lf);
-  int32_t* seq_len = scratch.get<int32_t>(p.B);
-  double* A = scratch.get<double>(p.K * p.K);
-  double* AT = scratch.get<double>(p.K * p.K);
-  double* pi = scratch.get<double>(p.K);
-  double* f = scratch.get<double>(p.K);
-  double* consts = scratch.get<double>(4);
-  p.check = scratch.get<FsaCheck>(1);
-  Ndarray_memset(p.check, 0, sizeof(FsaCheck));
-  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
-  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts, p.check));
-  fsa_raise_check(p.check, terms);
-  p.seq_len = seq_len;
-  p.A = A;
-  p.AT = AT;
-  p.pi = pi;
-  p.f = f;
-  p.consts = consts;
-  return p;
-}
 
 static HmmParams hmm_setup(ptn::Scratch& scratch, Ndarray** inputs) {
   HmmParams p;
@@ -583,6 +349,13 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
     double* Xbuf = Et + Kp;
     double* Vbuf = Xbuf + HMM_ROWS * Kp;
     memset(Uq, 0, (K * Kp + 2 * Kp) * sizeof(double));
+    if (Kp == 4 && nb == 1) {  // one sequence of few states: hmm_loglik_small.h
+      if (p.seq_len[b0] > 0 && p.status[b0] == HMM_SCALED && (double)g[b0] != 0.0)
+        hmm_with_k(K, [&](auto k) {
+          hmm_small_backward<decltype(k)::value>(p, b0, (double)g[b0], dle, Uq, Kp, dpiq, dfq);
+        });
+      return;
+    }
     memset(Xbuf, 0, 2 * HMM_ROWS * Kp * sizeof(double));  // the padding columns stay 0
     double* beta_q = beta_all + b0 * Kp;
     double* v_q = v_all + b0 * Kp;

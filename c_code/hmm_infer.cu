@@ -1,7 +1,8 @@
 // Shared by the HMM inference ops (hmm_viterbi.cu, hmm_posteriors.cu, hmm_sample.cu): the input checks in the
 // user's terms, and the scaled forward filter.
 //
-// Uses hmm.cu's helpers (HmmScratch, hmm_prep, hmm_checked_max, hmm_exp_row, hmm_check_shape, the CPU matvec).
+// Uses hmm_model.h (HmmModel, hmm_model_setup, hmm_checked_max, hmm_exp_row, hmm_check_shape, the CPU threads)
+// and hmm_gemm.h (the CPU matvec).
 //
 // The filter keeps alpha_t (normalised to sum 1), its normaliser c_t and the emission shift m_t per (t, b):
 // pred = alpha_{t-1} A (pi at t = 0, A and pi the shifted exps of hmm_prep), m_t = max log e_t(k) over the states
@@ -10,8 +11,8 @@
 // filter never needs a log-space fallback for emissions; a transition, initial or final weight below e^-708
 // times the largest one of its array is 0 in double and counts as impossible.
 
-#include "fsa_common.h"
-#include "hmm.cu"
+#include "hmm_model.h"
+#include "hmm_gemm.h"
 
 enum { HMM_CHECK_UNIFORM = 100 };  // uniforms[i, j] = value is not in [0, 1) (an FsaCheck code of ours)
 
@@ -76,6 +77,28 @@ static HmmInferParams hmm_infer_setup(HmmScratch& scratch, Ndarray** inputs, con
   hmm_infer_raise(p.check, hmm_model_terms(fn, p.T, p.B, p.K));
   return p;
 }
+
+// The start of an inference op's entry point: the argument counts checked, then hmm_infer_setup in the terms of
+// `fn`; the scratch lives as long as the call.
+struct HmmInferCall {
+  HmmScratch scratch;
+  HmmInferParams p;
+  HmmInferCall(const char* fn, Ndarray** inputs, int n_inputs, int want_inputs, int n_outputs, int want_outputs) {
+    assert_cmp(n_inputs, ==, want_inputs);
+    assert_cmp(n_outputs, ==, want_outputs);
+    p = hmm_infer_setup(scratch, inputs, fn);
+  }
+};
+
+// kernel(args..., b0, b1) over the sequences [b0, b1) of the batch: on CUDA one launch over all of it (a thread
+// per sequence), on the CPU once per part (hmm_run_parts).
+#if CUDA
+#define HMM_OVER_BATCH(call, kernel, ...) start_dev_kernel(kernel, (__VA_ARGS__, (int64_t)0, (call).p.B))
+#else
+#define HMM_OVER_BATCH(call, kernel, ...)                                                                   \
+  hmm_run_parts((call).scratch, hmm_cpu_parts((call).p.T, (call).p.B, (call).p.K), (call).p.B, (call).p.check, \
+                [&](int, int64_t b0, int64_t b1, FsaCheck*) { kernel(__VA_ARGS__, b0, b1); })
+#endif
 
 // out (K entries; Kp writable) = x . A, or A x if `transposed`.
 DEV_FUNC inline void hmm_infer_matvec(const HmmInferParams& p, const double* __restrict__ x, double* __restrict__ out,

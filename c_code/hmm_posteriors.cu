@@ -92,6 +92,88 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
   for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)(xi[i] * p.A[i]);
 }
 
+#if !CUDA
+// ---------------------------------------------------------------- one sequence, K <= 4, on the CPU
+// The same recursions for a part of the batch that is one sequence (its chain of steps is then the whole work),
+// with the state vectors in registers (K known at compile time) and the chain from step to step kept short: the
+// exps and the normalisers' divisions are off it (the next step's product starts from the unnormalised vector and
+// is scaled by the divisor when it arrives), so that the processor overlaps them with the chain.  Forward,
+// E_t = exp(log e_t - max_k log e_t), which is the filter's E_t whenever the frame's largest emission is at a
+// reachable state (else the step computes it as hmm_infer_filter_step does); backward, the filter's own shifts.
+
+// log e_t of sequence b in lanes [0, K), -inf in the others.
+template <int K>
+static inline hmm_v4d hmm_small_le(const HmmInferParams& p, int64_t t, int64_t b) {
+  return hmm_lanes<K>(p.le + (t * p.B + b) * K, -INFINITY);
+}
+
+// 0 where alpha is 0 (as hmm_post_normalise).
+static inline hmm_v4d hmm_small_mask(hmm_v4d alpha, hmm_v4d beta) {
+  return alpha > hmm_splat(0.0) ? beta : hmm_splat(0.0);
+}
+
+static inline double hmm_small_inverse(double s) { return s > 0.0 ? 1.0 / s : 0.0; }
+
+// The filter of sequence b (status HMM_SCALED, T_b > 0) into alpha, c, m; returns its status.
+template <int K>
+static int hmm_post_small_forward(const HmmInferParams& p, const HmmPostState& st, int64_t b) {
+  const int64_t B = p.B, len = p.seq_len[b];
+  hmm_v4d A[4];
+  hmm_rows<K>(p.Ap, A);
+  hmm_v4d u = hmm_lanes<K>(p.pi);  // alpha_{t-1} times s_{t-1} (pi at t = 0)
+  double inv = 1.0;                // 1 / s_{t-1}
+  for (int64_t t = 0; t < len; ++t) {
+    const hmm_v4d le = hmm_small_le<K>(p, t, b);
+    double mx = le[0];
+    for (int k = 1; k < K; ++k) mx = le[k] > mx ? le[k] : mx;
+    hmm_v4d e = hmm_exp_below(le, mx);
+    const hmm_v4d pred = t == 0 ? u : hmm_vecmat<K>(u, A) * inv;
+    double mt = -INFINITY;
+    for (int k = 0; k < K; ++k) mt = pred[k] > 0.0 && le[k] > mt ? le[k] : mt;
+    if (!(mt > -INFINITY)) return HMM_NO_PATH;
+    if (mt != mx) e = hmm_exp_below(le, mt);
+    u = pred * e;
+    const double s = hmm_hsum(u);
+    if (!(s > 0.0)) return HMM_NO_PATH;
+    inv = 1.0 / s;
+    const int64_t tb = t * B + b;
+    hmm_store_lanes<K>(st.alpha + tb * K, u * inv);
+    st.c[tb] = s;
+    st.m[tb] = mt;
+  }
+  return hmm_hsum(u * hmm_lanes<K>(p.f)) > 0.0 ? HMM_SCALED : HMM_NO_PATH;
+}
+
+// The backward pass of sequence b after a successful filter: gamma, and U = xi / A into xi (K x K).
+template <int K>
+static void hmm_post_small_backward(const HmmInferParams& p, const HmmPostState& st, int64_t b, Float* gamma,
+                                    double* xi) {
+  const int64_t B = p.B, len = p.seq_len[b];
+  hmm_v4d AT[4], U[4];
+  hmm_rows<K>(p.ATp, AT);
+  for (int i = 0; i < 4; ++i) U[i] = hmm_splat(0.0);
+  hmm_v4d a = hmm_lanes<K>(st.alpha + ((len - 1) * B + b) * K);
+  hmm_v4d beta_u = hmm_small_mask(a, hmm_lanes<K>(p.f));  // beta_t times its sum
+  for (int64_t t = len - 1;; --t) {
+    const int64_t tb = t * B + b;
+    const double inv = hmm_small_inverse(hmm_hsum(beta_u));
+    const hmm_v4d beta = beta_u * inv;
+    const hmm_v4d ab = a * beta;
+    const double rz = 1.0 / hmm_hsum(ab);
+    hmm_store_lanes<K>(gamma + tb * K, ab * rz);
+    if (t == 0) break;
+    const hmm_v4d w = hmm_exp_below(hmm_small_le<K>(p, t, b), st.m[tb]) * beta_u;
+    const hmm_v4d ap = hmm_lanes<K>(st.alpha + (tb - B) * K);
+    const hmm_v4d v = w * inv;  // E_t beta_t
+    const hmm_v4d x = ap * (rz / st.c[tb]);
+    for (int i = 0; i < K; ++i) U[i] += hmm_splat(x[i]) * v;
+    beta_u = hmm_small_mask(ap, hmm_vecmat<K>(w, AT) * inv);
+    a = ap;
+  }
+  for (int i = 0; i < K; ++i) hmm_store_lanes<K>(xi + i * K, U[i]);
+}
+#endif
+
 // Forward op: the filter, then the backward pass writing gamma and xi.  The CPU runs time outer and batch inner
 // (the sequences' independent recursions overlap in the pipeline) over the sequences [b0, b1) of one part of the
 // batch (hmm_run_parts: one per CPU thread for large problems); CUDA one thread per sequence.
@@ -111,6 +193,16 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
     st.status[b] = p.status[b];
     for (int64_t j = 0; j < p.K * p.K; ++j) w.xi(b)[j] = 0.0;
   }
+  if (p.Kp == 4 && b1 - b0 == 1) {  // one sequence of few states
+    if (p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED)
+      hmm_with_k(p.K, [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        st.status[b0] = hmm_post_small_forward<K>(p, st, b0);
+        if (st.status[b0] == HMM_SCALED) hmm_post_small_backward<K>(p, st, b0, gamma, w.xi(b0));
+      });
+    hmm_post_finish(p, st, w, b0, gamma, xi_out);
+    return;
+  }
   for (int64_t t = 0; t < p.T; ++t)
     for (int64_t b = b0; b < b1; ++b) hmm_post_fwd_step(p, st, w, t, b);
   for (int64_t t = p.T - 1; t >= 0; --t)
@@ -122,25 +214,16 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
 // outputs: marginals (T,B,K), counts (B,K,K); hidden (double): alpha (T,B,K), c (T,B), m (T,B), status (B)
 static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 5);
-  assert_cmp(n_outputs, ==, 6);
-  HmmScratch scratch;
-  HmmInferParams p = hmm_infer_setup(scratch, inputs, "hmm_posteriors");
+  HmmInferCall call("hmm_posteriors", inputs, n_inputs, 5, n_outputs, 6);
+  const HmmInferParams& p = call.p;
   if (p.B == 0) return;
   HmmPostState st;
   st.alpha = (double*)(*outputs[2])->data;
   st.c = (double*)(*outputs[3])->data;
   st.m = (double*)(*outputs[4])->data;
   st.status = (double*)(*outputs[5])->data;
-  HmmPostWork w = {scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K};
-  Float* gamma = Ndarray_DEV_DATA(*outputs[0]);
-  Float* xi = Ndarray_DEV_DATA(*outputs[1]);
-#if CUDA
-  start_dev_kernel(hmm_post_kernel, (p, st, w, gamma, xi, (int64_t)0, p.B));
-#else
-  hmm_run_parts(scratch, hmm_cpu_parts(p.T, p.B, p.K), p.B, p.check,
-                [&](int, int64_t b0, int64_t b1, FsaCheck*) { hmm_post_kernel(p, st, w, gamma, xi, b0, b1); });
-#endif
+  HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K};
+  HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();
 }
 
@@ -259,10 +342,9 @@ DEF_KERNEL void hmm_post_grad_store(int64_t K, const double* dA_acc, const doubl
 // inputs: the five inputs, alpha, c, m, status (hidden outputs), D_marginals (T,B,K), D_counts (B,K,K)
 // outputs: d log_emissions (T,B,K), d log_transitions (K,K), d log_initial (K), d log_final (K)
 static void hmm_posteriors_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 11);
-  assert_cmp(n_outputs, ==, 4);
-  HmmScratch scratch;
-  HmmInferParams p = hmm_infer_setup(scratch, inputs, "hmm_posteriors");
+  HmmInferCall call("hmm_posteriors", inputs, n_inputs, 11, n_outputs, 4);
+  const HmmInferParams& p = call.p;
+  HmmScratch& scratch = call.scratch;
   const int64_t T = p.T, B = p.B, K = p.K;
   if (B == 0) return;
   assert_cmp(Ndarray_DIMS(inputs[9])[0], ==, T);

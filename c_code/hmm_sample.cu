@@ -59,10 +59,9 @@ DEF_KERNEL void hmm_sample_kernel(HmmInferParams p, const Float* uniforms, doubl
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B), uniforms (T,B)
 // outputs: path (T,B) int32
 static void hmm_sample_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 6);
-  assert_cmp(n_outputs, ==, 1);
-  HmmScratch scratch;
-  HmmInferParams p = hmm_infer_setup(scratch, inputs, "hmm_sample_states");
+  HmmInferCall call("hmm_sample_states", inputs, n_inputs, 6, n_outputs, 1);
+  const HmmInferParams& p = call.p;
+  HmmScratch& scratch = call.scratch;
   const FsaTerms terms = hmm_model_terms("hmm_sample_states", p.T, p.B, p.K);
   hmm_check_shape(terms, inputs[5], "uniforms", p.T, p.B, "(T, B)");
   if (p.B == 0) return;

@@ -185,18 +185,27 @@ static HmmInferParams hmm_var_setup(HmmScratch& scratch, Ndarray** inputs, HmmVa
   return p;
 }
 
+// The start of the entry points: the argument counts checked, then hmm_var_setup.
+struct HmmVarCall {
+  HmmScratch scratch;
+  HmmVarying v;
+  HmmInferParams p;
+  HmmVarCall(Ndarray** inputs, int n_inputs, int want_inputs, int n_outputs, int want_outputs) {
+    assert_cmp(n_inputs, ==, want_inputs);
+    assert_cmp(n_outputs, ==, want_outputs);
+    p = hmm_var_setup(scratch, inputs, &v);
+  }
+};
+
 // inputs: log_emissions (T,B,K), log_transitions (Ta,Ba,K,K), log_initial (Bp,K), log_final (K), mask (T,B)
 // outputs: log_likelihood (B); hidden (double): alpha (T,B,K), c (T,B), m (T,B), status (B)
 static void hmm_varying_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 5);
-  assert_cmp(n_outputs, ==, 5);
-  HmmScratch scratch;
-  HmmVarying v;
-  HmmInferParams p = hmm_var_setup(scratch, inputs, &v);
+  HmmVarCall call(inputs, n_inputs, 5, n_outputs, 5);
+  const HmmInferParams& p = call.p;
   if (p.B == 0) return;
-  start_dev_kernel(hmm_var_forward, (p, v, (double*)(*outputs[1])->data, (double*)(*outputs[2])->data,
+  start_dev_kernel(hmm_var_forward, (p, call.v, (double*)(*outputs[1])->data, (double*)(*outputs[2])->data,
                                      (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
-                                     scratch.get<double>(p.B * p.Kp), Ndarray_DEV_DATA(*outputs[0])));
+                                     call.scratch.get<double>(p.B * p.Kp), Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
 }
 
@@ -279,11 +288,10 @@ DEF_KERNEL void hmm_var_store(int64_t n, const double* acc, Float* out) {
 // inputs: the five inputs, alpha, c, m, status (hidden outputs), D_log_likelihood (B)
 // outputs: d log_emissions (T,B,K), d log_transitions (Ta,Ba,K,K), d log_initial (Bp,K), d log_final (K)
 static void hmm_varying_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 10);
-  assert_cmp(n_outputs, ==, 4);
-  HmmScratch scratch;
-  HmmVarying v;
-  HmmInferParams p = hmm_var_setup(scratch, inputs, &v);
+  HmmVarCall call(inputs, n_inputs, 10, n_outputs, 4);
+  const HmmInferParams& p = call.p;
+  const HmmVarying& v = call.v;
+  HmmScratch& scratch = call.scratch;
   if (p.B == 0) return;
   assert_cmp(Ndarray_DIMS(inputs[8])[0], ==, p.B);
   const int64_t K = p.K, nA = v.Ta * v.Ba * K * K, n = nA + v.Bp * K + K;

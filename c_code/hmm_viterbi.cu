@@ -102,33 +102,34 @@ DEV_FUNC void hmm_viterbi_finish(const HmmInferParams& p, int64_t b, const doubl
 }
 
 #if !CUDA
-// The recursion of sequence b alone for K <= 4 (one vector of states): delta stays in a register from frame to
-// frame and the rows of log A too, so that a frame costs one short chain (add, K-1 compare-selects, add) instead
-// of stores and loads of delta.  The same operations in the same order as hmm_viterbi_frame (ties to the lowest
-// state); delta_{T_b-1} goes to `last`.
+// The recursion of sequence b alone for K <= 4 (one vector of states, K known at compile time): delta stays in a
+// register from frame to frame and the rows of log A too.  A frame's chain is an add, a tree of maxima and the
+// emission's add; the lowest argmax (the backpointer, off that chain) is found by strict compares in state order,
+// so ties go to the lowest state as in hmm_viterbi_frame, with the same values.  delta_{T_b-1} goes to `last`.
+template <int K>
 static void hmm_viterbi_small(const HmmInferParams& p, const double* lAd, int64_t b, double* last, int32_t* bp) {
-  const int64_t B = p.B, K = p.K, len = p.seq_len[b];
+  typedef int32_t hmm_v4i __attribute__((vector_size(16)));
+  const int64_t B = p.B, len = p.seq_len[b];
   hmm_v4d rows[4];
-  for (int64_t i = 0; i < 4; ++i) memcpy(&rows[i], lAd + (i < K ? i : 0) * 4, sizeof(hmm_v4d));
-  hmm_v4d d = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  for (int64_t k = 0; k < K; ++k) d[k] = (double)p.lpi[k] + (double)p.le[b * K + k];
+  hmm_rows<K>(lAd, rows);
+  hmm_v4d d = hmm_lanes<K>(p.lpi, -INFINITY) + hmm_lanes<K>(p.le + b * K);
   for (int64_t t = 1; t < len; ++t) {
-    const Float* et = p.le + (t * B + b) * K;
-    hmm_v4d e = {0.0, 0.0, 0.0, 0.0};
-    for (int64_t k = 0; k < K; ++k) e[k] = (double)et[k];
-    hmm_v4d best = hmm_v4d{d[0], d[0], d[0], d[0]} + rows[0], arg = {0.0, 0.0, 0.0, 0.0};
-    for (int64_t i = 1; i < K; ++i) {
-      const double di = d[i], fi = (double)i;
-      const hmm_v4d v = hmm_v4d{di, di, di, di} + rows[i];
-      const auto better = v > best;
-      best = better ? v : best;
-      arg = better ? hmm_v4d{fi, fi, fi, fi} : arg;
+    const int64_t tb = t * B + b;
+    const hmm_v4d e = hmm_lanes<K>(p.le + tb * K);
+    hmm_v4d v[4] = {};
+    for (int i = 0; i < K; ++i) v[i] = hmm_splat(d[i]) + rows[i];
+    // the argmax: strict compares against the maximum so far, in state order
+    hmm_v4d run = v[0], arg = hmm_splat(0.0);
+    for (int i = 1; i < K; ++i) {
+      arg = v[i] > run ? hmm_splat((double)i) : arg;
+      run = hmm_max4(v[i], run);
     }
-    int32_t* bpt = bp + (t * B + b) * K;
-    for (int64_t k = 0; k < K; ++k) bpt[k] = (int32_t)arg[k];
-    d = best + e;
+    hmm_store_lanes<K>(bp + tb * K, __builtin_convertvector(arg, hmm_v4i));
+    // the maximum itself as a tree (the same value): the chain to the next frame
+    const hmm_v4d low = K > 1 ? hmm_max4(v[1], v[0]) : v[0];
+    d = (K > 2 ? hmm_max4(K > 3 ? hmm_max4(v[3], v[2]) : v[2], low) : low) + e;
   }
-  for (int64_t k = 0; k < K; ++k) last[k] = d[k];
+  hmm_store_lanes<K>(last, d);
 }
 #endif
 
@@ -147,7 +148,9 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
   if (p.Kp == 4 && b1 - b0 == 1) {  // one sequence of few states: its chain is the whole work
     const int64_t len = p.seq_len[b0];
     if (len > 0 && p.status[b0] != HMM_NAN)
-      hmm_viterbi_small(p, lAd, b0, delta + b0 * 2 * p.K + ((len - 1) % 2) * p.K, bp);
+      hmm_with_k(p.K, [&](auto k) {
+        hmm_viterbi_small<decltype(k)::value>(p, lAd, b0, delta + b0 * 2 * p.K + ((len - 1) % 2) * p.K, bp);
+      });
   } else {
     for (int64_t t = 0; t < p.T; ++t)
       for (int64_t b = b0; b < b1; ++b) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
@@ -159,23 +162,14 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
 // outputs: path (T,B) int32, score (B)
 static void hmm_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 5);
-  assert_cmp(n_outputs, ==, 2);
-  HmmScratch scratch;
-  HmmInferParams p = hmm_infer_setup(scratch, inputs, "hmm_viterbi");
+  HmmInferCall call("hmm_viterbi", inputs, n_inputs, 5, n_outputs, 2);
+  const HmmInferParams& p = call.p;
   if (p.B == 0) return;
-  double* delta = scratch.get<double>(p.B * 2 * p.K);
-  int32_t* bp = scratch.get<int32_t>(p.T * p.B * p.K);
-  int32_t* path = Ndarray_DEV_DATA_int32(*outputs[0]);
-  Float* score = Ndarray_DEV_DATA(*outputs[1]);
-  double* lAd = scratch.get<double>(p.K * p.Kp);
+  double* delta = call.scratch.get<double>(p.B * 2 * p.K);
+  int32_t* bp = call.scratch.get<int32_t>(p.T * p.B * p.K);
+  double* lAd = call.scratch.get<double>(p.K * p.Kp);
   start_dev_kernel(hmm_viterbi_prep, (p, lAd));
-#if CUDA
-  start_dev_kernel(hmm_viterbi_kernel, (p, lAd, delta, bp, path, score, (int64_t)0, p.B));
-#else
-  hmm_run_parts(scratch, hmm_cpu_parts(p.T, p.B, p.K), p.B, p.check, [&](int, int64_t b0, int64_t b1, FsaCheck*) {
-    hmm_viterbi_kernel(p, lAd, delta, bp, path, score, b0, b1);
-  });
-#endif
+  HMM_OVER_BATCH(call, hmm_viterbi_kernel, p, lAd, delta, bp, Ndarray_DEV_DATA_int32(*outputs[0]),
+                 Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();
 }

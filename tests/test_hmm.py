@@ -47,15 +47,21 @@ def compiled(fn, dtype, mode, **kw):
     return pytensor.function(xs, list(outs) if isinstance(outs, (list, tuple)) else outs, mode=mode)
 
 
-# ------------------------------------------------------------------ Viterbi
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_viterbi_against_enumeration(mode, dtype):
-    rng = np.random.default_rng(1)
+def on_tiny_batch(fn, dtype, mode, seed):
+    """``fn``'s outputs on a random T=5 B=4 K=3 model with lengths 5, 3, 1, 0, the enumeration reference's
+    (log-likelihood, marginals, counts, path, score), and the lengths."""
+    rng = np.random.default_rng(seed)
     T, B, K = 5, 4, 3
     le, lA, lpi, lf = cast(dtype, *model(rng, T, B, K, 2.0))
     lens = [5, 3, 1, 0]
-    path, score = compiled(hmm.hmm_viterbi, dtype, mode)(le, lA, lpi, lf, mask_of(lens, T).astype(dtype))
-    _, _, _, want_path, want_score = ref.brute_force(le, lA, lpi, lf, lens)
+    got = compiled(fn, dtype, mode)(le, lA, lpi, lf, mask_of(lens, T).astype(dtype))
+    return got, ref.brute_force(le, lA, lpi, lf, lens), lens
+
+
+# ------------------------------------------------------------------ Viterbi
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_viterbi_against_enumeration(mode, dtype):
+    (path, score), (_, _, _, want_path, want_score), _ = on_tiny_batch(hmm.hmm_viterbi, dtype, mode, seed=1)
     assert path.dtype == np.int32 and score.dtype == dtype
     np.testing.assert_array_equal(path, want_path)
     rtol, atol = tol(dtype)
@@ -122,12 +128,8 @@ def test_viterbi_one_sequence_few_states(K):
 # ------------------------------------------------------------------ posteriors
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_posteriors_against_enumeration(mode, dtype):
-    rng = np.random.default_rng(4)
-    T, B, K = 5, 4, 3
-    le, lA, lpi, lf = cast(dtype, *model(rng, T, B, K, 2.0))
-    lens = [5, 3, 1, 0]
-    gamma, xi = compiled(hmm.hmm_posteriors, dtype, mode)(le, lA, lpi, lf, mask_of(lens, T).astype(dtype))
-    _, want_gamma, want_xi, _, _ = ref.brute_force(le, lA, lpi, lf, lens)
+    (gamma, xi), (_, want_gamma, want_xi, _, _), lens = on_tiny_batch(hmm.hmm_posteriors, dtype, mode, seed=4)
+    T, B, K = gamma.shape
     assert gamma.dtype == dtype and xi.dtype == dtype and xi.shape == (B, K, K)
     rtol, atol = tol(dtype)
     np.testing.assert_allclose(gamma, want_gamma, rtol=rtol, atol=atol)
@@ -154,6 +156,95 @@ def test_posteriors_stable_at_any_length_and_magnitude(mode):
     want_xi = want_xi * (np.array(lens) - 1.0)[:, None, None] / want_xi.sum((1, 2), keepdims=True)
     np.testing.assert_allclose(gamma, want_gamma, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(xi, want_xi, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_posteriors_one_sequence_few_states(K):
+    """B = 1, K <= 4 (the CPU's register path): huge emission gaps within a step, an impossible transition, a
+    frame whose largest emission is at an unreachable state, ragged lengths, against the numpy reference and the
+    same sequence computed among others (the general path); NaN, no path and the empty series."""
+    rng = np.random.default_rng(60 + K)
+    T = 700
+    f = compiled(hmm.hmm_posteriors, "float64", None)
+    le, lA, lpi, lf = model(rng, T, 1, K, 3.0)
+    le[::50] *= 400
+    if K > 1:
+        lA[:, 0] = -np.inf  # state 0 is reachable at t = 0 only
+        lpi[0] = 0.0
+        le[5, 0, 0] = 100.0
+    for lens in ([700], [300], [1]):
+        gamma, xi = f(le, lA, lpi, lf, mask_of(lens, T))
+        want_gamma, want_xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, np.array(lens))
+        sums = want_gamma.sum(-1, keepdims=True)
+        np.testing.assert_allclose(gamma, want_gamma / np.where(sums > 0, sums, 1.0), rtol=1e-9, atol=1e-12)
+        if lens[0] > 1:
+            want_xi = want_xi * (lens[0] - 1.0) / want_xi.sum()
+        np.testing.assert_allclose(xi, want_xi, rtol=1e-9, atol=1e-9)
+        both = f(np.concatenate([le, le], 1), lA, lpi, lf, mask_of(lens * 2, T))
+        np.testing.assert_allclose(both[0][:, 1], gamma[:, 0], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(both[1][1], xi[0], rtol=1e-12, atol=1e-12)
+    gamma, xi = f(le, lA, lpi, lf, mask_of([0], T))
+    assert np.all(gamma == 0) and np.all(xi == 0)
+    # the gradient op reads the filter the register path stored
+    xs, G, H = symbols("float64"), pt.tensor3(), pt.tensor3()
+    gamma_s, xi_s = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    g = pytensor.function([*xs, G, H], pytensor.grad((gamma_s * G).sum() + (xi_s * H).sum(), xs[:4]))
+    Gv, Hv = rng.normal(size=(T, 1, K)), rng.normal(size=(1, K, K))
+    one = g(le, lA, lpi, lf, mask_of([700], T), Gv, Hv)
+    two = g(np.concatenate([le, le], 1), lA, lpi, lf, mask_of([700, 0], T), np.concatenate([Gv, Gv], 1),
+            np.concatenate([Hv, Hv]))
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b[:, :1] if a.ndim == 3 else b, rtol=1e-9, atol=1e-9)
+    le_nan = le.copy()
+    le_nan[7, 0, K - 1] = np.nan
+    gamma, xi = f(le_nan, lA, lpi, lf, mask_of([700], T))
+    assert np.all(np.isnan(gamma)) and np.all(np.isnan(xi))
+    gamma, xi = f(np.full_like(le, -np.inf), lA, lpi, lf, mask_of([700], T))
+    assert np.all(gamma == 0) and np.all(xi == 0)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_log_likelihood_one_sequence_few_states(K):
+    """hmm_log_likelihood with B = 1, K <= 4 (the CPU's register path, c_code/hmm_loglik_small.h): value and
+    gradients against the numpy reference and the same sequence computed among others, huge log-densities, a gap
+    beyond double's range within one step (the log-space fallback), NaN, +inf, zero upstream gradient."""
+    rng = np.random.default_rng(80 + K)
+    T = 600
+    le, lA, lpi, lf = model(rng, T, 1, K, 2.0)
+    le[::40] = le[::40] * 300 - 1000
+    xs, up = symbols("float64"), pt.vector()
+    ll = ptnative.hmm_log_likelihood(*xs[:4], mask=xs[4])
+    f = pytensor.function([*xs, up], [ll, *pytensor.grad((ll * up).sum(), xs[:4])])
+    for lens in ([600], [1], [0]):
+        one = f(le, lA, lpi, lf, mask_of(lens, T), [0.7])
+        two = f(np.concatenate([le, le], 1), lA, lpi, lf, mask_of(lens * 2, T), [0.7, 0.0])
+        np.testing.assert_allclose(one[0], ref_fsa.hmm_forward(le, lA, lpi, lf, np.array(lens)), rtol=1e-12)
+        np.testing.assert_allclose(one[0], two[0][:1], rtol=1e-13)
+        for a, b in zip(one[1:], two[1:]):
+            np.testing.assert_allclose(a, b[:, :1] if a.ndim == 3 else b, rtol=1e-10, atol=1e-12)
+        if lens[0] > 0:
+            gamma, xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, np.array(lens))
+            np.testing.assert_allclose(one[1], 0.7 * gamma, atol=1e-9)
+            np.testing.assert_allclose(one[2], 0.7 * xi[0], rtol=1e-8, atol=1e-9)
+    zero = f(le, lA, lpi, lf, mask_of([600], T), [0.0])
+    assert all(np.all(g == 0) for g in zero[1:])
+    if K > 1:  # the best path crosses a 2000-nat gap in one step: the scaled pass underflows
+        gap = le.copy()
+        gap[100, 0] = -2000.0
+        gap[100, 0, 1] = 0.0
+        gap[99, 0] = -2000.0
+        gap[99, 0, 0] = 0.0
+        lA_gap = np.where(np.eye(K) > 0, 0.0, -800.0)
+        v, d_e, *_ = f(gap, lA_gap, lpi, lf, mask_of([600], T), [1.0])
+        np.testing.assert_allclose(v, ref_fsa.hmm_forward(gap, lA_gap, lpi, lf, np.array([600])), rtol=1e-12)
+        np.testing.assert_allclose(d_e.sum(-1), 1.0, atol=1e-9)
+    bad = le.copy()
+    bad[50, 0, K - 1] = np.nan
+    v, d_e, d_A, _, _ = f(bad, lA, lpi, lf, mask_of([600], T), [1.0])
+    assert np.isnan(v[0]) and np.isnan(d_e).all() and np.isnan(d_A).all()
+    bad[50, 0, K - 1] = np.inf
+    with pytest.raises(ValueError, match=r"log_emissions\[50, 0, %d\] = inf is infinitely likely" % (K - 1)):
+        f(bad, lA, lpi, lf, mask_of([600], T), [1.0])
 
 
 def _posterior_functional(G, H, lens):

@@ -19,22 +19,12 @@ import pytensor.tensor as pt
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
 from ._args import float_tensor, real_tensor
-from .fsa import _arr, _hidden
+from .fsa import _arr, _hidden, _hmm_inputs
 
 
 def _support(name):
     """The support code of the op in ``c_code/hmm_<name>.cu`` (which includes what it needs)."""
     return kernel_unit(f"hmm_{name}.cu")
-
-
-def _model_inputs(disc):
-    return (
-        _arr("log_emissions", 3, disc=disc),
-        _arr("log_transitions", 2, disc=disc),
-        _arr("log_initial", 1, disc=disc),
-        _arr("log_final", 1, disc=disc),
-        _arr("mask", 2),
-    )
 
 
 _PATH = {"name": "path", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True}
@@ -48,7 +38,7 @@ class HmmViterbiOp(NativeOpGenBase):
     Outputs: ``path`` (T, B) int32, ``score`` (B,).
     """
 
-    in_info = _model_inputs(True)
+    in_info = _hmm_inputs(True)
     out_info = (_PATH, {"name": "score", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True})
     c_extra_support_code = _support("viterbi")
     c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -66,7 +56,7 @@ class HmmPosteriorsOp(NativeOpGenBase):
     ``shifts`` (T, B), and ``status`` (B,): 0 computed, 2 no path, 3 NaN.
     """
 
-    in_info = _model_inputs(False)
+    in_info = _hmm_inputs(False)
     out_info = (
         {"name": "marginals", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
         {"name": "counts", "ndim": 3, "shape": ((0, 1), (0, 2), (0, 2)), "need_contiguous": True},
@@ -92,7 +82,7 @@ class HmmSampleStatesOp(NativeOpGenBase):
     Output: ``path`` (T, B) int32.
     """
 
-    in_info = (*_model_inputs(True), _arr("uniforms", 2))
+    in_info = (*_hmm_inputs(True), _arr("uniforms", 2))
     out_info = (_PATH,)
     c_extra_support_code = _support("sample")
     c_fw_code = "hmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -110,13 +100,7 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
     The gradients have the inputs' (broadcast) shapes.
     """
 
-    in_info = (
-        _arr("log_emissions", 3, disc=False),
-        _arr("log_transitions", 4, disc=False),
-        _arr("log_initial", 2, disc=False),
-        _arr("log_final", 1, disc=False),
-        _arr("mask", 2),
-    )
+    in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
     out_info = (
         {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
         _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
