@@ -76,6 +76,22 @@ static CtcLoss ctc_loss_setup(const char* fn, ptn::Scratch& scratch, int n_input
   return c;
 }
 
+// Points a Baum-Welch or Viterbi problem (FbwProblem, VitProblem) at the CTC automaton of `c`: its sizes, the rows
+// of c.edges (from state, to state, emission, sequence), the weights and the start states.
+template <typename Problem> static void ctc_set_automaton(Problem& p, const CtcLoss& c) {
+  p.T = c.T;
+  p.B = c.B;
+  p.D = c.D;
+  p.E = c.E;
+  p.S = c.S;
+  p.from = c.edges;
+  p.to = c.edges + c.E;
+  p.emis = c.edges + 2 * c.E;
+  p.seq = c.edges + 3 * c.E;
+  p.w = c.weights;
+  p.start = c.start_end;
+}
+
 DEF_KERNEL void ctc_empty_loss(int64_t n_batch, const int32_t* lens, const int32_t* tlens, Float* loss) {
   GRID_LOOP(b, n_batch) if (lens[b] == 0 && tlens[b] == 0) loss[b] = Float(0);
 }

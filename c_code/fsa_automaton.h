@@ -138,6 +138,15 @@ DEV_FUNC inline int32_t fsa_end_seq(const int32_t* pairs, int64_t n) { return pa
 DEV_FUNC inline int32_t fsa_end_state(const int32_t* pairs, const int32_t* simple, int64_t n) {
   return pairs ? pairs[2 * n + 1] : simple[n];
 }
+// The weight of end entry n: `weights[n]` (one per entry), or 0 without weights.
+DEV_FUNC inline double fsa_end_weight(const Float* weights, int64_t n) { return weights ? (double)weights[n] : 0.0; }
+
+// Runs the statement after it for every end entry n of sequence b: each of the `count` pairs whose sequence is b,
+// or entry b alone without pairs.  `continue` goes to the next entry.
+#define FSA_END_LOOP(n, b, pairs, count)                                                                   \
+  for (int64_t n = (pairs) ? 0 : (b), n##_stop = (pairs) ? (int64_t)(count) : (b) + 1; n < n##_stop; ++n) \
+    if (fsa_end_seq(pairs, n) != (b)) {                                                                     \
+    } else
 
 DEF_KERNEL void fsa_check_ends(int64_t n_end, const int32_t* pairs, const int32_t* simple, int64_t n_states,
                                int64_t n_batch, int32_t* state_seq, FsaCheck* check) {

@@ -224,20 +224,17 @@ DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* 
                               const double* alpha, double* nll, double* end_wmin, int32_t* nan, FsaCheck* check) {
   GRID_LOOP(b, n_batch) {
     const double* a = alpha + (int64_t)seq_len[b] * n_states;
-    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
     double wm = INFINITY;
-    for (int64_t n = n0; n < n1; ++n) {
-      if (fsa_end_seq(end_pairs, n) != b) continue;
-      double w = end_w ? (double)end_w[n] : 0.0;
+    FSA_END_LOOP(n, b, end_pairs, n_end) {
+      double w = fsa_end_weight(end_w, n);
       if (w == -INFINITY) fsa_fail(check, FSA_CHECK_END_WEIGHT_MINUS_INF, 0, n, 0, w);
       if (w != w) nan[b] = 1;
       if (w < wm) wm = w;
     }
     double p = 0.0;
     if (wm < INFINITY) {
-      for (int64_t n = n0; n < n1; ++n) {
-        if (fsa_end_seq(end_pairs, n) != b) continue;
-        double w = end_w ? (double)end_w[n] : 0.0;
+      FSA_END_LOOP(n, b, end_pairs, n_end) {
+        double w = fsa_end_weight(end_w, n);
         if (w < INFINITY) p += a[fsa_end_state(end_pairs, end_simple, n)] * exp(-(w - wm));
       }
     }
@@ -264,10 +261,8 @@ DEF_KERNEL void fbw_bw_start(int64_t t, int64_t n_states, int64_t n_batch, const
     dsum[b] = 0.0;
     zsum[b] = 0.0;
     if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) continue;
-    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
-    for (int64_t n = n0; n < n1; ++n) {
-      if (fsa_end_seq(end_pairs, n) != b) continue;
-      double w = end_w ? (double)end_w[n] : 0.0;
+    FSA_END_LOOP(n, b, end_pairs, n_end) {
+      double w = fsa_end_weight(end_w, n);
       if (w < INFINITY) beta_next[fsa_end_state(end_pairs, end_simple, n)] += exp(-(w - end_wmin[b]));
     }
   }
@@ -372,12 +367,9 @@ DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_
   GRID_LOOP(b, n_batch) {
     if (!redo[b]) continue;
     const double* a = la + (int64_t)seq_len[b] * n_states;
-    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
     double acc = INFINITY;
-    for (int64_t n = n0; n < n1; ++n) {
-      if (fsa_end_seq(end_pairs, n) != b) continue;
-      double w = end_w ? (double)end_w[n] : 0.0;
-      double v = a[fsa_end_state(end_pairs, end_simple, n)] + w;
+    FSA_END_LOOP(n, b, end_pairs, n_end) {
+      double v = a[fsa_end_state(end_pairs, end_simple, n)] + fsa_end_weight(end_w, n);
       if (v < INFINITY) acc = fsa_neglog_add(acc, v);
     }
     nll[b] = acc;
@@ -389,10 +381,8 @@ DEF_KERNEL void fbl_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, 
                             double* lb_next) {
   GRID_LOOP(b, n_batch) {
     if (!redo[b] || seq_len[b] != t + 1) continue;
-    int64_t n0 = end_pairs ? 0 : b, n1 = end_pairs ? n_end : b + 1;
-    for (int64_t n = n0; n < n1; ++n) {
-      if (fsa_end_seq(end_pairs, n) != b) continue;
-      double w = end_w ? (double)end_w[n] : 0.0;
+    FSA_END_LOOP(n, b, end_pairs, n_end) {
+      double w = fsa_end_weight(end_w, n);
       if (w < INFINITY) {
         int32_t q = fsa_end_state(end_pairs, end_simple, n);
         lb_next[q] = fsa_neglog_add(lb_next[q], w);

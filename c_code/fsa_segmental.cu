@@ -27,6 +27,12 @@ DEV_FUNC inline double seg_scale(const Float* scales, int64_t n_scales, const Fl
   return (double)scales[k];
 }
 
+// The column where the segments of edge e start at frame t: batch_idxs of the edge's sequence (-1: none).
+DEV_FUNC inline int32_t seg_column(int64_t t, int64_t e, int64_t n_edges, int64_t n_batch, const int32_t* edges,
+                                   const int32_t* bidx) {
+  return bidx[t * n_batch + edges[4 * n_edges + e]];
+}
+
 // max state index + 1 over edges and start/end states (single thread), and index checks.
 DEF_KERNEL void seg_check(int64_t n_edges, const int32_t* edges, int64_t n_classes, int64_t n_lenmods,
                           int64_t n_batch, const int32_t* start_end, int32_t* n_states) {
@@ -82,8 +88,7 @@ DEF_KERNEL void seg_fwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_
   GRID_LOOP(e, n_edges) {
     double a = alpha[t * n_states + edges[e]];
     if (a == INFINITY) continue;
-    int32_t s = edges[4 * n_edges + e];
-    int32_t n = bidx[t * n_batch + s];
+    int32_t n = seg_column(t, e, n_edges, n_batch, edges, bidx);
     if (n < 0) continue;
     double scale = seg_scale(scales, n_scales, epoch);
     double base = a + (double)w[e];
@@ -102,8 +107,7 @@ DEF_KERNEL void seg_bwd(int64_t t, int64_t n_frames, int64_t n_edges, int64_t n_
                         const Float* am, const Float* lenmod, const int32_t* bidx, const Float* index,
                         const Float* scales, int64_t n_scales, const Float* epoch, double* beta) {
   GRID_LOOP(e, n_edges) {
-    int32_t s = edges[4 * n_edges + e];
-    int32_t n = bidx[t * n_batch + s];
+    int32_t n = seg_column(t, e, n_edges, n_batch, edges, bidx);
     if (n < 0) continue;
     double scale = seg_scale(scales, n_scales, epoch);
     int32_t from = edges[e], to = edges[n_edges + e], emis = edges[2 * n_edges + e], lm = edges[3 * n_edges + e];
@@ -138,8 +142,7 @@ DEF_KERNEL void seg_post(int pass, int64_t n_frames, int64_t n_edges, int64_t n_
     int64_t t = idx / n_edges, e = idx - t * n_edges;
     double a = alpha[t * n_states + edges[e]];
     if (a == INFINITY) continue;
-    int32_t s = edges[4 * n_edges + e];
-    int32_t n = bidx[t * n_batch + s];
+    int32_t n = seg_column(t, e, n_edges, n_batch, edges, bidx);
     if (n < 0) continue;
     double scale = seg_scale(scales, n_scales, epoch);
     int32_t to = edges[n_edges + e], emis = edges[2 * n_edges + e], lm = edges[3 * n_edges + e];
