@@ -234,10 +234,8 @@ static void ptn_chunk_check_2d(const char* name, Ndarray* a, int64_t d0, int64_t
 static void chunking_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 2);
-  Ndarray* input = inputs[0];
-  Ndarray* index = inputs[1];
-  Ndarray* out = *outputs[0];
-  Ndarray* oindex = *outputs[1];
+  Ndarray *input = inputs[0], *index = inputs[1];
+  Ndarray *out = *outputs[0], *oindex = *outputs[1];
   PtnChunkGeom g = ptn_chunk_geom(inputs[4], input, out, "input", "output_buffer");
   ptn_chunk_check_2d("index", index, g.T, g.B);
   ptn_chunk_check_2d("oindex_buffer", oindex, g.size, g.B * g.n_chunks);
@@ -250,8 +248,7 @@ static void chunking_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray**
 static void chunking_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 4);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray* oindex = inputs[2];
-  Ndarray* d_out = inputs[3];
+  Ndarray *oindex = inputs[2], *d_out = inputs[3];
   Ndarray* d_in = *outputs[0];
   PtnChunkGeom g = ptn_chunk_geom(inputs[1], d_in, d_out, "input", "D_output");
   ptn_chunk_check_2d("oindex", oindex, g.size, g.B * g.n_chunks);
@@ -265,11 +262,8 @@ static void chunking_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray**
 static void unchunking_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 3);
-  Ndarray* input = inputs[0];
-  Ndarray* index = inputs[1];
-  Ndarray* out = *outputs[0];
-  Ndarray* oindex = *outputs[1];
-  Ndarray* ofactors = *outputs[2];
+  Ndarray *input = inputs[0], *index = inputs[1];
+  Ndarray *out = *outputs[0], *oindex = *outputs[1], *ofactors = *outputs[2];
   PtnChunkGeom g = ptn_chunk_geom(inputs[5], out, input, "output_buffer", "input");
   ptn_chunk_check_2d("index", index, g.size, g.B * g.n_chunks);
   ptn_chunk_check_2d("oindex_buffer", oindex, g.T, g.B);
@@ -283,9 +277,7 @@ static void unchunking_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray
 static void unchunking_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray* index = inputs[1];
-  Ndarray* ofactors = inputs[3];
-  Ndarray* d_out = inputs[4];
+  Ndarray *index = inputs[1], *ofactors = inputs[3], *d_out = inputs[4];
   Ndarray* d_in = *outputs[0];
   PtnChunkGeom g = ptn_chunk_geom(inputs[2], d_out, d_in, "D_output", "input");
   ptn_chunk_check_2d("index", index, g.size, g.B * g.n_chunks);

@@ -508,8 +508,15 @@ static void optimal_completion_edit_distance_per_successor_fw(int n_inputs, Ndar
 
 // ------------------------------------------------------------------ NextEditDistanceRowOp
 // inputs: last_row (B,Tb+1), a (B), a_n (B), a_ended (B), b (B,Tb), b_len (B); output (B,Tb+1).
-static void ptn_ed_check_next(const char* fn, Ndarray* last_row, Ndarray* a_n, Ndarray* a_ended, Ndarray* b,
-                              Ndarray* b_len) {
+// What the two "next" ops share: their first six inputs, whose shapes (all but a's) are checked here.
+struct PtnEdNext {
+  Ndarray* a;  // each op checks its own shape
+  int64_t n_batch, Tb;
+  const int32_t *last, *pa, *pan, *pend, *pb, *plb;  // last_row, a, a_n, a_ended, b, b_len
+};
+
+static PtnEdNext ptn_ed_next_inputs(const char* fn, Ndarray** inputs) {
+  Ndarray *last_row = inputs[0], *a_n = inputs[2], *a_ended = inputs[3], *b = inputs[4], *b_len = inputs[5];
   int64_t n_batch = Ndarray_DIMS(last_row)[0];
   if (Ndarray_DIMS(last_row)[1] != Ndarray_DIMS(b)[1] + 1) {
     std::ostringstream s;
@@ -521,37 +528,42 @@ static void ptn_ed_check_next(const char* fn, Ndarray* last_row, Ndarray* a_n, N
   ptn_ed_check_batch(fn, a_ended, "a_ended", n_batch, "last_row");
   ptn_ed_check_batch(fn, b, "b", n_batch, "last_row");
   ptn_ed_check_batch(fn, b_len, "b_len", n_batch, "last_row");
+  PtnEdNext in;
+  in.a = inputs[1];
+  in.n_batch = n_batch;
+  in.Tb = Ndarray_DIMS(b)[1];
+  in.last = Ndarray_DEV_DATA_int32(last_row);
+  in.pa = Ndarray_DEV_DATA_int32(in.a);
+  in.pan = Ndarray_DEV_DATA_int32(a_n);
+  in.pend = Ndarray_DEV_DATA_int32(a_ended);
+  in.pb = Ndarray_DEV_DATA_int32(b);
+  in.plb = Ndarray_DEV_DATA_int32(b_len);
+  return in;
 }
 
 static void next_edit_distance_row_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray *last_row = inputs[0], *a = inputs[1], *a_n = inputs[2], *a_ended = inputs[3], *b = inputs[4],
-          *b_len = inputs[5];
   const char* fn = "next_edit_distance_row";
-  ptn_ed_check_next(fn, last_row, a_n, a_ended, b, b_len);
-  int64_t n_batch = Ndarray_DIMS(last_row)[0], Tb = Ndarray_DIMS(b)[1];
-  ptn_ed_check_batch(fn, a, "a", n_batch, "last_row");
-  const int32_t* last = Ndarray_DEV_DATA_int32(last_row);
-  const int32_t *pa = Ndarray_DEV_DATA_int32(a), *pan = Ndarray_DEV_DATA_int32(a_n);
-  const int32_t *pend = Ndarray_DEV_DATA_int32(a_ended), *pb = Ndarray_DEV_DATA_int32(b);
-  const int32_t* plb = Ndarray_DEV_DATA_int32(b_len);
+  const PtnEdNext in = ptn_ed_next_inputs(fn, inputs);
+  ptn_ed_check_batch(fn, in.a, "a", in.n_batch, "last_row");
   int32_t* next = Ndarray_DEV_DATA_int32(*outputs[0]);
-  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
+  ptn_ed_check_lengths(fn, "b_len", "b", in.n_batch, in.plb, in.Tb);
 #if CUDA
-  start_dev_kernel(ptn_ed_next_row_kernel, (n_batch, Tb, last, pa, pan, pend, pb, plb, next));
+  start_dev_kernel(ptn_ed_next_row_kernel,
+                   (in.n_batch, in.Tb, in.last, in.pa, in.pan, in.pend, in.pb, in.plb, next));
   HANDLE_LAST_ERROR();
 #else
-  for (int64_t bi = 0; bi < n_batch; ++bi) {
-    const int32_t* l = last + bi * (Tb + 1);
-    int32_t* o = next + bi * (Tb + 1);
-    const int32_t* sb = pb + bi * Tb;
-    int64_t lb = plb[bi];
-    if (pend[bi]) {
+  for (int64_t bi = 0; bi < in.n_batch; ++bi) {
+    const int32_t* l = in.last + bi * (in.Tb + 1);
+    int32_t* o = next + bi * (in.Tb + 1);
+    const int32_t* sb = in.pb + bi * in.Tb;
+    int64_t lb = in.plb[bi];
+    if (in.pend[bi]) {
       memcpy(o, l, (lb + 1) * sizeof(int32_t));
     } else {
-      int32_t label = pa[bi];
-      int64_t prev = (int64_t)pan[bi] + 1;
+      int32_t label = in.pa[bi];
+      int64_t prev = (int64_t)in.pan[bi] + 1;
       o[0] = (int32_t)prev;
       for (int64_t t = 1; t <= lb; ++t) {
         int64_t v = std::min<int64_t>(std::min<int64_t>((int64_t)l[t], prev) + 1,
@@ -560,7 +572,7 @@ static void next_edit_distance_row_fw(int n_inputs, Ndarray** inputs, int n_outp
         prev = v;
       }
     }
-    std::fill(o + lb + 1, o + Tb + 1, o[lb]);
+    std::fill(o + lb + 1, o + in.Tb + 1, o[lb]);
   }
 #endif
 }
@@ -578,59 +590,52 @@ static void next_edit_distance_row_fw(int n_inputs, Ndarray** inputs, int n_outp
 static void next_edit_distance_reduce_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 8);
   assert_cmp(n_outputs, ==, 1);
-  Ndarray *last_row = inputs[0], *a = inputs[1], *a_n = inputs[2], *a_ended = inputs[3], *b = inputs[4],
-          *b_len = inputs[5];
   const char* fn = "next_edit_distance_reduce";
-  ptn_ed_check_next(fn, last_row, a_n, a_ended, b, b_len);
+  const PtnEdNext in = ptn_ed_next_inputs(fn, inputs);
   bool optimal_completion = Ndarray_DEV_DATA_int32_scalar(inputs[6]) != 0;
   int32_t blank = Ndarray_DEV_DATA_int32_scalar(inputs[7]);
-  int64_t n_batch = Ndarray_DIMS(last_row)[0], Tb = Ndarray_DIMS(b)[1];
-  int64_t a_batch = Ndarray_DIMS(a)[0], n_labels = Ndarray_DIMS(a)[1];
-  if (a_batch != 1 && a_batch != n_batch) {
+  int64_t a_batch = Ndarray_DIMS(in.a)[0], n_labels = Ndarray_DIMS(in.a)[1];
+  if (a_batch != 1 && a_batch != in.n_batch) {
     std::ostringstream s;
-    s << "a has batch size " << a_batch << "; it must be 1 (the same candidates for all) or B = " << n_batch
+    s << "a has batch size " << a_batch << "; it must be 1 (the same candidates for all) or B = " << in.n_batch
       << " (last_row.shape[0])";
     ptn_ed_fail(fn, s.str());
   }
   Ndarray* output = *outputs[0];
-  assert_cmp(Ndarray_DIMS(output)[0], ==, n_batch);
+  assert_cmp(Ndarray_DIMS(output)[0], ==, in.n_batch);
   assert_cmp(Ndarray_DIMS(output)[1], ==, n_labels);
-  const int32_t* last = Ndarray_DEV_DATA_int32(last_row);
-  const int32_t *pa = Ndarray_DEV_DATA_int32(a), *pan = Ndarray_DEV_DATA_int32(a_n);
-  const int32_t *pend = Ndarray_DEV_DATA_int32(a_ended), *pb = Ndarray_DEV_DATA_int32(b);
-  const int32_t* plb = Ndarray_DEV_DATA_int32(b_len);
   int32_t* out = Ndarray_DEV_DATA_int32(output);
-  ptn_ed_check_lengths(fn, "b_len", "b", n_batch, plb, Tb);
+  ptn_ed_check_lengths(fn, "b_len", "b", in.n_batch, in.plb, in.Tb);
 #if CUDA
-  start_dev_kernel(ptn_ed_next_reduce_kernel, (n_batch, n_labels, a_batch, Tb, last, pa, pan, pend, pb, plb,
-                                               optimal_completion ? 1 : 0, blank, out));
+  start_dev_kernel(ptn_ed_next_reduce_kernel, (in.n_batch, n_labels, a_batch, in.Tb, in.last, in.pa, in.pan, in.pend,
+                                               in.pb, in.plb, optimal_completion ? 1 : 0, blank, out));
   HANDLE_LAST_ERROR();
 #else
   int64_t lo = PTN_ED_INT32_MAX, hi = -int64_t(PTN_ED_INT32_MAX) - 1;
-  ptn_ed::label_range(pb, n_batch, Tb, plb, lo, hi);
-  ptn_ed::label_range(pa, 1, a_batch * n_labels, (const int32_t*)0, lo, hi);
+  ptn_ed::label_range(in.pb, in.n_batch, in.Tb, in.plb, lo, hi);
+  ptn_ed::label_range(in.pa, 1, a_batch * n_labels, (const int32_t*)0, lo, hi);
   ptn_ed::LabelMap bmap;
   bmap.configure(lo, hi);
   std::vector<int64_t> best;
-  for (int64_t bi = 0; bi < n_batch; ++bi) {
-    const int32_t* l = last + bi * (Tb + 1);
-    const int32_t* sb = pb + bi * Tb;
-    const int32_t* cand = pa + (a_batch == 1 ? 0 : bi) * n_labels;
+  for (int64_t bi = 0; bi < in.n_batch; ++bi) {
+    const int32_t* l = in.last + bi * (in.Tb + 1);
+    const int32_t* sb = in.pb + bi * in.Tb;
+    const int32_t* cand = in.pa + (a_batch == 1 ? 0 : bi) * n_labels;
     int32_t* o = out + bi * n_labels;
-    int64_t n = plb[bi];
+    int64_t n = in.plb[bi];
     // The value of a candidate that does not extend the hypothesis (ended, or blank).
     int64_t keep = l[n];
     if (optimal_completion)
       for (int64_t t = 0; t < n; ++t) keep = std::min<int64_t>(keep, l[t]);
-    if (pend[bi]) {
+    if (in.pend[bi]) {
       for (int64_t k = 0; k < n_labels; ++k) o[k] = (int32_t)keep;
       continue;
     }
     int64_t base;
     bmap.clear(n);
     best.clear();
-    if (optimal_completion) base = (int64_t)pan[bi] + 1;
-    else base = (int64_t)pan[bi] + 1 + n;
+    if (optimal_completion) base = (int64_t)in.pan[bi] + 1;
+    else base = (int64_t)in.pan[bi] + 1 + n;
     if (optimal_completion && n > 0) base = std::min<int64_t>(base, (int64_t)l[n] + 1);  // k = n >= 1
     for (int64_t t = 0; t < n; ++t) {
       int64_t key = optimal_completion ? (int64_t)l[t] : (int64_t)l[t] + n - 1 - t;
