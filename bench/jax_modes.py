@@ -5,7 +5,9 @@ time goes: the bare kernel (ctypes call of the op's entry point is what the defa
 function on a graph without native ops (its per-call cost), and ``jax.vmap`` over problems: folded into the op's
 batch axis (one FFI call) against one call per element.
 
-``python bench/jax_modes.py [--quick]``; milliseconds, median of the timed calls."""
+``python bench/jax_modes.py [--quick]``; milliseconds, median of the timed calls, and the median process CPU time
+per call (all threads).  The CPU kernels split their work over threads; on a machine whose cores are busy with other
+jobs, run with ``PTNATIVE_NUM_THREADS=1`` to compare the modes rather than the scheduler (see docs/scaling.md)."""
 
 import argparse
 import os
@@ -48,6 +50,7 @@ def graph_rows(logits, cost, x, reps):
     graph = jax.jit(jaxify([logits], [cost, grad]))
     f_cost = jaxify([logits], [cost])
     vg = jax.jit(jax.value_and_grad(lambda v: f_cost(v)[0]))
+    on_device = jax.device_put(x)
     want = default(x)
     for name, got in (("JAX mode", jax_mode(x)), ("jit", graph(x)), ("value_and_grad", vg(x))):
         for a, b in zip(got, want):
@@ -57,6 +60,7 @@ def graph_rows(logits, cost, x, reps):
         "default mode (Numba), pytensor.grad": lambda: default(x),
         'mode="JAX", pytensor.grad': lambda: jax.block_until_ready(jax_mode(x)),
         "jax.jit(jax_funcify(graph))": lambda: jax.block_until_ready(graph(x)),
+        "the same, input already a JAX array": lambda: jax.block_until_ready(graph(on_device)),
         "jax.jit(jax.value_and_grad(cost))": lambda: jax.block_until_ready(vg(x)),
     }
     return measure_interleaved(fns, reps=reps)
