@@ -1,7 +1,7 @@
-// chainer's LSTM activation (ptnative.lstm_cell), its gradient and the gradient of its gradient.
-// Pasted after lstm.cu (lstm_tanh, lstm_sigmoid).  Arrays are 3-D: c (Bc, H, R), x (Bx, 4H, R) with the
-// gates of unit j interleaved: x[b, 4*j + g, r], g in (a = cell input, i, f, o).  Rows b >= Bx of c pass
-// through.
+// chainer's LSTM activation (ptnative.lstm_cell), its gradient and the gradient of its gradient.  Arrays are
+// 3-D: c (Bc, H, R), x (Bx, 4H, R) with the gates of unit j interleaved: x[b, 4*j + g, r], g in (a = cell
+// input, i, f, o).  Rows b >= Bx of c pass through.
+#include "lstm_common.h"
 
 // Loop over (b, j, r) of a (nb, nh, nr) grid: flat grid-stride on CUDA, nested loops on the CPU.
 #if CUDA
@@ -132,51 +132,62 @@ static void lstm_cell_copy_rest(Ndarray* dst, Ndarray* src, const LstmCellDims& 
                    (dm.nbc - dm.nbx) * dm.row * sizeof(Float));
 }
 
-// inputs: c_prev (Bc,H,R), x (Bx,4H,R); outputs: c (Bc,H,R), h (Bx,H,R).
-static void lstm_cell_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 2);
-  assert_cmp(n_outputs, ==, 2);
-  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = *outputs[0], *h = *outputs[1];
-  LstmCellDims dm = check_lstm_cell_shapes(c_prev, x);
-  if (dm.nbx * dm.row > 0)
-    start_dev_kernel(lstm_cell_fw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c),
-                                           Ndarray_DEV_DATA(h), dm.nbx, dm.nh, dm.nr));
-  lstm_cell_copy_rest(c, c_prev, dm);
+// The data pointers of an entry point's arrays: in[k] of inputs[k], out[k] of *outputs[k].
+struct LstmCellArrays {
+  Float *in[7] = {}, *out[5] = {};
+  LstmCellArrays(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+    for (int k = 0; k < n_inputs; ++k) in[k] = Ndarray_DEV_DATA(inputs[k]);
+    for (int k = 0; k < n_outputs; ++k) out[k] = Ndarray_DEV_DATA(*outputs[k]);
+  }
+};
+
+// An entry point's work: launch(a) when there is a cell to compute, then rows >= Bx of *outputs[dst] from
+// inputs[src] (the rows that x does not reach).
+template <typename F>
+static void lstm_cell_run(const LstmCellDims& dm, int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
+                          F&& launch, int dst, int src) {
+  LstmCellArrays a(n_inputs, inputs, n_outputs, outputs);
+  if (dm.nbx * dm.row > 0) launch(a);
+  lstm_cell_copy_rest(*outputs[dst], inputs[src], dm);
   HANDLE_LAST_ERROR();
 }
 
+// inputs: c_prev (Bc,H,R), x (Bx,4H,R); outputs: c (Bc,H,R), h (Bx,H,R).  Rows >= Bx: c = c_prev.
+static void lstm_cell_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 2);
+  assert_cmp(n_outputs, ==, 2);
+  LstmCellDims dm = check_lstm_cell_shapes(inputs[0], inputs[1]);
+  auto launch = [&](const LstmCellArrays& a) {
+    start_dev_kernel(lstm_cell_fw_kernel, (a.in[0], a.in[1], a.out[0], a.out[1], dm.nbx, dm.nh, dm.nr));
+  };
+  lstm_cell_run(dm, n_inputs, inputs, n_outputs, outputs, launch, 0, 0);
+}
+
 // inputs: c_prev, x, c (Bc,H,R), gc (Bc,H,R), gh (Bx,H,R); outputs: gc_prev (Bc,H,R), gx (Bx,4H,R).
+// Rows >= Bx: gc_prev = gc.
 static void lstm_cell_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 2);
-  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
-  Ndarray *gc_prev = *outputs[0], *gx = *outputs[1];
   LstmCellDims dm = check_lstm_cell_grad_shapes(inputs);
-  if (dm.nbx * dm.row > 0)
-    start_dev_kernel(lstm_cell_bw_kernel, (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c),
-                                           Ndarray_DEV_DATA(gc), Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(gc_prev),
-                                           Ndarray_DEV_DATA(gx), dm.nbx, dm.nh, dm.nr));
-  lstm_cell_copy_rest(gc_prev, gc, dm);
-  HANDLE_LAST_ERROR();
+  auto launch = [&](const LstmCellArrays& a) {
+    start_dev_kernel(lstm_cell_bw_kernel,
+                     (a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.out[0], a.out[1], dm.nbx, dm.nh, dm.nr));
+  };
+  lstm_cell_run(dm, n_inputs, inputs, n_outputs, outputs, launch, 0, 3);
 }
 
 // inputs: c_prev, x, c, gc, gh, ggc_prev (Bc,H,R), ggx (Bx,4H,R);
 // outputs: g_c_prev, g_x, g_c, g_gc, g_gh (shaped like c_prev, x, c, gc, gh).
+// Rows >= Bx: gc_prev = gc there, so g_gc = ggc_prev; g_c_prev and g_c stay 0.
 static void lstm_cell_bw2(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 5);
-  Ndarray *c_prev = inputs[0], *x = inputs[1], *c = inputs[2], *gc = inputs[3], *gh = inputs[4];
-  Ndarray *ggc_prev = inputs[5], *ggx = inputs[6];
   LstmCellDims dm = check_lstm_cell_grad_shapes(inputs);
-  check_same_shape(ggc_prev, c_prev);
-  check_same_shape(ggx, x);
-  if (dm.nbx * dm.row > 0)
-    start_dev_kernel(lstm_cell_bw2_kernel,
-                     (Ndarray_DEV_DATA(c_prev), Ndarray_DEV_DATA(x), Ndarray_DEV_DATA(c), Ndarray_DEV_DATA(gc),
-                      Ndarray_DEV_DATA(gh), Ndarray_DEV_DATA(ggc_prev), Ndarray_DEV_DATA(ggx),
-                      Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]), Ndarray_DEV_DATA(*outputs[2]),
-                      Ndarray_DEV_DATA(*outputs[3]), Ndarray_DEV_DATA(*outputs[4]), dm.nbx, dm.nh, dm.nr));
-  // rows >= Bx: gc_prev = gc there, so g_gc = ggc_prev; g_c_prev and g_c stay 0.
-  lstm_cell_copy_rest(*outputs[3], ggc_prev, dm);
-  HANDLE_LAST_ERROR();
+  check_same_shape(inputs[5], inputs[0]);  // ggc_prev like c_prev
+  check_same_shape(inputs[6], inputs[1]);  // ggx like x
+  auto launch = [&](const LstmCellArrays& a) {
+    start_dev_kernel(lstm_cell_bw2_kernel, (a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.in[6], a.out[0],
+                                            a.out[1], a.out[2], a.out[3], a.out[4], dm.nbx, dm.nh, dm.nr));
+  };
+  lstm_cell_run(dm, n_inputs, inputs, n_outputs, outputs, launch, 3, 5);
 }

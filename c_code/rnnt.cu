@@ -20,6 +20,8 @@
 // block per row for the passes and an anti-diagonal wavefront per sequence
 // for alpha / beta.
 
+#include "fast_math.h"
+
 #define RNNT_MAX_BIG_BLANKS 32
 #define RNNT_NEG_INF (-(double)INFINITY)
 
@@ -264,8 +266,7 @@ DEF_KERNEL void rnnt_outputs_kernel(RnntConf c, const int32_t* act_lens, const i
 // g++ vectorises them without -ffast-math: no float selects (they stay
 // branches), no libm calls.  double uses the plain forms.
 //
-// exp(x) for x <= 0 (x = logit - rowmax): Cody-Waite reduction and a degree-6
-// polynomial (relative error < 1e-7); x < -87 gives 0.  Clamping uses the bit
+// exp(x) for x <= 0 (x = logit - rowmax): fast_math.h's, with x < -87 giving 0.  Clamping uses the bit
 // pattern: for x <= 0, x < -87 <=> bits(x) > bits(-87) (unsigned).
 static inline float rnnt_row_exp(float x) {
   const uint32_t lim = 0xC2AE0000u;  // bits of -87.0f
@@ -274,23 +275,7 @@ static inline float rnnt_row_exp(float x) {
   uint32_t cb = ub < lim ? ub : lim;
   float xc;
   memcpy(&xc, &cb, 4);
-  float t = xc * 1.44269504088896341f + 12582912.0f;  // round to nearest via 1.5 * 2^23
-  int32_t ni;
-  memcpy(&ni, &t, 4);
-  ni -= 0x4B400000;
-  float n = t - 12582912.0f;
-  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t sb = (ni + 127) << 23;
-  float scale;
-  memcpy(&scale, &sb, 4);
-  float res = y * scale;
+  float res = fast_exp_in_range(xc);
   uint32_t rb;
   memcpy(&rb, &res, 4);
   rb &= ub <= lim ? 0xFFFFFFFFu : 0u;
@@ -432,12 +417,8 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   auto rnnt_value_error = [&fn](const std::string& msg) { ptn::raise(PTN_STATUS_VALUE, fn + msg); };
   if (inputs[6]->dims[0] < 3) rnnt_value_error("params must hold [sigma, fastemit_lambda, clamp]");
 
-  RnntConf c;
-  c.B = Ndarray_DIMS(grads)[0];
-  c.T = Ndarray_DIMS(grads)[1];
-  c.U1 = Ndarray_DIMS(grads)[2];
-  c.K = Ndarray_DIMS(grads)[3];
-  c.label_stride = Ndarray_DIMS(labels)[1];
+  const int64_t* acts_dims = Ndarray_DIMS(grads);  // (B, T, U + 1, K)
+  RnntConf c = {acts_dims[0], acts_dims[1], acts_dims[2], acts_dims[3], Ndarray_DIMS(labels)[1]};
   std::ostringstream err;
   if (Ndarray_DIMS(labels)[0] != c.B || Ndarray_DIMS(act_lens)[0] != c.B || Ndarray_DIMS(label_lens)[0] != c.B) {
     err << "batch sizes differ: acts " << c.B << ", labels " << Ndarray_DIMS(labels)[0] << ", act_lens "

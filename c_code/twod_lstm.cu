@@ -1,5 +1,4 @@
-// TwoDLSTM: a 2-D LSTM over (target time y) x (source time x), on the CPU and on CUDA.  Pasted after
-// lstm.cu (lstm_tanh, lstm_sigmoid, lstm_gemm, LSTM_FOR_BJ).
+// TwoDLSTM: a 2-D LSTM over (target time y) x (source time x), on the CPU and on CUDA.
 //
 // Layout: X (h, w, B, n_in); H (h, w, B, 5n) holding per cell [in, forget, lambda, out, state]; Y (h, w, B, n).
 // Cell (y, x):  a = b + X W + Y[y, x-1] V_h + Y[y-1, x] V_v   (gate blocks: in, forget, lambda, out, cell-in)
@@ -9,6 +8,9 @@
 // (then h must be 1) and is absent otherwise.  The cells are computed by anti-diagonals y + x = d: a cell
 // depends only on its left and upper neighbours, both on diagonal d - 1, so the recurrent products of a whole
 // diagonal are two GEMMs (one per recurrent matrix) over its gathered neighbours.
+
+#include "lstm_common.h"
+#include "lstm_packed.h"
 
 DEV_FUNC inline Float twod_valid(const Float* sizes, int64_t b, int64_t y, int64_t x) {
   return (Float(y) < sizes[2 * b] && Float(x) < sizes[2 * b + 1]) ? Float(1) : Float(0);
@@ -171,12 +173,8 @@ static Float twod_iteration(Ndarray* iteration) {
 static TwoDShapes check_twod_shapes(Ndarray** inputs) {
   Ndarray *X = inputs[0], *V_h = inputs[1], *V_v = inputs[2], *W = inputs[3], *b = inputs[4], *sizes = inputs[10];
   Ndarray *initialState = inputs[12], *initialOutput = inputs[13];
-  TwoDShapes s;
-  s.h = Ndarray_DIMS(X)[0];
-  s.w = Ndarray_DIMS(X)[1];
-  s.B = Ndarray_DIMS(X)[2];
-  s.n_in = Ndarray_DIMS(X)[3];
-  s.n = Ndarray_DIMS(V_h)[0];
+  const int64_t* xd = Ndarray_DIMS(X);
+  TwoDShapes s = {xd[0], xd[1], xd[2], xd[3], Ndarray_DIMS(V_h)[0], false};
   const char* five_n = "5 * n (n = V_h.shape[0])";
   ptn::require_dim(V_h, "V_h", 1, 5 * s.n, five_n);
   ptn::require_dim(V_v, "V_v", 0, s.n, "n (V_h.shape[0])");

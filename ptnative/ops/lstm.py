@@ -1,4 +1,4 @@
-"""LSTM ops (kernels in ``c_code/lstm.cu``)."""
+"""LSTM ops (kernels in ``c_code/lstm*.cu``, ``twod_lstm.cu``; shared parts in ``lstm_common.h``, ``lstm_packed.h``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pytensor.graph.rewriting.basic import GraphRewriter
 from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
 from ..op import NativeOp, NativeOpGenBase
-from ..source import read_kernel_file
+from ..source import kernel_unit
+from ._args import host_int32_scalar
 
 __all__ = [
     "LstmGenericBase", "NativeLstm", "NativeLstm2", "LstmLowMem", "TwoDLSTM", "LstmCell", "LstmCellGrad",
@@ -28,6 +29,11 @@ def _input(name, ndim, **extra):
 def _output(name, shape, **extra):
     """An ``out_info`` entry: a C-contiguous array whose shape is given by input dimensions."""
     return {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
+
+
+def _like(name, k):
+    """An ``out_info`` entry shaped like the 3-D input ``k``."""
+    return {"name": name, "ndim": 3, "shape": ((k, 0), (k, 1), (k, 2))}
 
 
 def _mask(name="i"):
@@ -73,7 +79,7 @@ class LstmGenericBase(NativeOpGenBase):
     def grad_input_map(cls, Z, V_h, c, i, Y, H, d, DY, DH, Dd):
         return V_h, c, i, Y, H, DY, Dd
 
-    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
+    c_extra_support_code = kernel_unit("lstm_generic.cu")
     c_fw_code = "lstm_generic_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "lstm_generic_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -84,12 +90,12 @@ NativeLstm = LstmGenericBase
 
 
 # ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
-# lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm.cu, c_code/lstm_cell.cu, c_code/twod_lstm.cu.
+# lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm.cu (NativeLstm2), lstm_lowmem.cu, twod_lstm.cu,
+# lstm_cell.cu.
 
-_INT_SCALAR = {"ndim": 0, "shape": (), "dtype": "int32", "host_memory": True, "gradient": "disconnected"}
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
-_STATE_MASK_FRAMES = (_input("y0", 2), _input("c0", 2), _mask(), dict(_INT_SCALAR, name="start"),
-                      dict(_INT_SCALAR, name="step"))
+_STATE_MASK_FRAMES = (_input("y0", 2), _input("c0", 2), _mask(), host_int32_scalar("start"),
+                      host_int32_scalar("step"))
 
 
 class NativeLstm2(NativeOpGenBase):
@@ -134,7 +140,7 @@ class NativeLstm2(NativeOpGenBase):
     def grad_input_map(cls, X, W, y0, c0, i, start, step, Y, C, H, d, DY, DC, DH, Dd):
         return W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
 
-    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
+    c_extra_support_code = kernel_unit("lstm.cu")
     c_fw_code = "native_lstm2_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "native_lstm2_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -172,7 +178,7 @@ class LstmLowMem(NativeOpGenBase):
     def grad_input_map(cls, X, W, b, y0, c0, i, start, step, Y, C, d, DY, DC, Dd):
         return X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd
 
-    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu")}
+    c_extra_support_code = kernel_unit("lstm_lowmem.cu")
     c_fw_code = "lstm_lowmem_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "lstm_lowmem_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -212,14 +218,14 @@ class TwoDLSTM(NativeOpGenBase):
         _output("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
         _output("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
     )
-    c_extra_support_code = {"lstm": read_kernel_file("lstm.cu"), "twod_lstm": read_kernel_file("twod_lstm.cu")}
+    c_extra_support_code = kernel_unit("twod_lstm.cu")
     c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "twod_lstm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
 
 
 # ---------------------------------------------------------------------- chainer's LSTM activation
-_CELL_SUPPORT = {"lstm": read_kernel_file("lstm.cu"), "lstm_cell": read_kernel_file("lstm_cell.cu")}
+_CELL_SUPPORT = kernel_unit("lstm_cell.cu")
 
 
 def _zeros_where_disconnected(cotangents, outputs):
@@ -232,26 +238,30 @@ class LstmCellGradGrad(NativeOpGenBase):
     outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
 
     in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
-    out_info = (
-        {"name": "g_c_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
-        {"name": "g_x", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
-        {"name": "g_c", "ndim": 3, "shape": ((2, 0), (2, 1), (2, 2))},
-        {"name": "g_gc", "ndim": 3, "shape": ((3, 0), (3, 1), (3, 2))},
-        {"name": "g_gh", "ndim": 3, "shape": ((4, 0), (4, 1), (4, 2))},
-    )
+    out_info = tuple(_like(nm, k) for k, nm in enumerate(("g_c_prev", "g_x", "g_c", "g_gc", "g_gh")))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw2(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
 
 
-class _LstmCellGradOp(NativeOp):
-    """LstmCellGrad's Op: its pullback is the native LstmCellGradGrad kernel."""
+class _NativePullbackOp(NativeOp):
+    """A NativeOp whose pullback is the native op ``pullback_spec``, applied to the inputs, then (when
+    ``pullback_takes_output``) the first output, then the cotangents (zeros for a disconnected one)."""
+
+    pullback_spec: type[NativeOpGenBase]
+    pullback_takes_output = False
 
     def pullback(self, inputs, outputs, cotangents):
-        ggc_prev, ggx = _zeros_where_disconnected(cotangents, outputs)
-        return LstmCellGradGrad.make_op()(*inputs, ggc_prev, ggx)
+        forward = [*inputs, outputs[0]] if self.pullback_takes_output else list(inputs)
+        return self.pullback_spec.make_op()(*forward, *_zeros_where_disconnected(cotangents, outputs))
 
     L_op = pullback
+
+
+class _LstmCellGradOp(_NativePullbackOp):
+    """LstmCellGrad's Op: ``(c_prev, x, c, gc, gh, ggc_prev, ggx)`` -> the native LstmCellGradGrad."""
+
+    pullback_spec = LstmCellGradGrad
 
 
 class LstmCellGrad(NativeOpGenBase):
@@ -259,25 +269,18 @@ class LstmCellGrad(NativeOpGenBase):
     its own (the forward's c, not recomputed).  Differentiable once more (:class:`LstmCellGradGrad`)."""
 
     in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh"))
-    out_info = (
-        {"name": "gc_prev", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
-        {"name": "gx", "ndim": 3, "shape": ((1, 0), (1, 1), (1, 2))},
-    )
+    out_info = (_like("gc_prev", 0), _like("gx", 1))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
     op_class = _LstmCellGradOp
 
 
-class _LstmCellOp(NativeOp):
-    """LstmCell's Op: its pullback is the (twice differentiable) LstmCellGrad op."""
+class _LstmCellOp(_NativePullbackOp):
+    """LstmCell's Op: ``(c_prev, x, c, gc, gh)`` -> the (twice differentiable) native LstmCellGrad."""
 
-    def pullback(self, inputs, outputs, cotangents):
-        gc, gh = _zeros_where_disconnected(cotangents, outputs)
-        c_prev, x = inputs
-        return LstmCellGrad.make_op()(c_prev, x, outputs[0], gc, gh)
-
-    L_op = pullback
+    pullback_spec = LstmCellGrad
+    pullback_takes_output = True
 
 
 class LstmCell(NativeOpGenBase):
@@ -287,10 +290,7 @@ class LstmCell(NativeOpGenBase):
     ``sigma(o) * tanh(c)``.  Use :func:`lstm_cell` for any number of trailing dimensions."""
 
     in_info = (_input("c_prev", 3), _input("x", 3))
-    out_info = (
-        {"name": "c", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2))},
-        {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))},
-    )
+    out_info = (_like("c", 0), {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))})
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
