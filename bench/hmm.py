@@ -5,8 +5,9 @@ the batch) and pytensor.scan, in one run, on the same data, timed in alternating
 
 Prints, per shape and task, every implementation's median / best wall time and median CPU time, then
 ptnative's time over each peer's with the issue's targets (issue 16: loglik+grad >= 50x faster than scan; issue
-18: <= 0.1x, 0.3x, 0.5x of dynamax), and the machine's load average before and after.  Where ptnative splits the
-batch over threads (T*B*K*K >= 1e7), it is also timed on one thread (``ptnative 1 thread``,
+18: <= 0.1x, 0.3x, 0.5x of dynamax), also for ptnative's functions compiled with ``trust_input=True`` (no
+per-call checks of the inputs, as PyMC's samplers call theirs), and the machine's load average before and after.
+Where ptnative splits the batch over threads (T*B*K*K >= 1e7), it is also timed on one thread (``ptnative 1 thread``,
 PTNATIVE_NUM_THREADS=1): on a loaded machine a thread of the split may wait for a core.
 
 Tasks (float64): the log-likelihood with its gradient w.r.t. emissions, transitions and initial weights
@@ -58,12 +59,14 @@ def data(T, B, K, seed=0):
     return log_e, np.log(A), np.log(pi)
 
 
-def ptnative_fns(log_e, log_A, log_pi):
+def ptnative_fns(log_e, log_A, log_pi, trust_input=False):
+    """ptnative's three tasks as compiled PyTensor functions; ``trust_input``: without PyTensor's per-call checks
+    of the inputs (about 4 us a call here), as PyMC's samplers call their logp+dlogp function."""
     le, lA, lpi = pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")
     ll = ptnative.hmm_log_likelihood(le, lA, lpi).sum()
-    f_grad = pytensor.function([le, lA, lpi], [ll, *pytensor.grad(ll, [le, lA, lpi])])
-    f_post = pytensor.function([le, lA, lpi], list(ptnative.hmm_posteriors(le, lA, lpi)))
-    f_vit = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)))
+    f_grad = pytensor.function([le, lA, lpi], [ll, *pytensor.grad(ll, [le, lA, lpi])], trust_input=trust_input)
+    f_post = pytensor.function([le, lA, lpi], list(ptnative.hmm_posteriors(le, lA, lpi)), trust_input=trust_input)
+    f_vit = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)), trust_input=trust_input)
     args = (log_e, log_A, log_pi)
     return {"loglik+grad": lambda: f_grad(*args), "posteriors": lambda: f_post(*args),
             "viterbi": lambda: f_vit(*args)}
@@ -96,9 +99,12 @@ def overhead_fns(log_e, log_A, log_pi):
                                                                                       None))))
     f_vit = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)))
     f_post = pytensor.function([le, lA, lpi], list(ptnative.hmm_posteriors(le, lA, lpi)))
+    f_pt_trusted = pytensor.function([le, lA, lpi], le[0, 0, 0] + lA[0, 0] + lpi[0], trust_input=True)
+    f_vit_trusted = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)), trust_input=True)
     args = (log_e, log_A, log_pi)
     return {"PyTensor call, no op": lambda: f_pt(*args), "empty native op": lambda: f_empty(*args),
-            "hmm_viterbi": lambda: f_vit(*args), "hmm_posteriors": lambda: f_post(*args)}
+            "hmm_viterbi": lambda: f_vit(*args), "hmm_posteriors": lambda: f_post(*args),
+            "no op, trust_input": lambda: f_pt_trusted(*args), "hmm_viterbi, trust_input": lambda: f_vit_trusted(*args)}
 
 
 def scan_fns(log_e, log_A, log_pi):
@@ -213,17 +219,19 @@ def main():
         times = measure_interleaved(overhead_fns(*data(T, B, K)), reps=max(args.reps, 300), rounds=3, warmup=20)
         print(f"\nper-call overhead, T={T} B={B} K={K} f64 (median / best wall microseconds):")
         for name, timing in times.items():
-            print(f"  {name:<22} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
+            print(f"  {name:<26} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
     rows = []
     for shape in args.shapes.split(","):
         T, B, K = (int(v) for v in shape.split("x"))
         label = f"T={T} B={B} K={K}"
         log_e, log_A, log_pi = data(T, B, K)
         ours = ptnative_fns(log_e, log_A, log_pi)
+        trusted = ptnative_fns(log_e, log_A, log_pi, trust_input=True)
         others = {"dynamax": dynamax_fns(log_e, log_A, log_pi), "hmmlearn": hmmlearn_fns(log_e, log_A, log_pi),
                   "scan": scan_fns(log_e, log_A, log_pi)}
         threaded = T * B * K * K >= 1e7 and B > 1 and (os.cpu_count() or 1) > 1
-        tasks = {task: {"ptnative": fn, **({"ptnative 1 thread": one_thread(fn)} if threaded else {})}
+        tasks = {task: {"ptnative": fn, "ptnative trust_input": trusted[task],
+                        **({"ptnative 1 thread": one_thread(fn)} if threaded else {})}
                  for task, fn in ours.items()}
         for name, fns in others.items():
             for task, fn in fns.items():
@@ -248,15 +256,17 @@ def main():
                     continue
                 target = target_of(name, task, label)
                 rows.append((label, task, f"=> ptnative / {name}", mine / timing.median, target, None, None))
+                rows.append((label, task, f"=> ptnative trust_input / {name}",
+                             times["ptnative trust_input"].median / timing.median, target, None, None))
     print(f"\nload average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs; times in ms")
-    print(f"{'shape':<18} {'task':<12} {'implementation':<26} {'median':>9} {'best':>9} {'cpu':>9} {'x ptnative':>11}")
+    print(f"{'shape':<18} {'task':<12} {'implementation':<40} {'median':>9} {'best':>9} {'cpu':>9} {'x ptnative':>11}")
     for shape, task, name, a, b, c, d in rows:
         if d is None:
             verdict = "" if b is None else f"  (target <= {b:.3g}: {'meets' if a <= b else 'MISSES'})"
-            print(f"{shape:<18} {task:<12} {name:<26} {a:>9.3f}{verdict}")
+            print(f"{shape:<18} {task:<12} {name:<40} {a:>9.3f}{verdict}")
         else:
-            print(f"{shape:<18} {task:<12} {name:<26} {a:>9.3f} {b:>9.3f} {c:>9.3f} {d:>11.2f}")
+            print(f"{shape:<18} {task:<12} {name:<40} {a:>9.3f} {b:>9.3f} {c:>9.3f} {d:>11.2f}")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,14 @@ static inline void hmm_store_lanes(T* x, V v) {
   for (int k = 0; k < K; ++k) x[k] = (T)v[k];
 }
 
+// The largest of lanes [0, K).
+template <int K>
+static inline double hmm_lane_max(hmm_v4d v) {
+  double m = v[0];
+  for (int k = 1; k < K; ++k) m = v[k] > m ? v[k] : m;
+  return m;
+}
+
 // The K rows of M (K x 4, row-major) as vectors, the others 0.
 template <int K>
 static inline void hmm_rows(const double* M, hmm_v4d* rows) {

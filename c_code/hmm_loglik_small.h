@@ -97,9 +97,7 @@ static void hmm_small_backward(const HmmParams& p, int64_t b, double g, Float* d
       break;
     }
     const hmm_v4d le = hmm_lanes<K>(p.le + tb * K, -INFINITY);
-    double mx = le[0];
-    for (int k = 1; k < K; ++k) mx = le[k] > mx ? le[k] : mx;
-    const hmm_v4d w = hmm_exp_below(le, mx) * beta_u;
+    const hmm_v4d w = hmm_exp_below(le, hmm_lane_max<K>(le)) * beta_u;
     const hmm_v4d x = hmm_lanes<K>(p.alpha + (tb - B) * K) * ((g / z) / p.c[tb]);
     const hmm_v4d v = w * inv;  // E_t beta_t
     for (int i = 0; i < K; ++i) Ur[i] += hmm_splat(x[i]) * v;

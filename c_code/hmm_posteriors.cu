@@ -114,34 +114,74 @@ static inline hmm_v4d hmm_small_mask(hmm_v4d alpha, hmm_v4d beta) {
 
 static inline double hmm_small_inverse(double s) { return s > 0.0 ? 1.0 / s : 0.0; }
 
-// The filter of sequence b (status HMM_SCALED, T_b > 0) into alpha, c, m; returns its status.
+// The filter and the backward recursion of sequence b at once, as two independent chains that the processor
+// overlaps, then gamma and U = xi / A (into xi) in one pass over the frames.  E_t = exp(log e_t - max_k log e_t)
+// comes first for all frames (one vectorised exp per frame, shared by both chains and the last pass): it is the
+// filter's E_t whenever the frame's largest emission is at a reachable state (else the filter's step computes its
+// own, as hmm_infer_filter_step does).  The backward runs without hmm_small_mask and with these E_t, which is what
+// the sequential pass computes when every state has alpha_t > 0 at every frame (m_t is then that maximum, the
+// zeroing does nothing): *done says whether that held (else the caller runs hmm_post_small_backward on the stored
+// filter).  Returns the filter's status.  buf: 9 T_b doubles (beta_t, E_t per frame, then the maxima).
 template <int K>
-static int hmm_post_small_forward(const HmmInferParams& p, const HmmPostState& st, int64_t b) {
+static int hmm_post_small_fused(const HmmInferParams& p, const HmmPostState& st, int64_t b, Float* gamma,
+                                double* xi, double* buf, bool* done) {
   const int64_t B = p.B, len = p.seq_len[b];
-  hmm_v4d A[4];
-  hmm_rows<K>(p.Ap, A);
-  hmm_v4d u = hmm_lanes<K>(p.pi);  // alpha_{t-1} times s_{t-1} (pi at t = 0)
-  double inv = 1.0;                // 1 / s_{t-1}
+  double *beta = buf, *E = buf + 4 * len, *maxima = buf + 8 * len;
   for (int64_t t = 0; t < len; ++t) {
     const hmm_v4d le = hmm_small_le<K>(p, t, b);
-    double mx = le[0];
-    for (int k = 1; k < K; ++k) mx = le[k] > mx ? le[k] : mx;
-    hmm_v4d e = hmm_exp_below(le, mx);
-    const hmm_v4d pred = t == 0 ? u : hmm_vecmat<K>(u, A) * inv;
-    double mt = -INFINITY;
-    for (int k = 0; k < K; ++k) mt = pred[k] > 0.0 && le[k] > mt ? le[k] : mt;
-    if (!(mt > -INFINITY)) return HMM_NO_PATH;
-    if (mt != mx) e = hmm_exp_below(le, mt);
-    u = pred * e;
-    const double s = hmm_hsum(u);
-    if (!(s > 0.0)) return HMM_NO_PATH;
-    inv = 1.0 / s;
-    const int64_t tb = t * B + b;
-    hmm_store_lanes<K>(st.alpha + tb * K, u * inv);
-    st.c[tb] = s;
-    st.m[tb] = mt;
+    maxima[t] = hmm_lane_max<K>(le);
+    hmm_store_lanes<4>(E + 4 * t, hmm_exp_below(le, maxima[t]));
   }
-  return hmm_hsum(u * hmm_lanes<K>(p.f)) > 0.0 ? HMM_SCALED : HMM_NO_PATH;
+  hmm_v4d A[4], AT[4];
+  hmm_rows<K>(p.Ap, A);
+  hmm_rows<K>(p.ATp, AT);
+  hmm_v4d u = hmm_lanes<K>(p.pi), beta_u = hmm_lanes<K>(p.f);
+  double inv = 1.0;
+  hmm_v4d positive = hmm_splat(1.0);  // lanes [0, K) of every alpha_t > 0 (their product)
+  *done = false;
+  for (int64_t i = 0; i < len; ++i) {
+    {  // forward, frame i: hmm_infer_filter_step
+      const int64_t tb = i * B + b;
+      const hmm_v4d le = hmm_small_le<K>(p, i, b);
+      const hmm_v4d pred = i == 0 ? u : hmm_vecmat<K>(u, A) * inv;
+      const double mt = hmm_lane_max<K>(pred > hmm_splat(0.0) ? le : hmm_splat(-INFINITY));
+      if (!(mt > -INFINITY)) return HMM_NO_PATH;
+      u = pred * (mt == maxima[i] ? hmm_lanes<4>(E + 4 * i) : hmm_exp_below(le, mt));
+      const double s = hmm_hsum(u);
+      if (!(s > 0.0)) return HMM_NO_PATH;
+      inv = 1.0 / s;
+      const hmm_v4d a = u * inv;
+      positive = a > hmm_splat(0.0) ? positive : hmm_splat(0.0);
+      hmm_store_lanes<K>(st.alpha + tb * K, a);
+      st.c[tb] = s;
+      st.m[tb] = mt;
+    }
+    {  // backward, frame len - 1 - i
+      const int64_t t = len - 1 - i;
+      const double binv = hmm_small_inverse(hmm_hsum(beta_u));
+      hmm_store_lanes<4>(beta + 4 * t, beta_u * binv);
+      if (t > 0) beta_u = hmm_vecmat<K>(hmm_lanes<4>(E + 4 * t) * beta_u, AT) * binv;
+    }
+  }
+  if (!(hmm_hsum(u * hmm_lanes<K>(p.f)) > 0.0)) return HMM_NO_PATH;
+  for (int k = 0; k < K; ++k)
+    if (!(positive[k] > 0.0)) return HMM_SCALED;
+  hmm_v4d U[4], ap = hmm_splat(0.0);
+  for (int i = 0; i < 4; ++i) U[i] = hmm_splat(0.0);
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t tb = t * B + b;
+    const hmm_v4d a = hmm_lanes<K>(st.alpha + tb * K), bt = hmm_lanes<4>(beta + 4 * t), ab = a * bt;
+    const double rz = 1.0 / hmm_hsum(ab);
+    hmm_store_lanes<K>(gamma + tb * K, ab * rz);
+    if (t > 0) {
+      const hmm_v4d v = hmm_lanes<4>(E + 4 * t) * bt, x = ap * (rz / st.c[tb]);
+      for (int k = 0; k < K; ++k) U[k] += hmm_splat(x[k]) * v;
+    }
+    ap = a;
+  }
+  for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, U[k]);
+  *done = true;
+  return HMM_SCALED;
 }
 
 // The backward pass of sequence b after a successful filter: gamma, and U = xi / A into xi (K x K).
@@ -197,8 +237,10 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
     if (p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED)
       hmm_with_k(p.K, [&](auto k) {
         constexpr int K = decltype(k)::value;
-        st.status[b0] = hmm_post_small_forward<K>(p, st, b0);
-        if (st.status[b0] == HMM_SCALED) hmm_post_small_backward<K>(p, st, b0, gamma, w.xi(b0));
+        std::vector<double> buf(9 * p.seq_len[b0]);
+        bool done;
+        st.status[b0] = hmm_post_small_fused<K>(p, st, b0, gamma, w.xi(b0), buf.data(), &done);
+        if (st.status[b0] == HMM_SCALED && !done) hmm_post_small_backward<K>(p, st, b0, gamma, w.xi(b0));
       });
     hmm_post_finish(p, st, w, b0, gamma, xi_out);
     return;
