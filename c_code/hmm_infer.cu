@@ -100,6 +100,16 @@ struct HmmInferCall {
                 [&](int, int64_t b0, int64_t b1, FsaCheck*) { kernel(__VA_ARGS__, b0, b1); })
 #endif
 
+#if !CUDA
+// step(t, b) for the frames t of [0, T) (from T - 1 down if `backwards`), time outer and the sequences [b0, b1)
+// inner: the CPU order of the inference kernels (the sequences' independent recursions overlap in the pipeline).
+template <typename Step>
+static inline void hmm_time_outer(int64_t T, int64_t b0, int64_t b1, bool backwards, Step&& step) {
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t b = b0; b < b1; ++b) step(backwards ? T - 1 - i : i, b);
+}
+#endif
+
 // out (K entries; Kp writable) = x . A, or A x if `transposed`.
 DEV_FUNC inline void hmm_infer_matvec(const HmmInferParams& p, const double* __restrict__ x, double* __restrict__ out,
                                       bool transposed = false) {

@@ -26,10 +26,11 @@ struct HmmPostState {
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
-// B * 3 Kp of those.
+// B * 3 Kp of those.  small: 9 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
 struct HmmPostWork {
   double* work;
   int64_t B, Kp, K;
+  double* small;
   DEV_FUNC double* pred(int64_t b) const { return work + b * 3 * Kp; }
   DEV_FUNC double* beta(int64_t b) const { return work + b * 3 * Kp + Kp; }
   DEV_FUNC double* v(int64_t b) const { return work + b * 3 * Kp + 2 * Kp; }
@@ -233,22 +234,19 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
     st.status[b] = p.status[b];
     for (int64_t j = 0; j < p.K * p.K; ++j) w.xi(b)[j] = 0.0;
   }
-  if (p.Kp == 4 && b1 - b0 == 1) {  // one sequence of few states
+  if (w.small && b1 - b0 == 1) {  // one sequence of few states
     if (p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED)
       hmm_with_k(p.K, [&](auto k) {
         constexpr int K = decltype(k)::value;
-        std::vector<double> buf(9 * p.seq_len[b0]);
         bool done;
-        st.status[b0] = hmm_post_small_fused<K>(p, st, b0, gamma, w.xi(b0), buf.data(), &done);
+        st.status[b0] = hmm_post_small_fused<K>(p, st, b0, gamma, w.xi(b0), w.small + 9 * p.T * b0, &done);
         if (st.status[b0] == HMM_SCALED && !done) hmm_post_small_backward<K>(p, st, b0, gamma, w.xi(b0));
       });
     hmm_post_finish(p, st, w, b0, gamma, xi_out);
     return;
   }
-  for (int64_t t = 0; t < p.T; ++t)
-    for (int64_t b = b0; b < b1; ++b) hmm_post_fwd_step(p, st, w, t, b);
-  for (int64_t t = p.T - 1; t >= 0; --t)
-    for (int64_t b = b0; b < b1; ++b) hmm_post_bwd_step(p, st, w, t, b, gamma);
+  hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_post_fwd_step(p, st, w, t, b); });
+  hmm_time_outer(p.T, b0, b1, true, [&](int64_t t, int64_t b) { hmm_post_bwd_step(p, st, w, t, b, gamma); });
   for (int64_t b = b0; b < b1; ++b) hmm_post_finish(p, st, w, b, gamma, xi_out);
 #endif
 }
@@ -264,7 +262,10 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   st.c = (double*)(*outputs[3])->data;
   st.m = (double*)(*outputs[4])->data;
   st.status = (double*)(*outputs[5])->data;
-  HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K};
+  HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
+#if !CUDA
+  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(9 * p.T * p.B);
+#endif
   HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();
 }

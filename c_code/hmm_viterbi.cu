@@ -152,8 +152,7 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
         hmm_viterbi_small<decltype(k)::value>(p, lAd, b0, delta + b0 * 2 * p.K + ((len - 1) % 2) * p.K, bp);
       });
   } else {
-    for (int64_t t = 0; t < p.T; ++t)
-      for (int64_t b = b0; b < b1; ++b) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
+    hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_viterbi_frame(p, lAd, t, b, delta, bp); });
   }
   for (int64_t b = b0; b < b1; ++b) hmm_viterbi_finish(p, b, delta, bp, path, score);
 #endif
