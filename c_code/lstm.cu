@@ -44,10 +44,10 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
                                const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    Float* d = gd + b * 4 * n_cells + j;
     int64_t idx = b * n_cells + j;
-    Float m = mask[b];
+    Float* d = gd + b * 4 * n_cells + j;
     LstmGates q = {d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]};
+    Float m = mask[b];
     Float dct = lstm_cell_backward(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dy_carry[idx], dc[idx] + dC[idx],
                                    d, n_cells);
     dc[idx] = lstm_carry_grad(m, dct, q.fg);

@@ -1,5 +1,6 @@
 """LstmGenericBase (the foundation's proof op) against the numpy reference."""
 
+import platform
 import shutil
 
 import numpy as np
@@ -217,6 +218,32 @@ def assert_close(got, ref, dtype, what, scale=10):
         rtol, atol = max(rtol, 1e-6), max(atol, 1e-7)  # finite-difference references
     assert got.dtype == np.dtype(dtype), what
     np.testing.assert_allclose(got, ref, rtol=rtol * scale, atol=atol * scale, err_msg=what)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="MXCSR's DAZ is x86's")
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_native_lstm2_denormal_inputs_count_as_zero(monkeypatch, threads):
+    """The CPU recurrence reads denormal operands as zero (docs/lstm.md, Performance): a float32 X of 1e-39 where
+    another X holds 0 gives bit-identical outputs.  Afterwards the caller's floating-point mode is back, on its
+    own thread (numpy keeps a denormal) and on BLAS's workers, which ran the row parts (sgemm sums denormals)."""
+    from scipy.linalg import blas as scipy_blas
+
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    T, B, n = 16, 41, 64  # the threaded, packed-GEMM path
+    d = lstm2_data(T, B, n, seed=3)
+    vals = [np.asarray(d[k], dtype="float32") for k in ("X", "W", "y0", "c0", "i")]
+    vals[2][:], vals[3][:] = 0.0, 0.0  # zero y0 and c0: X[0] alone makes the first frame's gates
+    vals[0][::2, ::3, ::5] = 0.0
+    tiny = vals[0].copy()
+    tiny[::2, ::3, ::5] = np.float32(1e-39)
+    syms = [pt.tensor(f"in{k}", dtype="float32", shape=v.shape) for k, v in enumerate(vals)]
+    f = pytensor.function(syms, NativeLstm2.make_op()(*syms, pt.constant(np.int32(0)), pt.constant(np.int32(1))))
+    want, got = f(*vals), f(tiny, *vals[1:])
+    for name, g, w in zip(["Y", "C", "H", "d"], got, want):
+        assert np.array_equal(g, w), name
+    assert np.float32(1e-39) * np.float32(1.0) != 0.0
+    ones, denormal = np.ones((512, 512), np.float32, order="F"), np.full((512, 512), 1e-39, np.float32, order="F")
+    np.testing.assert_allclose(scipy_blas.sgemm(1.0, ones, denormal), 512e-39, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
