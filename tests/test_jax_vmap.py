@@ -56,6 +56,24 @@ def case_hmm(dtype, rng):
     return [le, mask], [ll], elems, [0]
 
 
+def case_hmm_inference(dtype, rng, fn):
+    """hmm_viterbi / hmm_posteriors / hmm_sample_states on ragged series; the model is shared by the map."""
+    T, B, K = 6, 3, 3
+    le = pt.tensor3("le", shape=(T, None, K), dtype=dtype)
+    mask = pt.matrix("mask", shape=(T, None), dtype=dtype)
+    _, lA, lpi, lf = hmm_data(rng, T, B, K)
+    model = (le, lA.astype(dtype), lpi.astype(dtype), lf.astype(dtype))
+    elems = [[(rng.normal(size=(T, B, K)) * 2).astype(dtype), mask_of(ragged(rng, B, T), T).astype(dtype)]
+             for _ in range(M)]
+    if fn == "hmm_sample_states":
+        u = pt.matrix("u", shape=(T, None), dtype=dtype)
+        for e in elems:
+            e.append(rng.uniform(size=(T, B)).astype(dtype))
+        return [le, mask, u], [ptnative.hmm_sample_states(*model, mask=mask, uniforms=u)], elems, []
+    outs = getattr(ptnative, fn)(*model, mask=mask)
+    return [le, mask], list(outs), elems, [0] if fn == "hmm_posteriors" else []
+
+
 def case_rnnt(dtype, rng):
     B, T, U, K = 3, 5, 3, 4
     acts = pt.tensor4("acts", shape=(None, T, U + 1, K), dtype=dtype)
@@ -141,6 +159,9 @@ CASES = {
     "ctc_loss": case_ctc,
     "ctc_loss_viterbi": lambda dtype, rng: case_ctc(dtype, rng, viterbi=True),
     "hmm_log_likelihood": case_hmm,
+    "hmm_viterbi": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_viterbi"),
+    "hmm_posteriors": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_posteriors"),
+    "hmm_sample_states": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_sample_states"),
     "rnnt_loss": case_rnnt,
     "edit_distance": case_edit_distance,
     "optimal_completion_edit_distance": lambda dtype, rng: case_edit_distance(

@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
 from ._args import float_tensor, real_tensor
-from .fsa import _arr, _hidden, _hmm_inputs
+from .fsa import _arr, _hidden, _hmm_inputs, _out
 
 
 def _support(name):
@@ -27,7 +27,7 @@ def _support(name):
     return kernel_unit(f"hmm_{name}.cu")
 
 
-_PATH = {"name": "path", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True}
+_PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32")
 
 
 class HmmViterbiOp(NativeOpGenBase):
@@ -39,7 +39,7 @@ class HmmViterbiOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(True)
-    out_info = (_PATH, {"name": "score", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True})
+    out_info = (_PATH, _out("score", ((0, 1),), batch_axis=0))
     c_extra_support_code = _support("viterbi")
     c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -58,12 +58,12 @@ class HmmPosteriorsOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False)
     out_info = (
-        {"name": "marginals", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "counts", "ndim": 3, "shape": ((0, 1), (0, 2), (0, 2)), "need_contiguous": True},
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
-        _hidden("scales", ((0, 0), (0, 1))),
-        _hidden("shifts", ((0, 0), (0, 1))),
-        _hidden("status", ((0, 1),)),
+        _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1),
+        _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0),
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1),
+        _hidden("scales", ((0, 0), (0, 1)), 1),
+        _hidden("shifts", ((0, 0), (0, 1)), 1),
+        _hidden("status", ((0, 1),), 0),
     )
     # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
     grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
@@ -82,7 +82,7 @@ class HmmSampleStatesOp(NativeOpGenBase):
     Output: ``path`` (T, B) int32.
     """
 
-    in_info = (*_hmm_inputs(True), _arr("uniforms", 2))
+    in_info = (*_hmm_inputs(True), _arr("uniforms", 2, batch_axis=1))
     out_info = (_PATH,)
     c_extra_support_code = _support("sample")
     c_fw_code = "hmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
