@@ -6,9 +6,6 @@
 // the failing item; the host reads the record after the launch (fsa_raise_check) and raises a ValueError whose
 // message names the function and the argument as the user knows them (FsaTerms).
 
-// The dialect's grid-stride loop, under the name the automaton kernels of other files use.
-#define FSA_LOOP(i, n) GRID_LOOP(i, n)
-
 // exp(x) for x <= 0 (-inf allowed; x < -708 gives 0).  CPU: Cody-Waite reduction, degree-13
 // Taylor (~1 ulp), with integer bit selects instead of FP compares so that g++ -O3
 // vectorises loops over it without -ffast-math.  CUDA: exp.

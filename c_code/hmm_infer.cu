@@ -35,7 +35,7 @@ static void hmm_infer_raise(const FsaCheck* check_dev, const FsaTerms& terms) {
 
 // Per sequence: NaN on a valid frame (or in the shared parameters, consts[3]) -> HMM_NAN; +inf is recorded.
 DEF_KERNEL void hmm_infer_scan(HmmInferParams p) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t len = p.seq_len[b];
     bool has_nan = len > 0 && p.consts[3] != 0.0;
     for (int64_t t = 0; t < len; ++t) {
@@ -54,7 +54,7 @@ DEF_KERNEL void hmm_infer_scan(HmmInferParams p) {
 }
 
 DEF_KERNEL void hmm_infer_pad(HmmInferParams p, double* Ap, double* ATp) {
-  FSA_LOOP(i, p.K * p.Kp) {
+  GRID_LOOP(i, p.K * p.Kp) {
     int64_t r = i / p.Kp, j = i % p.Kp;
     Ap[i] = j < p.K ? p.A[r * p.K + j] : 0.0;
     ATp[i] = j < p.K ? p.A[j * p.K + r] : 0.0;

@@ -221,7 +221,7 @@ static void hmm_post_small_backward(const HmmInferParams& p, const HmmPostState&
 DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w, Float* gamma, Float* xi_out,
                                 int64_t b0, int64_t b1) {
 #if CUDA
-  FSA_LOOP(i, b1 - b0) {
+  GRID_LOOP(i, b1 - b0) {
     const int64_t b = b0 + i;
     st.status[b] = p.status[b];
     for (int64_t j = 0; j < p.K * p.K; ++j) w.xi(b)[j] = 0.0;
@@ -276,7 +276,7 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
 DEF_KERNEL void hmm_post_grad_kernel(HmmInferParams p, HmmPostState st, const Float* G, const Float* H, double* r,
                                      double* work, Float* dle, double* dA_acc, double* dpi_acc, double* df_acc,
                                      int32_t* any_nan) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t B = p.B, K = p.K, len = p.seq_len[b];
     const int status = (int)st.status[b];
     if (len == 0 || status == HMM_NO_PATH) continue;  // dle stays 0
@@ -372,7 +372,7 @@ DEF_KERNEL void hmm_post_grad_kernel(HmmInferParams p, HmmPostState st, const Fl
 
 DEF_KERNEL void hmm_post_grad_store(int64_t K, const double* dA_acc, const double* dpi_acc, const double* df_acc,
                                     const int32_t* any_nan, Float* dA, Float* dpi, Float* df) {
-  FSA_LOOP(i, K * K) {
+  GRID_LOOP(i, K * K) {
     const bool nan = any_nan[0] != 0;
     dA[i] = nan ? (Float)NAN_F : (Float)dA_acc[i];
     if (i < K) {

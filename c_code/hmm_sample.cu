@@ -27,7 +27,7 @@ DEV_FUNC inline int32_t hmm_sample_pick(const double* w, int64_t K, double u) {
 }
 
 DEF_KERNEL void hmm_sample_check(HmmInferParams p, const Float* uniforms) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     for (int64_t t = 0; t < p.seq_len[b]; ++t) {
       double u = (double)uniforms[t * p.B + b];
       if (!(u >= 0.0 && u < 1.0)) fsa_fail(p.check, HMM_CHECK_UNIFORM, t, b, 0, u);
@@ -37,7 +37,7 @@ DEF_KERNEL void hmm_sample_check(HmmInferParams p, const Float* uniforms) {
 
 DEF_KERNEL void hmm_sample_kernel(HmmInferParams p, const Float* uniforms, double* alpha, double* c, double* m,
                                   double* work, int32_t* path) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t B = p.B, K = p.K, len = p.seq_len[b];
     double* w = work + b * p.Kp;
     for (int64_t t = 0; t < p.T; ++t) path[t * B + b] = -1;

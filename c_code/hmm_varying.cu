@@ -35,7 +35,7 @@ struct HmmMatrixReport {
 DEF_KERNEL void hmm_var_prep(HmmInferParams p, HmmVarying v, double* Ashift, double* pishift, int32_t* A_nan,
                              int32_t* pi_nan, double* expA, double* f, double* consts) {
   const int64_t K = p.K, KK = K * K, nA = v.Ta * v.Ba;
-  FSA_LOOP(i, nA + v.Bp + 1) {
+  GRID_LOOP(i, nA + v.Bp + 1) {
     double mx;
     if (i < nA) {
       A_nan[i] = hmm_checked_max(v.lA + i * KK, KK, &mx, p.check, HmmMatrixReport{0, i * KK});
@@ -90,7 +90,7 @@ struct HmmVaryingSteps {
 // Per sequence: the status from its parameters (a NaN matrix / initial row it uses), then the filter and ll.
 DEF_KERNEL void hmm_var_forward(HmmInferParams p, HmmVarying v, double* alpha, double* c, double* m, double* status,
                                 double* work, Float* ll) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t len = p.seq_len[b];
     int st = p.status[b];
     const int64_t r = v.Bp == 1 ? 0 : b;
@@ -232,7 +232,7 @@ DEV_FUNC void hmm_var_grad_nan(const HmmInferParams& p, const HmmVarying& v, int
 DEF_KERNEL void hmm_var_backward(HmmInferParams p, HmmVarying v, const double* alpha, const double* c,
                                  const double* m, const double* status, const Float* g, double* work, Float* dle,
                                  HmmVarGrad gr) {
-  FSA_LOOP(b, p.B) {
+  GRID_LOOP(b, p.B) {
     const int64_t B = p.B, K = p.K, len = p.seq_len[b];
     const double gb = (double)g[b];
     if (len == 0 || status[b] == HMM_NO_PATH) continue;
@@ -282,7 +282,7 @@ DEF_KERNEL void hmm_var_backward(HmmInferParams p, HmmVarying v, const double* a
 }
 
 DEF_KERNEL void hmm_var_store(int64_t n, const double* acc, Float* out) {
-  FSA_LOOP(i, n) out[i] = (Float)acc[i];
+  GRID_LOOP(i, n) out[i] = (Float)acc[i];
 }
 
 // inputs: the five inputs, alpha, c, m, status (hidden outputs), D_log_likelihood (B)

@@ -50,7 +50,7 @@ DEV_FUNC inline void hmm_viterbi_step(const HmmInferParams& p, const double* __r
 
 // lAd (K x Kp) = log A in double, padded with -inf.
 DEF_KERNEL void hmm_viterbi_prep(HmmInferParams p, double* lAd) {
-  FSA_LOOP(i, p.K * p.Kp) {
+  GRID_LOOP(i, p.K * p.Kp) {
     const int64_t r = i / p.Kp, j = i % p.Kp;
     lAd[i] = j < p.K ? (double)p.lA[r * p.K + j] : -INFINITY;
   }
@@ -139,7 +139,7 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
                                    Float* score,
                                    int64_t b0, int64_t b1) {
 #if CUDA
-  FSA_LOOP(i, b1 - b0) {
+  GRID_LOOP(i, b1 - b0) {
     const int64_t b = b0 + i;
     for (int64_t t = 0; t < p.seq_len[b]; ++t) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
     hmm_viterbi_finish(p, b, delta, bp, path, score);
