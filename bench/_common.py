@@ -12,3 +12,11 @@ def peer_options(doc, reps):
     parser.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
                         "(default: PyTensor's default, Numba; try C)")
     return parser.parse_args()
+
+
+def quick_options(doc):
+    """The command line of a benchmark with one switch, ``--quick`` (small shapes, few calls), parsed; ``doc``, the
+    script's docstring, is its ``--help``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small shapes, few calls")
+    return parser.parse_args()

@@ -4,7 +4,6 @@ numpyro / blackjax / PyMC's JAX samplers do; then ``jax.vmap`` over many problem
 batch axis.  ``python bench/jax_grad.py [--quick]``; milliseconds, median of the timed calls (interleaved), and
 each row's ratio to the first of its table."""
 
-import argparse
 import os
 import sys
 
@@ -17,6 +16,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.link.jax.dispatch import jax_funcify
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import quick_options  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402
 
 import ptnative  # noqa: E402
@@ -80,9 +80,7 @@ def vmap_rows(T, K, N, rng, reps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small shapes, few calls")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     rng = np.random.default_rng(0)
     reps = 6 if opts.quick else 30
     hmm_sizes = [(60, 3), (100, 8)] if opts.quick else [(500, 3), (3000, 8)]

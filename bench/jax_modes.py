@@ -9,7 +9,6 @@ batch axis (one FFI call) against one call per element.
 per call (all threads).  The CPU kernels split their work over threads; on a machine whose cores are busy with other
 jobs, run with ``PTNATIVE_NUM_THREADS=1`` to compare the modes rather than the scheduler (see docs/scaling.md)."""
 
-import argparse
 import os
 import sys
 
@@ -22,6 +21,7 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.link.jax.dispatch import jax_funcify
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import quick_options  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402
 
 import ptnative  # noqa: E402
@@ -116,9 +116,7 @@ def show(title, timings, base_name):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small shapes, few calls")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     rng = np.random.default_rng(0)
     reps = 9 if opts.quick else 60
     sizes = [(20, 2, 5, 3)] if opts.quick else [(50, 4, 20, 10), (100, 16, 30, 20), (200, 32, 50, 40)]
