@@ -38,21 +38,26 @@ DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, con
 
 // Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
 // exit the part that reaches y_prev through the carry.  dc: dL/dC[t] on entry, dL/dc_prev on exit.
-// gd (B, 4n): the frame's activated gates (H[t]) on entry, dL/dX[t] on exit.
+// gd (B, 4n): the frame's activated gates (H[t]) on entry, dL/dX[t] on exit.  One cell, mask value m:
+template <bool kValid>
+DEV_FUNC inline void lstm2_bw_cell(int64_t b, int64_t j, Float m, Float* __restrict__ gd, const Float* __restrict__ c,
+                                   const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                                   const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
+                                   int64_t n_cells) {
+  int64_t idx = b * n_cells + j;
+  Float* d = gd + b * 4 * n_cells + j;
+  LstmGates q = {d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]};
+  Float dct = lstm_cell_backward<kValid>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dy_carry[idx],
+                                         dc[idx] + dC[idx], d, n_cells);
+  dc[idx] = lstm_carry_grad_by<kValid>(m, dct, q.fg);
+  dy_carry[idx] *= Float(1) - m;
+}
+
 DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
                                const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                                const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
                                int64_t n_batch, int64_t n_cells) {
-  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    int64_t idx = b * n_cells + j;
-    Float* d = gd + b * 4 * n_cells + j;
-    LstmGates q = {d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]};
-    Float m = mask[b];
-    Float dct = lstm_cell_backward(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dy_carry[idx], dc[idx] + dC[idx],
-                                   d, n_cells);
-    dc[idx] = lstm_carry_grad(m, dct, q.fg);
-    dy_carry[idx] *= Float(1) - m;
-  }
+  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
 }
 
 // H: the gates buffer (X's buffer and shape).

@@ -47,17 +47,51 @@ DEV_FUNC inline LstmGates lstm_gates(Float z_cell, Float z_in, Float z_forget, F
   return {lstm_tanh(z_cell), lstm_sigmoid(z_in), lstm_sigmoid(z_forget), lstm_sigmoid(z_out)};
 }
 
+// lstm_masked and lstm_carry_grad for a mask value m known to be non-zero (kValid) or 0: a caller that decides
+// this once per batch row leaves the loop over the row's cells without a select on m, and g++ vectorises it
+// (with a select per cell it moves the loads that only one side needs into that side, and vectorises nothing).
+template <bool kValid>
+DEV_FUNC inline Float lstm_masked_by(Float m, Float v) {
+  return kValid ? v * m : Float(0);
+}
+template <bool kValid>
+DEV_FUNC inline Float lstm_carry_grad_by(Float m, Float ds, Float fg) {
+  return kValid ? ds * (fg * m + (Float(1) - m)) : ds;
+}
+
 // Backward through one cell: writes dL/d(pre-activations) to d[0], d[n], d[2n], d[3n] and returns dL/dc of this
-// frame (all paths).  m: mask; tc = tanh(c); dy, dc: dL/dy and dL/dc reaching the cell from outside it.
+// frame (all paths).  m: mask (non-zero iff kValid); tc = tanh(c); dy, dc: dL/dy and dL/dc reaching the cell
+// from outside it.
+template <bool kValid>
 DEV_FUNC inline Float lstm_cell_backward(Float m, const LstmGates& g, Float tc, Float c_prev, Float dy, Float dc,
                                          Float* d, int64_t n) {
-  Float dct = dc + lstm_masked(m, dy * g.og * (Float(1) - tc * tc));
-  d[0] = lstm_masked(m, dct * g.ig * (Float(1) - g.a * g.a));
-  d[n] = lstm_masked(m, dct * g.a * g.ig * (Float(1) - g.ig));
-  d[2 * n] = lstm_masked(m, dct * c_prev * g.fg * (Float(1) - g.fg));
-  d[3 * n] = lstm_masked(m, dy * tc * g.og * (Float(1) - g.og));
+  Float dct = dc + lstm_masked_by<kValid>(m, dy * g.og * (Float(1) - tc * tc));
+  d[0] = lstm_masked_by<kValid>(m, dct * g.ig * (Float(1) - g.a * g.a));
+  d[n] = lstm_masked_by<kValid>(m, dct * g.a * g.ig * (Float(1) - g.ig));
+  d[2 * n] = lstm_masked_by<kValid>(m, dct * c_prev * g.fg * (Float(1) - g.fg));
+  d[3 * n] = lstm_masked_by<kValid>(m, dy * tc * g.og * (Float(1) - g.og));
   return dct;
 }
+
+// Runs CELL<true>(b, j, m) on the cells of the rows whose mask value m = mask[b] is non-zero, CELL<false>(b, j, m)
+// on the others: a grid-stride loop on CUDA; on the CPU the choice is made once per row.  CELL names a function
+// template taking (b, j, m, args...); `...` are the further arguments.
+#if CUDA
+#define LSTM_FOR_BJ_BY_MASK(mask, nb, nc, CELL, ...)                                            \
+  LSTM_FOR_BJ(_b, _j, nb, nc) {                                                                 \
+    if (mask[_b] != Float(0)) CELL<true>(_b, _j, mask[_b], __VA_ARGS__);                        \
+    else CELL<false>(_b, _j, mask[_b], __VA_ARGS__);                                            \
+  }
+#else
+#define LSTM_FOR_BJ_BY_MASK(mask, nb, nc, CELL, ...)                                            \
+  for (int64_t _b = 0; _b < (nb); ++_b) {                                                       \
+    Float _m = mask[_b];                                                                        \
+    if (_m != Float(0))                                                                         \
+      for (int64_t _j = 0; _j < (nc); ++_j) CELL<true>(_b, _j, _m, __VA_ARGS__);               \
+    else                                                                                        \
+      for (int64_t _j = 0; _j < (nc); ++_j) CELL<false>(_b, _j, _m, __VA_ARGS__);              \
+  }
+#endif
 
 // Loop over (batch row b, cell j) of a (n_batch, n_cells) grid: a grid-stride loop on CUDA, two plain
 // nested loops (the inner one vectorisable, no div/mod) on the CPU.  The body must not use break/continue.

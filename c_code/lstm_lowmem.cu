@@ -38,8 +38,10 @@ DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* _
     int64_t idx = b * n_cells + j;
     Float m = mask[b];
     LstmGates q = lowmem_gates(g, bias + j, n_cells);
-    Float dct = lstm_cell_backward(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx], dc[idx] + dC[idx], d,
-                                   n_cells);
+    Float dct = m != Float(0) ? lstm_cell_backward<true>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx],
+                                                         dc[idx] + dC[idx], d, n_cells)
+                              : lstm_cell_backward<false>(m, q, Float(0), Float(0), Float(0), dc[idx] + dC[idx], d,
+                                                          n_cells);
 #if CUDA
     for (int k = 0; k < 4; ++k) elem_atomic_add(&db[k * n_cells + j], d[k * n_cells]);
 #endif
