@@ -26,27 +26,33 @@ DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* _
 }
 
 // Backward through one frame.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry,
-// dL/dc_prev on exit.  dintern: dL/d(pre-activations); db accumulates its column sums.
+// dL/dc_prev on exit.  dintern: dL/d(pre-activations); db accumulates its column sums (on CUDA; the CPU sums
+// dintern's columns per chunk).  One cell, mask value m:
+template <bool kValid>
+DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, const Float* __restrict__ intern,
+                                    const Float* __restrict__ bias, const Float* __restrict__ c,
+                                    const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                                    const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
+                                    Float* __restrict__ dintern, Float* __restrict__ db, int64_t n_cells) {
+  const Float* g = intern + b * 4 * n_cells + j;
+  Float* d = dintern + b * 4 * n_cells + j;
+  int64_t idx = b * n_cells + j;
+  LstmGates q = lowmem_gates(g, bias + j, n_cells);
+  Float dct = lstm_cell_backward<kValid>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx], dc[idx] + dC[idx],
+                                         d, n_cells);
+#if CUDA
+  for (int k = 0; k < 4; ++k) elem_atomic_add(&db[k * n_cells + j], d[k * n_cells]);
+#endif
+  dc[idx] = lstm_carry_grad_by<kValid>(m, dct, q.fg);
+}
+
 DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias,
                                 const Float* __restrict__ mask, const Float* __restrict__ c,
                                 const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                                 const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
                                 Float* __restrict__ dintern, Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
-  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    const Float* g = intern + b * 4 * n_cells + j;
-    Float* d = dintern + b * 4 * n_cells + j;
-    int64_t idx = b * n_cells + j;
-    Float m = mask[b];
-    LstmGates q = lowmem_gates(g, bias + j, n_cells);
-    Float dct = m != Float(0) ? lstm_cell_backward<true>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx],
-                                                         dc[idx] + dC[idx], d, n_cells)
-                              : lstm_cell_backward<false>(m, q, Float(0), Float(0), Float(0), dc[idx] + dC[idx], d,
-                                                          n_cells);
-#if CUDA
-    for (int k = 0; k < 4; ++k) elem_atomic_add(&db[k * n_cells + j], d[k * n_cells]);
-#endif
-    dc[idx] = lstm_carry_grad(m, dct, q.fg);
-  }
+  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lowmem_bw_cell, intern, bias, c, c_prev, dY, dC, dh, dc, dintern, db,
+                      n_cells);
 }
 
 static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0, Ndarray* c0, Ndarray* i) {
