@@ -358,16 +358,19 @@ template <typename T> T host_atomic_cas(T* addr, T compare, T val) {
 
 // Block-wide reductions through shared memory `sh` (blockDim.x entries; blockDim.x a power of two): every
 // thread of the block calls them and gets the result.  With one thread per block (the CPU) they return `v`.
-template <typename T, typename Op> DEV_FUNC inline T ptn_block_reduce(T* sh, T v, Op op) {
+// `sync` is the block's barrier (a CUDA emulation passes its own).
+struct ptn_syncthreads { DEV_FUNC void operator()() const { __syncthreads(); } };
+template <typename T, typename Op, typename Barrier = ptn_syncthreads>
+DEV_FUNC inline T ptn_block_reduce(T* sh, T v, Op op, Barrier sync = Barrier()) {
   const int tid = threadIdx.x;
   sh[tid] = v;
-  __syncthreads();
+  sync();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (tid < s) sh[tid] = op(sh[tid], sh[tid + s]);
-    __syncthreads();
+    sync();
   }
   T r = sh[0];
-  __syncthreads();
+  sync();
   return r;
 }
 struct ptn_op_sum { template <typename T> DEV_FUNC T operator()(T a, T b) const { return a + b; } };

@@ -80,6 +80,24 @@ inline void zero_buffer(void* p, size_t bytes) {
   memset(p, 0, bytes);
 }
 
+// Fresh outputs (those that do not start as an input's copy) start at zero: the one place outputs are
+// zeroed, for every glue (PyTensor's C module, the Numba/Python driver, the XLA FFI handler) on either target.
+// Copies of want_inplace inputs are the glue's: it owns the buffers and knows when they are one.
+inline void zero_fresh_outputs(int n_in, int n_out, const int* inplace_of, std::vector<Ndarray>& views) {
+  std::vector<char> is_copy(n_out + 1, 0);
+  for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) is_copy[inplace_of[i]] = 1;
+  for (int k = 0; k < n_out; ++k) {
+    const Ndarray& v = views[n_in + k];
+    const size_t bytes = (size_t)n_elements(&v) * v.itemsize;
+    if (is_copy[k] || !bytes) continue;
+#if PTN_CUDA
+    cuda_check(cudaMemsetAsync(v.data, 0, bytes, current_stream), __FILE__, __LINE__);
+#else
+    zero_buffer(v.data, bytes);
+#endif
+  }
+}
+
 // Calls the body on the views; a want_inplace input is its output's view.
 inline void call_body(body_t body, int n_in, int n_out, const int* inplace_of, std::vector<Ndarray>& views) {
   std::vector<Ndarray*> outs(n_out + 1), ins(n_in + 1);
@@ -114,7 +132,7 @@ int guarded(F&& f, char* err, int64_t errlen) {
 }
 
 // Host arrays in, host arrays out; outputs that are not an input's copy arrive
-// uninitialised and start at zero.  On the CPU the body works on them directly;
+// uninitialised and start at zero (zero_fresh_outputs).  On the CPU the body works on them directly;
 // the CUDA build copies (C-contiguous) arrays to device buffers kept for the next
 // call, runs, and copies the outputs back.  `host_memory` inputs stay on the host.
 inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,
@@ -139,17 +157,11 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
       v.data = buffers.get(j, bytes ? bytes : 1);
       if (bytes && (j < n_in || input_of[j - n_in] >= 0))  // inputs, and outputs holding an input's copy
         cuda_check(cudaMemcpyAsync(v.data, host, bytes, cudaMemcpyHostToDevice, current_stream), __FILE__, __LINE__);
-      else if (bytes)
-        cuda_check(cudaMemsetAsync(v.data, 0, bytes, current_stream), __FILE__, __LINE__);
     }
 #else
     (void)host_memory;
-    // Outputs arrive uninitialised; those that do not start as an input's copy start at zero.
-    std::vector<char> is_copy(n_out + 1, 0);
-    for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) is_copy[inplace_of[i]] = 1;
-    for (int k = 0; k < n_out; ++k)
-      if (!is_copy[k]) zero_buffer(views[n_in + k].data, (size_t)n_elements(&views[n_in + k]) * views[n_in + k].itemsize);
 #endif
+    zero_fresh_outputs(n_in, n_out, inplace_of, views);
     call_body(body, n_in, n_out, inplace_of, views);
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
@@ -173,6 +185,7 @@ inline int run_entry_device(cudaStream_t stream, body_t body, int n_in, int n_ou
   return guarded([&]() {
     std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
     current_stream = stream;
+    zero_fresh_outputs(n_in, n_out, inplace_of, views);
     call_body(body, n_in, n_out, inplace_of, views);
     HANDLE_LAST_ERROR();
   }, err, errlen);

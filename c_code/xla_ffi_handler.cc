@@ -10,8 +10,8 @@
 //   @HOST_MEMORY@  per input: 1 where the kernel reads it on the host (host_memory)
 //   @NAME@         the op's name as a C string literal (escaped)
 // XLA owns the buffers (row-major, contiguous).  Outputs start zeroed, or as a copy of their want_inplace input
-// (XLA aliases the two when it can, see input_output_aliases in ptnative/backends/jax.py), as in every mode.
-// On the host the entry point zeroes fresh outputs itself; on the device this handler does, on XLA's stream.
+// (XLA aliases the two when it can, see input_output_aliases in ptnative/backends/jax.py), as in every mode: the
+// entry point zeroes fresh outputs on either target (zero_fresh_outputs), this handler copies the inputs.
 
 //@section handler
 #include "xla/ffi/api/ffi.h"
@@ -81,13 +81,12 @@ static ffi::Error impl(ffi::RemainingArgs args, ffi::RemainingRets rets) {
     void* out = data[n_in + k];
     const int i = source_of[k];
     const size_t size = bytes[n_in + k];
-    if (!size || (i >= 0 && out == data[i])) continue;
+    if (!size || i < 0 || out == data[i]) continue;
 #if PTN_CUDA
-    cudaError_t status = i < 0 ? cudaMemsetAsync(out, 0, size, stream)
-                               : cudaMemcpyAsync(out, data[i], size, cudaMemcpyDeviceToDevice, stream);
+    const cudaError_t status = cudaMemcpyAsync(out, data[i], size, cudaMemcpyDeviceToDevice, stream);
     if (status != cudaSuccess) return failure(ffi::ErrorCode::kInternal, cudaGetErrorString(status));
 #else
-    if (i >= 0) memcpy(out, data[i], size);
+    memcpy(out, data[i], size);
 #endif
   }
   char err[2048] = {0};

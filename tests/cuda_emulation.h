@@ -259,20 +259,8 @@ void launch(dim3 grid, dim3 block, size_t shmem, F&& call) {
 inline dim3 as_dim3(dim3 d) { return d; }
 inline dim3 as_dim3(long long n) { return dim3((unsigned int)n); }
 
-// Block reduction with the real barrier (the dialect's, compiled before this file, has a no-op one).
-template <typename T, typename Op>
-T block_reduce(T* sh, T v, Op op) {
-  const int tid = threadIdx.x;
-  sh[tid] = v;
-  sync_threads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (tid < s) sh[tid] = op(sh[tid], sh[tid + s]);
-    sync_threads();
-  }
-  T r = sh[0];
-  sync_threads();
-  return r;
-}
+// The real barrier for the dialect's block reductions (compiled before this file, with a no-op one by default).
+struct Barrier { void operator()() const { sync_threads(); } };
 
 // ---------------------------------------------------------------- GEMM (cuBLAS on CUDA)
 // An empty product (k = 0): the CUDA dialect sets C = beta * C on the device (a memset for beta = 0); the CPU
@@ -482,7 +470,7 @@ inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); r
 #define __shared__ static
 #undef DEF_SHARED
 #define DEF_SHARED(type, name) type* name = (type*)ptn_emu::dynamic_shared()
-#define ptn_block_reduce ptn_emu::block_reduce
+#define ptn_block_reduce(sh, v, op) ptn_block_reduce((sh), (v), (op), ptn_emu::Barrier())
 #undef HANDLE_LAST_ERROR
 #define HANDLE_LAST_ERROR() ptn_emu::check_device_flag()
 #undef start_dev_kernel
