@@ -120,6 +120,6 @@ static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&
   ptn::parallel_parts(parts, [&](int p) {
     LstmDenormalsAreZero daz;  // on the part's own thread: MXCSR is per thread
     body(p * n_batch / parts, (p + 1) * n_batch / parts);
-  });
+  }, ptn::PartsOn::blas_workers);  // BLAS runs between the frames' parts
 }
 #endif
