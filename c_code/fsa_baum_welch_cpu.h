@@ -1,5 +1,5 @@
 // The CPU schedule of fbw_run's passes (fsa_baum_welch.h): the batch is split over threads (ptn::parallel_parts,
-// the pool the LSTM kernels use; $PTNATIVE_NUM_THREADS, else $OMP_NUM_THREADS, else all cores), a thread taking
+// threads of its own; $PTNATIVE_NUM_THREADS, else $OMP_NUM_THREADS, else all cores), a thread taking
 // one whole sequence at a time.  A sequence runs on its own edges and states, renumbered locally: the scaled
 // forward-backward and, if that finds no path (and the sequence has no NaN), the log-space one.  Its edges keep
 // their order in the edge list, so each sum is taken in the same order whatever the threads: the results do not

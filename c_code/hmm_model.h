@@ -97,9 +97,9 @@ struct HmmModel {
 
 #if !CUDA
 // The CPU threads: the batch in contiguous blocks, one per part, as many parts as threads (at most B) when the
-// sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for waking the pool: below that, on a
+// sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for starting threads: below that, on a
 // machine whose cores are busy, a part that waits for a core costs more than the split saves (measured: 2 parts
-// of T=1000 B=8 K=16 took 30-50x the one-thread time on 2 cores under a load average of 8).  Results do not
+// of T=1000 B=8 K=16 took 30-50x the one-thread time on 2 cores under a load average of 8, on OpenBLAS's pool).  Results do not
 // depend on the split except for sums over the batch, which add the parts' partial sums in part order (bit-for-bit
 // reproducible for a fixed thread count).
 static int hmm_cpu_parts(int64_t T, int64_t B, int64_t K) {
