@@ -74,6 +74,18 @@ def case_hmm_inference(dtype, rng, fn):
     return [le, mask], list(outs), elems, [0] if fn == "hmm_posteriors" else []
 
 
+def case_lstm(dtype, rng, impl):
+    """A whole LSTM layer (NativeLstm2 or LstmLowMem) on ragged sequences; the weights are shared by the map."""
+    T, B, n_in, n = 5, 3, 4, 3
+    x = pt.tensor3("x", shape=(T, None, n_in), dtype=dtype)
+    mask = pt.matrix("mask", shape=(T, None), dtype=dtype)
+    W_in, W_rec, b = ((rng.normal(size=shape) * 0.5).astype(dtype) for shape in ((n_in, 4 * n), (n, 4 * n), (4 * n,)))
+    outs = ptnative.lstm(x, W_in, W_rec, b, mask=mask, impl=impl)
+    elems = [[rng.normal(size=(T, B, n_in)).astype(dtype), mask_of(ragged(rng, B, T, 1), T).astype(dtype)]
+             for _ in range(M)]
+    return [x, mask], list(outs), elems, [0]
+
+
 def case_rnnt(dtype, rng):
     B, T, U, K = 3, 5, 3, 4
     acts = pt.tensor4("acts", shape=(None, T, U + 1, K), dtype=dtype)
@@ -162,6 +174,8 @@ CASES = {
     "hmm_viterbi": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_viterbi"),
     "hmm_posteriors": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_posteriors"),
     "hmm_sample_states": lambda dtype, rng: case_hmm_inference(dtype, rng, "hmm_sample_states"),
+    "lstm native2": lambda dtype, rng: case_lstm(dtype, rng, "native2"),
+    "lstm lowmem": lambda dtype, rng: case_lstm(dtype, rng, "lowmem"),
     "rnnt_loss": case_rnnt,
     "edit_distance": case_edit_distance,
     "optimal_completion_edit_distance": lambda dtype, rng: case_edit_distance(

@@ -36,8 +36,8 @@ def _like(name, k):
     return {"name": name, "ndim": 3, "shape": ((k, 0), (k, 1), (k, 2))}
 
 
-def _mask(name="i"):
-    return _input(name, 2, gradient="disconnected")
+def _mask(name="i", **extra):
+    return _input(name, 2, gradient="disconnected", **extra)
 
 
 class LstmGenericBase(NativeOpGenBase):
@@ -64,15 +64,15 @@ class LstmGenericBase(NativeOpGenBase):
     """
 
     in_info = (
-        _input("Z", 3, want_inplace=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1))}),
+        _input("Z", 3, want_inplace=1, batch_axis=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
         _input("V_h", 2),
-        _input("c", 2),
-        _mask(),
+        _input("c", 2, batch_axis=0),
+        _mask(batch_axis=1),
     )
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (1, 0)), bw_grad_var={"want_inplace": "dummy_out"}),
-        _output("H", ((0, 0), (0, 1), (0, 2)), bw_in_var={"want_inplace": 0}),
-        _output("d", ((2, 0), (2, 1))),
+        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}),
+        _output("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        _output("d", ((2, 0), (2, 1)), batch_axis=0),
     )
 
     @classmethod
@@ -94,7 +94,8 @@ NativeLstm = LstmGenericBase
 # lstm_cell.cu.
 
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
-_STATE_MASK_FRAMES = (_input("y0", 2), _input("c0", 2), _mask(), host_int32_scalar("start"),
+_STATE_MASK_FRAMES = (_input("y0", 2, batch_axis=0), _input("c0", 2, batch_axis=0), _mask(batch_axis=1),
+                      host_int32_scalar("start"),
                       host_int32_scalar("step"))
 
 
@@ -125,15 +126,15 @@ class NativeLstm2(NativeOpGenBase):
     """
 
     in_info = (
-        _input("X", 3, want_inplace=2, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2))}),
+        _input("X", 3, want_inplace=2, batch_axis=1, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
         _input("W", 2),
         *_STATE_MASK_FRAMES,
     )
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (1, 0))),
-        _output("C", ((0, 0), (0, 1), (1, 0))),
-        _output("H", ((0, 0), (0, 1), (1, 1)), bw_in_var={"want_inplace": 0}),
-        _output("d", ((0, 1), (1, 0))),
+        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1),
+        _output("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1),
+        _output("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        _output("d", ((0, 1), (1, 0)), batch_axis=0),
     )
 
     @classmethod
@@ -167,11 +168,11 @@ class LstmLowMem(NativeOpGenBase):
     exact on masked frames too.  Float32 and float64.
     """
 
-    in_info = (_input("X", 3), _input("W", 2), _input("b", 1), *_STATE_MASK_FRAMES)
+    in_info = (_input("X", 3, batch_axis=1), _input("W", 2), _input("b", 1), *_STATE_MASK_FRAMES)
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (4, 1))),
-        _output("C", ((0, 0), (0, 1), (4, 1))),
-        _output("d", ((0, 1), (4, 1))),
+        _output("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1),
+        _output("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1),
+        _output("d", ((0, 1), (4, 1)), batch_axis=0),
     )
 
     @classmethod
