@@ -363,9 +363,9 @@ def test_kernel_sources_stay_on_the_ops_stream():
     assert not found, "legacy-stream CUDA calls:\n" + "\n".join(found)
 
 
-# y[p] = x[p] + 1, one part per element, run by ptn::parallel_parts (OpenBLAS's worker pool when the parts fit
-# in it, threads of their own otherwise).  what = 1: each part calls BLAS (refused); what = 2: part 1 fails;
-# what = 3: y[p] = the id of the thread that ran part p.
+# y[p] = x[p] + 1, one part per element, run by ptn::parallel_parts on threads of their own, or with what >= 10
+# on OpenBLAS's worker pool when the parts fit in it (PartsOn::blas_workers).  what % 10 = 1: each part calls BLAS
+# (refused); 2: part 1 fails; 3: y[p] = the id of the thread that ran part p.
 PARTS_FW = """
   Ndarray* x = inputs[0];
   Ndarray* y = *outputs[0];
@@ -374,11 +374,13 @@ PARTS_FW = """
 #if CUDA
   ptn_set_error("CPU only"); %(fail)s
 #else
+  const ptn::PartsOn on = what >= 10 ? ptn::PartsOn::blas_workers : ptn::PartsOn::own_threads;
+  what %%= 10;
   ptn::parallel_parts(parts, [&](int p) {
     if (what == 1) affine_raw(Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(y), 1, 1);
     if (what == 2) assert_cmp(p, !=, 1);
     Ndarray_DEV_DATA(y)[p] = what == 3 ? (Float)syscall(SYS_gettid) : Ndarray_DEV_DATA(x)[p] + 1;
-  });
+  }, on);
 #endif
 """
 
@@ -391,26 +393,27 @@ def parts_op():
                     c_extra_support_code={"000_gettid": "#include <unistd.h>\n#include <sys/syscall.h>\n"})
 
 
-def test_parallel_parts(mode):
-    """Every part runs once, on the BLAS pool (2 parts on a 2-thread OpenBLAS) or on threads of its own (9
-    parts); an exception in a part is raised to the caller; BLAS called from a part is refused instead of
-    deadlocking OpenBLAS's pool."""
+@pytest.mark.parametrize("on", [0, 10], ids=["own_threads", "blas_workers"])
+def test_parallel_parts(mode, on):
+    """Every part runs once, on threads of its own, or with PartsOn::blas_workers on the BLAS pool (2 parts on a
+    2-thread OpenBLAS; 9 parts still on threads of their own); an exception in a part is raised to the caller; BLAS
+    called from a part is refused instead of deadlocking OpenBLAS's pool."""
     x, what = pt.vector(), pt.iscalar()
     f = pytensor.function([x, what], parts_op()(x, what), mode=mode)
     for n in (0, 1, 2, 9):
         v = np.arange(n, dtype=float)
-        np.testing.assert_array_equal(f(v, 0), v + 1)
+        np.testing.assert_array_equal(f(v, on), v + 1)
     with pytest.raises(ValueError, match=r"PartsProbe.*p != 1 \(1 vs 1\)"):
-        f(np.zeros(3), 2)
+        f(np.zeros(3), on + 2)
     for n in (1, 2, 9):
         with pytest.raises(RuntimeError, match="PartsProbe.*BLAS dgemm called from a parallel_parts body"):
-            f(np.zeros(n), 1)
-    np.testing.assert_array_equal(f(np.zeros(2), 0), [1, 1])
+            f(np.zeros(n), on + 1)
+    np.testing.assert_array_equal(f(np.zeros(2), on), [1, 1])
     # Where the parts ran: a pool's worker stays the same from call to call, a thread of our own does not.
-    first, second = f(np.zeros(2), 3), f(np.zeros(2), 3)
+    first, second = f(np.zeros(2), on + 3), f(np.zeros(2), on + 3)
     assert first[0] == second[0] != first[1]
     on_pool = first[1] == second[1]
-    assert on_pool == (blas.thread_pool() is not None)
+    assert on_pool == (on == 10 and blas.thread_pool() is not None)
 
 
 @pytest.mark.parametrize("mode", [None, "C", "CVM", "FAST_COMPILE", "JAX"],
