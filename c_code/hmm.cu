@@ -42,6 +42,7 @@ DEV_FUNC inline double hmm_lse2(const X* x, const Y* y, int64_t n) {
 
 struct HmmParams : HmmModel {
   double *alpha, *c, *status;
+  double* E;  // CPU: the shifted emissions exp(log e_t - max_k log e_t(k)) (T, B, K), kept for the backward pass
 };
 
 struct HmmEmissionReport {
@@ -204,51 +205,184 @@ DEV_FUNC inline void hmm_fwd_final(const HmmParams& p, int64_t b, double* ll) {
 #include "hmm_loglik_small.h"
 
 #if !CUDA
-// The scaled forward on the CPU: per part, time outer and batch inner; the step's products alpha_{t-1} A of the
-// part's sequences are one small register-blocked GEMM.  Status, log-likelihood and c_t live in part-local memory
-// until the end (written per step into shared cache lines, they would bounce between the cores).
+// sum_k x[k] y[k] over four lanes (then the lanes' tree), and out[k] = x[k] y[k] if out is given.
+static inline double hmm_dot(const double* __restrict__ x, const double* __restrict__ y, int64_t K,
+                             double* __restrict__ out = nullptr) {
+  hmm_v4d acc = hmm_splat(0.0);
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    hmm_v4d a, b;
+    memcpy(&a, x + k, sizeof(a));
+    memcpy(&b, y + k, sizeof(b));
+    a *= b;
+    if (out) memcpy(out + k, &a, sizeof(a));
+    acc += a;
+  }
+  double s = hmm_hsum(acc);
+  for (; k < K; ++k) {
+    const double a = x[k] * y[k];
+    if (out) out[k] = a;
+    s += a;
+  }
+  return s;
+}
+
+// m * 2^e = x for x > 0 normal: e += the exponent of x, and x becomes its mantissa in [1, 2) (exact).
+static inline void hmm_move_exponent(double* x, int64_t* e) {
+  uint64_t bits;
+  memcpy(&bits, x, sizeof(bits));
+  *e += (int64_t)((bits >> 52) & 0x7ff) - 1023;
+  bits = (bits & ~(0x7ffULL << 52)) | (1023ULL << 52);
+  memcpy(x, &bits, sizeof(bits));
+}
+
+typedef int64_t hmm_v8l __attribute__((vector_size(64)));
+
+// exp(x) in eight lanes for x <= 0: 2^(k/16) exp(r) with k = round(16 x / ln 2), |r| <= ln 2 / 32, 2^(j/16) from a
+// table of 16 (one two-vector permute on AVX-512) and exp(r) by its Taylor polynomial of degree 7 (at most ~1.5 ulp
+// off).  Lanes below -707 (and -inf) give 0, as fsa_exp's below -708 do: such a weight is below e^-707 times its
+// row's largest, which is 1, and vanishes in every sum it enters.
+static inline hmm_v8d hmm_exp8(hmm_v8d x) {
+  const hmm_v8d t_lo = {1.0, 1.0442737824274138, 1.0905077326652577, 1.1387886347566916,
+                        1.189207115002721, 1.241857812073484, 1.2968395546510096, 1.3542555469368927};
+  const hmm_v8d t_hi = {1.4142135623730951, 1.4768261459394993, 1.5422108254079407, 1.6104903319492543,
+                        1.681792830507429, 1.7562521603732995, 1.8340080864093424, 1.9152065613971474};
+  const hmm_v8d zero = {}, shifter = zero + 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const hmm_v8l keep = x >= -707.0;  // all ones or zero per lane
+  x = (hmm_v8d)((hmm_v8l)x & keep);
+  const hmm_v8d kb = x * 23.083120654223414 + shifter;  // 16 / ln 2
+  const hmm_v8d k = kb - shifter;
+  const hmm_v8d r = (x - k * 0.04332169877307024) - k * 1.1926343307941173e-11;  // ln 2 / 16 in two parts
+  hmm_v8d q = zero + 1.0 / 5040.0;
+  q = q * r + 1.0 / 720.0;
+  q = q * r + 1.0 / 120.0;
+  q = q * r + 1.0 / 24.0;
+  q = q * r + 1.0 / 6.0;
+  q = q * r + 0.5;
+  q = q * r + 1.0;
+  q = q * r + 1.0;
+  const hmm_v8l ki = (hmm_v8l)kb - (hmm_v8l)shifter;           // k
+  const hmm_v8d tj = __builtin_shuffle(t_lo, t_hi, ki & 15);   // 2^((k mod 16) / 16)
+  const hmm_v8d y = (hmm_v8d)((hmm_v8l)(tj * q) + ((ki >> 4) << 52));
+  return (hmm_v8d)((hmm_v8l)y & keep);
+}
+
+// out[k] = exp(x[k] - m) for k < K, eight at a time by hmm_exp8 (0 everywhere if m = -inf).
+static inline void hmm_exp_shifted(const Float* __restrict__ x, int64_t K, double m, double* __restrict__ out) {
+  if (!(m > -INFINITY)) {
+    for (int64_t k = 0; k < K; ++k) out[k] = 0.0;
+    return;
+  }
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    hmm_v8d v;
+    for (int w = 0; w < 8; ++w) v[w] = (double)x[k + w];
+    v = hmm_exp8(v - m);
+    memcpy(out + k, &v, sizeof(v));
+  }
+  if (k < K) {
+    hmm_v8d v = {};
+    for (int64_t w = 0; w < K - k; ++w) v[w] = (double)x[k + w];
+    v = hmm_exp8(v - m);
+    for (int64_t w = 0; w < K - k; ++w) out[k + w] = v[w];
+  }
+}
+
+// The emission rows of frames [t0, t1) of the part's sequences [b0, b0 + nb): shift[(t - t0) * nb + i] = the row's
+// largest log-density (NaN for a row with a NaN; -inf with a +inf, recorded in `check`) and p.E's row its shifted
+// exps.  A sequence's rows after its first NaN (dead[i]) are not read: it is NaN whatever they hold.
+static void hmm_emission_rows(const HmmParams& p, int64_t t0, int64_t t1, int64_t b0, int64_t nb, char* dead,
+                              double* shift, FsaCheck* check) {
+  const int64_t B = p.B, K = p.K;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t i = 0; i < nb; ++i) {
+      const int64_t b = b0 + i, tb = t * B + b;
+      if (t >= p.seq_len[b] || dead[i]) continue;
+      double m;
+      if (hmm_checked_max(p.le + tb * K, K, &m, check, HmmEmissionReport{t, b})) {
+        dead[i] = 1;
+        m = NAN;
+      } else {
+        hmm_exp_shifted(p.le + tb * K, K, m, p.E + tb * K);
+      }
+      shift[(t - t0) * nb + i] = m;
+    }
+}
+
+#define HMM_CHUNK 16  // frames whose emission rows are computed ahead of the recursion
+
+// The scaled forward on the CPU: per part, time outer and batch inner.  Per chunk of frames, the emission rows first
+// (off the recursion's chain), then per frame the step products alpha_{t-1} A of the part's sequences as one small
+// register-blocked GEMM, and per sequence alpha_t = (alpha_{t-1} A) E_t / c_t.  The log-likelihood is
+// sum_t (log c_t + shift_t): the c_t are multiplied into one number whose binary exponent is moved into an integer
+// at every step (exactly), and one log is taken at the end.  Status, log-likelihood and c_t live in part-local
+// memory until the end (written per step into shared cache lines, they would bounce between the cores).
 static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   const int parts = hmm_cpu_parts(T, B, K);
   double* Ap = scratch.get<double>(K * Kp);
   double* pred_all = scratch.get<double>(B * Kp);
-  double* Et_all = scratch.get<double>(parts * K);
   double* c_all = scratch.get<double>(T * B);  // part q's block: (T, b1 - b0) from T * b0 on
-  memset(c_all, 0, T * B * sizeof(double));
+  double* shift_all = scratch.get<double>(HMM_CHUNK * B);
   hmm_pad(p.A, K, Kp, Ap);
   hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck* check) {
+    (void)q;
     const int64_t nb = b1 - b0;
     if (Kp == 4 && nb == 1) {  // one sequence of few states: hmm_loglik_small.h
       if (p.seq_len[b0] > 0 && p.status[b0] == HMM_SCALED)
         hmm_with_k(K, [&](auto k) { p.status[b0] = hmm_small_forward<decltype(k)::value>(p, b0, check, ll + b0); });
       return;
     }
-    HmmParams pq = p;
-    pq.check = check;
     double* pred = pred_all + b0 * Kp;
-    double* Et = Et_all + q * K;
     double* c = c_all + T * b0;
+    double* shift = shift_all + HMM_CHUNK * b0;
     std::vector<int> st(nb);
-    std::vector<double> llp(nb);
+    std::vector<char> dead(nb);
+    std::vector<double> mass(nb, 1.0), shifts(nb, 0.0);
+    std::vector<int64_t> mass_exp(nb, 0);
     int64_t t_end = 0;
     for (int64_t i = 0; i < nb; ++i) {
       st[i] = (int)p.status[b0 + i];
-      llp[i] = ll[b0 + i];
+      dead[i] = st[i] != HMM_SCALED;
       t_end = std::max<int64_t>(t_end, p.seq_len[b0 + i]);
     }
-    for (int64_t t = 0; t < t_end; ++t) {
-      if (t > 0) hmm_gemm(p.alpha + ((t - 1) * B + b0) * K, nb, K, K, Ap, Kp, pred, Kp);
-      for (int64_t i = 0; i < nb; ++i) {
-        if (t >= p.seq_len[b0 + i] || st[i] != HMM_SCALED) continue;
-        st[i] = hmm_fwd_step(pq, t, b0 + i, t == 0 ? p.pi : pred + i * Kp, Et, &llp[i], c + t * nb + i);
+    for (int64_t t0 = 0; t0 < t_end; t0 += HMM_CHUNK) {
+      const int64_t t1 = std::min<int64_t>(t0 + HMM_CHUNK, t_end);
+      hmm_emission_rows(p, t0, t1, b0, nb, dead.data(), shift, check);
+      for (int64_t t = t0; t < t1; ++t) {
+        if (t > 0) hmm_gemm(p.alpha + ((t - 1) * B + b0) * K, nb, K, K, Ap, Kp, pred, Kp);
+        for (int64_t i = 0; i < nb; ++i) {
+          const int64_t b = b0 + i, tb = t * B + b;
+          if (t >= p.seq_len[b] || st[i] != HMM_SCALED) continue;
+          const double m = shift[(t - t0) * nb + i];
+          if (m != m) {
+            st[i] = HMM_NAN;
+            continue;
+          }
+          double* __restrict__ at = p.alpha + tb * K;
+          const double s = hmm_dot(t == 0 ? p.pi : pred + i * Kp, p.E + tb * K, K, at);
+          c[t * nb + i] = s;
+          if (!(s >= HMM_TINY)) {  // the step's mass underflowed: log space
+            st[i] = HMM_LOG_SPACE;
+            continue;
+          }
+          const double inv = 1.0 / s;
+#pragma GCC ivdep
+          for (int64_t k = 0; k < K; ++k) at[k] *= inv;
+          mass[i] *= s;
+          hmm_move_exponent(&mass[i], &mass_exp[i]);
+          shifts[i] += m + (t == 0 ? p.consts[1] : p.consts[0]);
+        }
       }
     }
     for (int64_t i = 0; i < nb; ++i) {
       const int64_t b = b0 + i;
       for (int64_t t = 0; t < p.seq_len[b]; ++t) p.c[t * B + b] = c[t * nb + i];
       p.status[b] = st[i];
-      ll[b] = llp[i];
-      if (p.seq_len[b] > 0 && st[i] == HMM_SCALED) hmm_fwd_final(p, b, ll);
+      if (p.seq_len[b] > 0 && st[i] == HMM_SCALED) {
+        ll[b] = (log(mass[i]) + (double)mass_exp[i] * 0.6931471805599453) + shifts[i];
+        hmm_fwd_final(p, b, ll);
+      }
     }
   });
 }
@@ -293,18 +427,35 @@ DEF_KERNEL void hmm_store_ll(int64_t n_batch, const double* ll, const double* st
   }
 }
 
-// inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
-// outputs: log_likelihood (B); hidden: alpha (T,B,K), c (T,B), status (B), all double
-static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 5);
-  assert_cmp(n_outputs, ==, 4);
-  ptn::Scratch scratch;
-  HmmParams p = hmm_setup(scratch, inputs);
-  if (p.B == 0) return;
-  p.alpha = (double*)(*outputs[1])->data;
-  p.c = (double*)(*outputs[2])->data;
-  p.status = (double*)(*outputs[3])->data;  // zero-filled: HMM_SCALED
-  double* ll = scratch.get<double>(p.B);
+// The forward pass's intermediates (alpha (T, B, K) and c (T, B), double) live in memory of the library's own,
+// not in outputs: a fresh megabyte-sized array per call costs more in page faults (the allocator returns its memory
+// to the system between calls) than the pass itself.  On the CPU, each calling thread keeps a buffer that only
+// grows, up to HMM_KEEP_DOUBLES; larger problems (and CUDA) take per-call scratch memory.
+#define HMM_KEEP_DOUBLES ((int64_t)1 << 22)  // 32 MB
+
+static double* hmm_forward_memory(ptn::Scratch& scratch, int64_t n) {
+#if !CUDA
+  if (n <= HMM_KEEP_DOUBLES) {
+    thread_local std::vector<double> kept;
+    if ((int64_t)kept.size() < n) kept.resize(n);
+    return kept.data();
+  }
+#endif
+  return scratch.get<double>(n);
+}
+
+// The forward pass of every sequence: p.alpha, p.c, p.status (HmmParams' memory, set here) and the log-likelihoods
+// ll (B); raises for +inf log-emissions.  The scaled pass, then the log-space one for the sequences it gave up on.
+static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll) {
+  const int64_t TBK = p.T * p.B * p.K, TB = p.T * p.B;
+  double* mem = hmm_forward_memory(scratch, (CUDA ? 1 : 2) * TBK + TB);
+  p.alpha = mem;
+  p.c = mem + TBK;
+  p.E = CUDA ? nullptr : mem + TBK + TB;
+  p.status = scratch.get<double>(p.B);
+#if CUDA
+  Ndarray_memset(p.alpha, 0, TBK * sizeof(double));  // hmm_forward_cuda's GEMM reads the rows of finished sequences
+#endif
   start_dev_kernel(hmm_init_status, (p, ll));
 #if CUDA
   hmm_forward_cuda(scratch, p, ll);
@@ -314,6 +465,18 @@ static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
   fsa_raise_check(p.check, hmm_terms(p));  // +inf log-emissions
   start_dev_kernel(hmm_log_forward, (p, ll));
   fsa_raise_check(p.check, hmm_terms(p));
+}
+
+// inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
+// outputs: log_likelihood (B)
+static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 1);
+  ptn::Scratch scratch;
+  HmmParams p = hmm_setup(scratch, inputs);
+  if (p.B == 0) return;
+  double* ll = scratch.get<double>(p.B);
+  hmm_forward_all(scratch, p, ll);
   start_dev_kernel(hmm_store_ll, (p.B, ll, p.status, Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
 }
@@ -337,7 +500,8 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
   double* beta_all = scratch.get<double>(B * Kp);
   double* v_all = scratch.get<double>(B * Kp);
   memset(v_all, 0, B * Kp * sizeof(double));
-  // per part: U (K x Kp), d log pi, d log f, E_t (Kp each), then the X and V row buffers (HMM_ROWS x Kp each)
+  // per part: U (K x Kp), d log pi, d log f, alpha_t beta_t (Kp each), then the X and V row buffers (HMM_ROWS x Kp
+  // each)
   const int64_t per_part = K * Kp + 3 * Kp + 2 * HMM_ROWS * Kp;
   double* part_all = scratch.get<double>(parts * per_part);
   hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck*) {
@@ -374,26 +538,25 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
           for (int64_t k = 0; k < K; ++k) beta[k] = p.f[k];
         const int64_t tb = t * B + b;
         const double* __restrict__ at = p.alpha + tb * K;
-        double z = 0.0;
-        for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
+        double* __restrict__ ab = Et;  // alpha_t beta_t
+        const double z = hmm_dot(at, beta, K, ab);
         if (!(z > 0.0)) continue;  // cannot happen after a successful forward pass
         const double r = gb / z;
         Float* __restrict__ d = dle + tb * K;
-        for (int64_t k = 0; k < K; ++k) d[k] = (Float)(at[k] * beta[k] * r);
+#pragma GCC ivdep
+        for (int64_t k = 0; k < K; ++k) d[k] = (Float)(ab[k] * r);
         if (t == len - 1)
-          for (int64_t k = 0; k < K; ++k) dfq[k] += at[k] * beta[k] * r;
+          for (int64_t k = 0; k < K; ++k) dfq[k] += ab[k] * r;
         if (t == 0) {
-          for (int64_t k = 0; k < K; ++k) dpiq[k] += at[k] * beta[k] * r;
+          for (int64_t k = 0; k < K; ++k) dpiq[k] += ab[k] * r;
           continue;
         }
-        double m;
-        hmm_checked_max(p.le + tb * K, K, &m, (FsaCheck*)0, HmmEmissionReport{t, b});
-        hmm_exp_row(p.le + tb * K, K, m, Et);
+        const double* __restrict__ E = p.E + tb * K;
         double* __restrict__ v = v_q + i * Kp;
         double* __restrict__ V = Vbuf + n_rows * Kp;
         double* __restrict__ X = Xbuf + n_rows * Kp;
 #pragma GCC ivdep
-        for (int64_t k = 0; k < K; ++k) V[k] = v[k] = Et[k] * beta[k];
+        for (int64_t k = 0; k < K; ++k) V[k] = v[k] = E[k] * beta[k];
         const double* __restrict__ ap = p.alpha + (tb - B) * K;
         const double x = r / p.c[tb];
 #pragma GCC ivdep
@@ -410,11 +573,16 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
       for (int64_t i = 0; i < nb; ++i) {
         if (!stepped[i]) continue;
         double* __restrict__ beta = beta_q + i * Kp;
-        double s = 0.0;
-        for (int64_t k = 0; k < K; ++k) s += beta[k];
+        hmm_v4d acc = hmm_splat(0.0);
+        for (int64_t k = 0; k < Kp; k += 4) {  // the padding columns are 0
+          hmm_v4d x;
+          memcpy(&x, beta + k, sizeof(x));
+          acc += x;
+        }
+        const double s = hmm_hsum(acc);
         const double inv = s > 0.0 ? 1.0 / s : 0.0;
 #pragma GCC ivdep
-        for (int64_t k = 0; k < K; ++k) beta[k] *= inv;
+        for (int64_t k = 0; k < Kp; ++k) beta[k] *= inv;
       }
     }
     if (n_rows > 0) hmm_gemm(Xbuf, K, Kp, n_rows, Vbuf, Kp, Uq, Kp, true);
@@ -524,27 +692,19 @@ DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const 
   }
 }
 
-// inputs: log_emissions, log_transitions, log_initial, log_final, mask, alpha, c, status (the
-// forward op's hidden outputs), D_log_likelihood (B)
+// inputs: log_emissions, log_transitions, log_initial, log_final, mask, D_log_likelihood (B)
 // outputs: d log_emissions (T,B,K), d log_transitions (K,K), d log_initial (K), d log_final (K)
+// The forward pass runs again here (hmm_forward_all; the same arithmetic as the forward op's, so the same alpha).
 static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 9);
+  assert_cmp(n_inputs, ==, 6);
   assert_cmp(n_outputs, ==, 4);
   ptn::Scratch scratch;
   HmmParams p = hmm_setup(scratch, inputs);
-  const int64_t T = p.T, B = p.B, K = p.K;
-  assert_cmp(Ndarray_DIMS(inputs[8])[0], ==, B);
+  const int64_t B = p.B, K = p.K;
+  assert_cmp(Ndarray_DIMS(inputs[5])[0], ==, B);
   if (B == 0) return;
-  assert_cmp(Ndarray_DIMS(inputs[5])[0], ==, T);
-  assert_cmp(Ndarray_DIMS(inputs[5])[1], ==, B);
-  assert_cmp(Ndarray_DIMS(inputs[5])[2], ==, K);
-  assert_cmp(Ndarray_DIMS(inputs[6])[0], ==, T);
-  assert_cmp(Ndarray_DIMS(inputs[6])[1], ==, B);
-  assert_cmp(Ndarray_DIMS(inputs[7])[0], ==, B);
-  p.alpha = (double*)inputs[5]->data;
-  p.c = (double*)inputs[6]->data;
-  p.status = (double*)inputs[7]->data;
-  const Float* g = Ndarray_DEV_DATA(inputs[8]);
+  hmm_forward_all(scratch, p, scratch.get<double>(B));
+  const Float* g = Ndarray_DEV_DATA(inputs[5]);
   double* U = scratch.get<double>(K * K);
   double* dA_log = scratch.get<double>(K * K);
   double* dpi = scratch.get<double>(K);

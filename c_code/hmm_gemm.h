@@ -10,44 +10,55 @@
 
 #if !CUDA
 typedef double hmm_v4d __attribute__((vector_size(32)));
+typedef double hmm_v8d __attribute__((vector_size(64)));  // AVX-512 where the CPU has it, else two AVX vectors
 
-// out[r, j0 + 0..4*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x 4*NB accumulators in registers.
-// X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride: X^T . M).
+// out[r, j0 + 0..W*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x NB accumulators (vectors V of W
+// doubles) in registers.  X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride:
+// X^T . M).  Each output's sum runs over i in order, whatever V.
+template <typename V, int W, int R, int NB>
+__attribute__((always_inline)) static inline void hmm_gemm_tile_v(const double* __restrict__ X, int64_t xr,
+                                                                  int64_t xi, int64_t n, const double* __restrict__ M,
+                                                                  int64_t ldm, double* __restrict__ out, int64_t ldo,
+                                                                  bool add) {
+  V acc[R][NB];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < NB; ++q) {
+      acc[r][q] = V{};
+      if (add) memcpy(&acc[r][q], out + r * ldo + W * q, sizeof(V));
+    }
+  for (int64_t i = 0; i < n; ++i) {
+    V m[NB];
+    for (int q = 0; q < NB; ++q) memcpy(&m[q], M + i * ldm + W * q, sizeof(V));
+    for (int r = 0; r < R; ++r) {
+      const double x = X[r * xr + i * xi];
+      const V xv = V{} + x;  // x in every lane
+      for (int q = 0; q < NB; ++q) acc[r][q] += xv * m[q];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < NB; ++q) memcpy(out + r * ldo + W * q, &acc[r][q], sizeof(V));
+}
+
+// The tile over AVX vectors of four doubles (NB of them per row).
 template <int R, int NB>
 __attribute__((always_inline)) static inline void hmm_gemm_tile(const double* __restrict__ X, int64_t xr,
                                                                 int64_t xi, int64_t n, const double* __restrict__ M,
                                                                 int64_t ldm, double* __restrict__ out, int64_t ldo,
                                                                 bool add) {
-  hmm_v4d acc[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < NB; ++q) {
-      acc[r][q] = hmm_v4d{0.0, 0.0, 0.0, 0.0};
-      if (add) memcpy(&acc[r][q], out + r * ldo + 4 * q, sizeof(hmm_v4d));
-    }
-  for (int64_t i = 0; i < n; ++i) {
-    hmm_v4d m[NB];
-    for (int q = 0; q < NB; ++q) memcpy(&m[q], M + i * ldm + 4 * q, sizeof(hmm_v4d));
-    for (int r = 0; r < R; ++r) {
-      const double x = X[r * xr + i * xi];
-      const hmm_v4d xv = {x, x, x, x};
-      for (int q = 0; q < NB; ++q) acc[r][q] += xv * m[q];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < NB; ++q) memcpy(out + r * ldo + 4 * q, &acc[r][q], sizeof(hmm_v4d));
+  hmm_gemm_tile_v<hmm_v4d, 4, R, NB>(X, xr, xi, n, M, ldm, out, ldo, add);
 }
 
+// Rows [0, R) of the product, across the ld columns: tiles of 16 columns, then 8 (one vector of eight) and 4.
 template <int R>
 static inline void hmm_gemm_rows(const double* X, int64_t xr, int64_t xi, int64_t n, const double* M, int64_t ld,
                                  double* out, int64_t ldo, bool add) {
   int64_t j0 = 0;
-  for (; j0 + 16 <= ld; j0 += 16) hmm_gemm_tile<R, 4>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
-  switch ((ld - j0) / 4) {
-    case 3: hmm_gemm_tile<R, 3>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    case 2: hmm_gemm_tile<R, 2>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    case 1: hmm_gemm_tile<R, 1>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add); break;
-    default: break;
+  for (; j0 + 16 <= ld; j0 += 16) hmm_gemm_tile_v<hmm_v8d, 8, R, 2>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
+  if (j0 + 8 <= ld) {
+    hmm_gemm_tile_v<hmm_v8d, 8, R, 1>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
+    j0 += 8;
   }
+  if (j0 + 4 <= ld) hmm_gemm_tile<R, 1>(X, xr, xi, n, M + j0, ld, out + j0, ldo, add);
 }
 
 // out (rows x ld, row stride ldo) = X . M, or += X^T . M with `transposed_add` (X then n x rows); X (rows x n) has

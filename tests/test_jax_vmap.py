@@ -311,7 +311,7 @@ def test_batch_axis_is_carried_into_the_gradient_spec():
     grad_kwargs = HmmForwardBackwardOp.make_op().kwargs_for_grad_op()
     axes = {i["name"]: i.get("batch_axis") for i in grad_kwargs["in_info"]}
     assert axes == {"log_emissions": 1, "log_transitions": None, "log_initial": None, "log_final": None,
-                    "mask": 1, "alpha": 1, "scales": 1, "status": 0, "D_log_likelihood": 0}
+                    "mask": 1, "D_log_likelihood": 0}
     assert [i.get("batch_axis") for i in grad_kwargs["out_info"]] == [1, None, None, None]
     # An override of the shape without a batch axis drops it; one that names it keeps it.
     grad_out = SparseToDense.make_op().kwargs_for_grad_op()["out_info"]

@@ -344,26 +344,18 @@ class HmmForwardBackwardOp(NativeOpGenBase):
 
     Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
     ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask (no gradient).
-    Output: ``log_likelihood`` (B,).  Hidden outputs (float64, not returned by calling the
-    op; they feed the gradient op so that it does not repeat the forward pass): the scaled
-    forward vectors ``alpha`` (T, B, K), the per-step normalisers ``scales`` (T, B), and
-    ``status`` (B,): 0 scaled pass, 1 recomputed
-    in log space (``alpha`` then holds log-alphas), 2 no path, 3 NaN.
+    Output: ``log_likelihood`` (B,).  The gradient op runs the forward pass again (keeping its
+    forward vectors in memory of its own): cheaper than handing them over in (T, B, K) outputs.
     """
 
     in_info = _hmm_inputs(False)
-    out_info = (
-        _out("log_likelihood", ((0, 1),), 0),
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1),
-        _hidden("scales", ((0, 0), (0, 1)), 1),
-        _hidden("status", ((0, 1),), 0),
-    )
-    # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
-    grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9)
+    out_info = (_out("log_likelihood", ((0, 1),), 0),)
+    # gradient op inputs: the five inputs and the log-likelihood's gradient
+    grad_input_map = (0, 1, 2, 3, 4, 6)
     c_extra_support_code = kernel_unit("hmm.cu")
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (4,)
+    code_version = (5,)
 
 
 # ---------------------------------------------------------------------------------------- functional API
