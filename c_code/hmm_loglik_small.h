@@ -9,6 +9,8 @@
 // Frames with a NaN or +inf log-emission leave the register path as the scalar step does (status HMM_NAN, or the
 // +inf recorded and HMM_LOG_SPACE).  Results equal the general path's to rounding.
 
+#include "hmm_vectors_small.h"
+
 #if !CUDA
 // m * 2^e = x for x > 0 normal: e += the exponent of x, and x becomes its mantissa in [1, 2) (exact).
 static inline void hmm_split_exponent(double* x, int64_t* e) {
@@ -17,12 +19,6 @@ static inline void hmm_split_exponent(double* x, int64_t* e) {
   *e += (int64_t)((bits >> 52) & 0x7ff) - 1023;
   bits = (bits & ~(0x7ffULL << 52)) | (1023ULL << 52);
   memcpy(x, &bits, sizeof(bits));
-}
-
-// The rows of a K x K matrix M as vectors (the others 0).
-template <int K>
-static inline void hmm_small_rows(const double* M, hmm_v4d* rows) {
-  for (int i = 0; i < 4; ++i) rows[i] = i < K ? hmm_lanes<K>(M + i * K) : hmm_splat(0.0);
 }
 
 // The scaled forward of sequence b (status HMM_SCALED, T_b > 0): alpha and c, and *ll its log-likelihood; returns

@@ -19,6 +19,7 @@
 // counts (and NaN gradients; the shared parameters' gradients are then NaN).  The empty series: zeros.
 
 #include "hmm_infer.cu"
+#include "hmm_vectors_small.h"
 
 struct HmmPostState {
   double *alpha, *c, *m;  // hidden outputs of the forward op
@@ -26,7 +27,7 @@ struct HmmPostState {
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
-// B * 3 Kp of those.  small: 9 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
+// B * 3 Kp of those.  small: 14 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
 struct HmmPostWork {
   double* work;
   int64_t B, Kp, K;
@@ -95,123 +96,155 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 
 #if !CUDA
 // ---------------------------------------------------------------- one sequence, K <= 4, on the CPU
-// The same recursions for a part of the batch that is one sequence (its chain of steps is then the whole work),
-// with the state vectors in registers (K known at compile time) and the chain from step to step kept short: the
-// exps and the normalisers' divisions are off it (the next step's product starts from the unnormalised vector and
-// is scaled by the divisor when it arrives), so that the processor overlaps them with the chain.  Forward,
-// E_t = exp(log e_t - max_k log e_t), which is the filter's E_t whenever the frame's largest emission is at a
-// reachable state (else the step computes it as hmm_infer_filter_step does); backward, the filter's own shifts.
+// The same quantities for a part of the batch that is one sequence, whose chains of steps are then the whole work.
+// With the state vectors in registers (K known at compile time), the filter and the backward recursion run as two
+// independent chains that the processor overlaps, and each chain is one vector-matrix product per frame:
+//   u_t = sigma_t (u_{t-1} A) * E_t,   v_{t-1} = rho_t A (E_t * v_t)   (u_0 = pi * E_0, v_{T_b-1} = f),
+// with E_t = exp(log e_t - M_t), M_t = max_k log e_t(k), computed once per frame beforehand, and the products by
+// E_t sigma_t folded into the matrix's rows off the chain.  sigma_t and rho_t are powers of two chosen from sums two
+// frames back (exact scalings; no division and no normalisation on the chain): with
+// sigma_t = 1 / (sigma_{t-1} 2^ex(s_{t-2})), s_t = sum u_t stays within a factor 2 of c_t c_{t-1} (the filter's
+// normalisers), and likewise for v.  A last pass over the frames, off any chain, gives the outputs: u_t and v_t are
+// alpha_t and beta_t up to factors, so gamma_t = u_t v_t / (u_t . v_t), alpha_t = u_t / s_t,
+// c_t = s_t / (sigma_t s_{t-1}), m_t = M_t, and xi += u_{t-1} (sigma_t / z_t) (A o (E_t v_t)^T) with
+// z_t = u_t . v_t (the pair marginals' normaliser is z_t / sigma_t).
+//
+// These are the sequential pass's values to rounding (the scalings cancel: the pair marginals and gamma are
+// normalised per frame, and the hidden outputs alpha_t, c_t and m_t are one consistent scaled filter, for the
+// gradient op) unless something underflows or overflows here that the sequential pass keeps: so s_t and sum v_t
+// must stay within 2^-200..2^200 and z_t within 2^-400..2^400 (checked beside the chains and the last pass; else
+// the caller runs the sequential pass, as also for a NaN or +inf log-emission, which the first pass detects).
 
-// log e_t of sequence b in lanes [0, K), -inf in the others.
-template <int K>
-static inline hmm_v4d hmm_small_le(const HmmInferParams& p, int64_t t, int64_t b) {
-  return hmm_lanes<K>(p.le + (t * p.B + b) * K, -INFINITY);
+// The binary exponent of s > 0 (s 2^-e is in [1, 2)).
+static inline int64_t hmm_small_exponent(double s) {
+  uint64_t bits;
+  memcpy(&bits, &s, sizeof(bits));
+  return (int64_t)((bits >> 52) & 0x7ff) - 1023;
 }
 
-// 0 where alpha is 0 (as hmm_post_normalise).
-static inline hmm_v4d hmm_small_mask(hmm_v4d alpha, hmm_v4d beta) {
-  return alpha > hmm_splat(0.0) ? beta : hmm_splat(0.0);
+// 2^e for |e| <= 1000.
+static inline double hmm_small_pow2(int64_t e) {
+  const uint64_t bits = (uint64_t)(e + 1023) << 52;
+  double x;
+  memcpy(&x, &bits, sizeof(x));
+  return x;
 }
 
-static inline double hmm_small_inverse(double s) { return s > 0.0 ? 1.0 / s : 0.0; }
+// The next scaling exponent: g_t = -(ex(s_{t-2}) + g_{t-1}), clamped to |g| <= 1000 (beyond, the checks fail).
+static inline int64_t hmm_small_next_scale(double s2, int64_t g1) {
+  const int64_t g = -(hmm_small_exponent(s2) + g1);
+  return g < -1000 ? -1000 : g > 1000 ? 1000 : g;
+}
 
-// The filter and the backward recursion of sequence b at once, as two independent chains that the processor
-// overlaps, then gamma and U = xi / A (into xi) in one pass over the frames.  E_t = exp(log e_t - max_k log e_t)
-// comes first for all frames (one vectorised exp per frame, shared by both chains and the last pass): it is the
-// filter's E_t whenever the frame's largest emission is at a reachable state (else the filter's step computes its
-// own, as hmm_infer_filter_step does).  The backward runs without hmm_small_mask and with these E_t, which is what
-// the sequential pass computes when every state has alpha_t > 0 at every frame (m_t is then that maximum, the
-// zeroing does nothing): *done says whether that held (else the caller runs hmm_post_small_backward on the stored
-// filter).  Returns the filter's status.  buf: 9 T_b doubles (beta_t, E_t per frame, then the maxima).
+// Sequence b of a model without NaN parameters (T_b > 0): gamma, alpha, c, m (st) and U = xi / A into xi (K x K),
+// returning true; false if the checks above fail (what it wrote is then to be overwritten).  buf: 14 T_b doubles.
 template <int K>
-static int hmm_post_small_fused(const HmmInferParams& p, const HmmPostState& st, int64_t b, Float* gamma,
-                                double* xi, double* buf, bool* done) {
+static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b, Float* gamma, double* xi,
+                           double* buf) {
   const int64_t B = p.B, len = p.seq_len[b];
-  double *beta = buf, *E = buf + 4 * len, *maxima = buf + 8 * len;
-  for (int64_t t = 0; t < len; ++t) {
-    const hmm_v4d le = hmm_small_le<K>(p, t, b);
-    maxima[t] = hmm_lane_max<K>(le);
-    hmm_store_lanes<4>(E + 4 * t, hmm_exp_below(le, maxima[t]));
+  double *E = buf, *U = buf + 4 * len, *V = buf + 8 * len, *sigma = buf + 12 * len, *scale = buf + 13 * len;
+  const hmm_v4d inf = hmm_splat(INFINITY);
+  hmm_v4l ok = hmm_v4l{} == 0;
+  for (int64_t t = 0; t < len; ++t) {  // E_t's exponents, then their exps in one vectorised loop
+    const int64_t tb = t * B + b;
+    const hmm_v4d le = hmm_lanes<K>(p.le + tb * K, -INFINITY);
+    ok &= le < inf;
+    const double M = hmm_lane_max<K>(le);
+    st.m[tb] = M;
+    const hmm_v4d x = le - hmm_splat(M);
+    hmm_store_lanes<4>(E + 4 * t, M > -INFINITY ? (x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(-INFINITY));
   }
+  for (int k = 0; k < 4; ++k)
+    if (!ok[k]) return false;
+#pragma GCC ivdep
+  for (int64_t i = 0; i < 4 * len; ++i) E[i] = fsa_exp(E[i]);
   hmm_v4d A[4], AT[4];
-  hmm_rows<K>(p.Ap, A);
-  hmm_rows<K>(p.ATp, AT);
-  hmm_v4d u = hmm_lanes<K>(p.pi), beta_u = hmm_lanes<K>(p.f);
-  double inv = 1.0;
-  hmm_v4d positive = hmm_splat(1.0);  // lanes [0, K) of every alpha_t > 0 (their product)
-  *done = false;
-  for (int64_t i = 0; i < len; ++i) {
-    {  // forward, frame i: hmm_infer_filter_step
-      const int64_t tb = i * B + b;
-      const hmm_v4d le = hmm_small_le<K>(p, i, b);
-      const hmm_v4d pred = i == 0 ? u : hmm_vecmat<K>(u, A) * inv;
-      const double mt = hmm_lane_max<K>(pred > hmm_splat(0.0) ? le : hmm_splat(-INFINITY));
-      if (!(mt > -INFINITY)) return HMM_NO_PATH;
-      u = pred * (mt == maxima[i] ? hmm_lanes<4>(E + 4 * i) : hmm_exp_below(le, mt));
-      const double s = hmm_hsum(u);
-      if (!(s > 0.0)) return HMM_NO_PATH;
-      inv = 1.0 / s;
-      const hmm_v4d a = u * inv;
-      positive = a > hmm_splat(0.0) ? positive : hmm_splat(0.0);
-      hmm_store_lanes<K>(st.alpha + tb * K, a);
-      st.c[tb] = s;
-      st.m[tb] = mt;
+  hmm_small_rows<K>(p.A, A);
+  hmm_small_rows<K>(p.AT, AT);
+  // the two chains: forward frame i, backward frame len - 1 - i
+  hmm_v4d u = hmm_lanes<K>(p.pi) * hmm_lanes<4>(E), v = hmm_lanes<K>(p.f);
+  hmm_store_lanes<4>(U, u);
+  hmm_store_lanes<4>(V + 4 * (len - 1), v);
+  sigma[0] = scale[0] = 1.0;
+  double su[2] = {hmm_hsum(u), 1.0}, sv[2] = {hmm_hsum(v), 1.0};  // sums of frames i - 1 and i - 2
+  double lowest = su[0] < sv[0] ? su[0] : sv[0], highest = su[0] > sv[0] ? su[0] : sv[0];
+  int64_t g = 0, h = 0;  // log2 sigma_i, log2 rho_i
+  for (int64_t i = 1; i < len; ++i) {
+    g = i == 1 ? -hmm_small_exponent(su[0]) : hmm_small_next_scale(su[1], g);
+    h = i == 1 ? -hmm_small_exponent(sv[0]) : hmm_small_next_scale(sv[1], h);
+    const int64_t t = len - 1 - i;
+    const double sg = hmm_small_pow2(g);
+    const hmm_v4d Ef = hmm_lanes<4>(E + 4 * i) * hmm_splat(sg);
+    const hmm_v4d Eb = hmm_lanes<4>(E + 4 * (t + 1)) * hmm_splat(hmm_small_pow2(h));
+    hmm_v4d Wf[4], Wb[4];
+    for (int k = 0; k < K; ++k) {
+      Wf[k] = A[k] * Ef;
+      Wb[k] = AT[k] * hmm_splat(Eb[k]);
     }
-    {  // backward, frame len - 1 - i
-      const int64_t t = len - 1 - i;
-      const double binv = hmm_small_inverse(hmm_hsum(beta_u));
-      hmm_store_lanes<4>(beta + 4 * t, beta_u * binv);
-      if (t > 0) beta_u = hmm_vecmat<K>(hmm_lanes<4>(E + 4 * t) * beta_u, AT) * binv;
-    }
+    u = hmm_vecmat<K>(u, Wf);
+    v = hmm_vecmat<K>(v, Wb);
+    hmm_store_lanes<4>(U + 4 * i, u);
+    hmm_store_lanes<4>(V + 4 * t, v);
+    sigma[i] = sg;
+    scale[i] = hmm_small_pow2(-g);
+    su[1] = su[0];
+    su[0] = hmm_hsum(u);
+    sv[1] = sv[0];
+    sv[0] = hmm_hsum(v);
+    const double l = su[0] < sv[0] ? su[0] : sv[0], r = su[0] > sv[0] ? su[0] : sv[0];
+    lowest = l < lowest ? l : lowest;  // NaN cannot arise (finite, non-negative inputs)
+    highest = r > highest ? r : highest;
   }
-  if (!(hmm_hsum(u * hmm_lanes<K>(p.f)) > 0.0)) return HMM_NO_PATH;
-  for (int k = 0; k < K; ++k)
-    if (!(positive[k] > 0.0)) return HMM_SCALED;
-  hmm_v4d U[4], ap = hmm_splat(0.0);
-  for (int i = 0; i < 4; ++i) U[i] = hmm_splat(0.0);
+  // the outputs, and the last check
+  const double lo = 0x1p-200, hi = 0x1p200;
+  bool fine = lowest >= lo && highest <= hi;
+  hmm_v4d Ur[4] = {}, up = hmm_splat(0.0);
+  double inv_prev = 1.0;
   for (int64_t t = 0; t < len; ++t) {
     const int64_t tb = t * B + b;
-    const hmm_v4d a = hmm_lanes<K>(st.alpha + tb * K), bt = hmm_lanes<4>(beta + 4 * t), ab = a * bt;
-    const double rz = 1.0 / hmm_hsum(ab);
+    const hmm_v4d ut = hmm_lanes<4>(U + 4 * t), vt = hmm_lanes<4>(V + 4 * t), ab = ut * vt;
+    const double s = hmm_hsum(ut), z = hmm_hsum(ab);
+    fine &= (z >= lo * lo) & (z <= hi * hi);
+    const double r = 1.0 / (s * z), rz = s * r, rs = z * r;
     hmm_store_lanes<K>(gamma + tb * K, ab * rz);
+    hmm_store_lanes<K>(st.alpha + tb * K, ut * rs);
+    st.c[tb] = t == 0 ? s : s * inv_prev * scale[t];
     if (t > 0) {
-      const hmm_v4d v = hmm_lanes<4>(E + 4 * t) * bt, x = ap * (rz / st.c[tb]);
-      for (int k = 0; k < K; ++k) U[k] += hmm_splat(x[k]) * v;
+      const hmm_v4d x = up * hmm_splat(rz * sigma[t]), w = hmm_lanes<4>(E + 4 * t) * vt;
+      for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(x[k]) * w;
     }
-    ap = a;
+    up = ut;
+    inv_prev = rs;
   }
-  for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, U[k]);
-  *done = true;
-  return HMM_SCALED;
+  if (!fine) return false;
+  for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, Ur[k]);
+  return true;
 }
 
-// The backward pass of sequence b after a successful filter: gamma, and U = xi / A into xi (K x K).
-template <int K>
-static void hmm_post_small_backward(const HmmInferParams& p, const HmmPostState& st, int64_t b, Float* gamma,
-                                    double* xi) {
-  const int64_t B = p.B, len = p.seq_len[b];
-  hmm_v4d AT[4], U[4];
-  hmm_rows<K>(p.ATp, AT);
-  for (int i = 0; i < 4; ++i) U[i] = hmm_splat(0.0);
-  hmm_v4d a = hmm_lanes<K>(st.alpha + ((len - 1) * B + b) * K);
-  hmm_v4d beta_u = hmm_small_mask(a, hmm_lanes<K>(p.f));  // beta_t times its sum
-  for (int64_t t = len - 1;; --t) {
-    const int64_t tb = t * B + b;
-    const double inv = hmm_small_inverse(hmm_hsum(beta_u));
-    const hmm_v4d beta = beta_u * inv;
-    const hmm_v4d ab = a * beta;
-    const double rz = 1.0 / hmm_hsum(ab);
-    hmm_store_lanes<K>(gamma + tb * K, ab * rz);
-    if (t == 0) break;
-    const hmm_v4d w = hmm_exp_below(hmm_small_le<K>(p, t, b), st.m[tb]) * beta_u;
-    const hmm_v4d ap = hmm_lanes<K>(st.alpha + (tb - B) * K);
-    const hmm_v4d v = w * inv;  // E_t beta_t
-    const hmm_v4d x = ap * (rz / st.c[tb]);
-    for (int i = 0; i < K; ++i) U[i] += hmm_splat(x[i]) * v;
-    beta_u = hmm_small_mask(ap, hmm_vecmat<K>(w, AT) * inv);
-    a = ap;
-  }
-  for (int i = 0; i < K; ++i) hmm_store_lanes<K>(xi + i * K, U[i]);
+// hmm_posteriors_fw for one sequence of at most 4 states (B = 1), without hmm_infer_setup's scan of the
+// emissions (hmm_post_small checks them).  Returns false where the general path must run: other sizes, a NaN in
+// the parameters, and where hmm_post_small's checks fail.
+static bool hmm_posteriors_small_fw(Ndarray** inputs, Ndarray*** outputs) {
+  if (Ndarray_DIMS(inputs[0])[1] != 1 || Ndarray_DIMS(inputs[0])[2] > 4 || Ndarray_DIMS(inputs[0])[2] == 0)
+    return false;
+  HmmScratch scratch;
+  const HmmModel p = hmm_model_setup(scratch, inputs, "hmm_posteriors");
+  if (p.consts[3] != 0.0) return false;
+  HmmPostState st = {(double*)(*outputs[2])->data, (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
+                     (double*)(*outputs[5])->data};
+  const int64_t len = p.seq_len[0], K = p.K;
+  st.status[0] = HMM_SCALED;
+  if (len == 0) return true;  // zeros
+  double* buf = scratch.get<double>(14 * len);
+  double xi[16];
+  bool done = false;
+  hmm_with_k(K, [&](auto k) {
+    done = hmm_post_small<decltype(k)::value>(p, st, 0, Ndarray_DEV_DATA(*outputs[0]), xi, buf);
+  });
+  if (!done) return false;
+  Float* xo = Ndarray_DEV_DATA(*outputs[1]);
+  for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)(xi[i] * p.A[i]);
+  return true;
 }
 #endif
 
@@ -234,16 +267,15 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
     st.status[b] = p.status[b];
     for (int64_t j = 0; j < p.K * p.K; ++j) w.xi(b)[j] = 0.0;
   }
-  if (w.small && b1 - b0 == 1) {  // one sequence of few states
-    if (p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED)
-      hmm_with_k(p.K, [&](auto k) {
-        constexpr int K = decltype(k)::value;
-        bool done;
-        st.status[b0] = hmm_post_small_fused<K>(p, st, b0, gamma, w.xi(b0), w.small + 9 * p.T * b0, &done);
-        if (st.status[b0] == HMM_SCALED && !done) hmm_post_small_backward<K>(p, st, b0, gamma, w.xi(b0));
-      });
-    hmm_post_finish(p, st, w, b0, gamma, xi_out);
-    return;
+  if (w.small && b1 - b0 == 1 && p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED) {  // one sequence, few states
+    bool done = false;
+    hmm_with_k(p.K, [&](auto k) {
+      done = hmm_post_small<decltype(k)::value>(p, st, b0, gamma, w.xi(b0), w.small + 14 * p.T * b0);
+    });
+    if (done) {
+      hmm_post_finish(p, st, w, b0, gamma, xi_out);
+      return;
+    }
   }
   hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_post_fwd_step(p, st, w, t, b); });
   hmm_time_outer(p.T, b0, b1, true, [&](int64_t t, int64_t b) { hmm_post_bwd_step(p, st, w, t, b, gamma); });
@@ -254,6 +286,11 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
 // outputs: marginals (T,B,K), counts (B,K,K); hidden (double): alpha (T,B,K), c (T,B), m (T,B), status (B)
 static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 6);
+#if !CUDA
+  if (hmm_posteriors_small_fw(inputs, outputs)) return;
+#endif
   HmmInferCall call("hmm_posteriors", inputs, n_inputs, 5, n_outputs, 6);
   const HmmInferParams& p = call.p;
   if (p.B == 0) return;
@@ -264,7 +301,7 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   st.status = (double*)(*outputs[5])->data;
   HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
 #if !CUDA
-  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(9 * p.T * p.B);
+  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(14 * p.T * p.B);
 #endif
   HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();
