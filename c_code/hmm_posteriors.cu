@@ -111,9 +111,10 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 //
 // These are the sequential pass's values to rounding (the scalings cancel: the pair marginals and gamma are
 // normalised per frame, and the hidden outputs alpha_t, c_t and m_t are one consistent scaled filter, for the
-// gradient op) unless something underflows or overflows here that the sequential pass keeps: so s_t and sum v_t
-// must stay within 2^-200..2^200 and z_t within 2^-400..2^400 (checked beside the chains and the last pass; else
-// the caller runs the sequential pass, as also for a NaN or +inf log-emission, which the first pass detects).
+// gradient op) unless something underflows here that the sequential pass keeps (nothing can overflow: s_t is at
+// most 2 K^2): so s_t and sum v_t must stay above 2^-200 (their binary exponents are tracked beside the chains)
+// and z_t within 2^-400..2^400 (checked in the last pass); else the caller runs the sequential pass, as also for a
+// NaN or +inf log-emission, which the first pass detects.
 
 // The binary exponent of s > 0 (s 2^-e is in [1, 2)).
 static inline int64_t hmm_small_exponent(double s) {
@@ -122,7 +123,7 @@ static inline int64_t hmm_small_exponent(double s) {
   return (int64_t)((bits >> 52) & 0x7ff) - 1023;
 }
 
-// 2^e for |e| <= 1000.
+// 2^e for |e| <= 1022 (garbage beyond, which only sequences that fail the checks can reach).
 static inline double hmm_small_pow2(int64_t e) {
   const uint64_t bits = (uint64_t)(e + 1023) << 52;
   double x;
@@ -130,11 +131,29 @@ static inline double hmm_small_pow2(int64_t e) {
   return x;
 }
 
-// The next scaling exponent: g_t = -(ex(s_{t-2}) + g_{t-1}), clamped to |g| <= 1000 (beyond, the checks fail).
-static inline int64_t hmm_small_next_scale(double s2, int64_t g1) {
-  const int64_t g = -(hmm_small_exponent(s2) + g1);
-  return g < -1000 ? -1000 : g > 1000 ? 1000 : g;
-}
+// One state vector of the chains, x (lanes [0, K) of four), with its steps x = x . (A o e) (forward: column j of
+// A times e_j) and x = (A o e) x (backward), hmm_vecmat over the rows of A o e or A^T o e.  (States in scalar
+// registers, without the broadcasts of lanes on the chain, measured no faster: the loop is not latency-bound.)
+template <int K>
+struct HmmSmallChain {
+  hmm_v4d A[4], AT[4], x;
+  HmmSmallChain(const HmmModel& p, hmm_v4d x0) : x(x0) {
+    hmm_small_rows<K>(p.A, A);
+    hmm_small_rows<K>(p.AT, AT);
+  }
+  void forward(hmm_v4d e) {
+    hmm_v4d W[4];
+    for (int k = 0; k < K; ++k) W[k] = A[k] * e;
+    x = hmm_vecmat<K>(x, W);
+  }
+  void backward(hmm_v4d e) {
+    hmm_v4d W[4];
+    for (int k = 0; k < K; ++k) W[k] = AT[k] * hmm_splat(e[k]);
+    x = hmm_vecmat<K>(x, W);
+  }
+  double sum() const { return hmm_hsum(x); }
+  void store(double* out) const { hmm_store_lanes<4>(out, x); }
+};
 
 // Sequence b of a model without NaN parameters (T_b > 0): gamma, alpha, c, m (st) and U = xi / A into xi (K x K),
 // returning true; false if the checks above fail (what it wrote is then to be overwritten).  buf: 14 T_b doubles.
@@ -158,46 +177,37 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     if (!ok[k]) return false;
 #pragma GCC ivdep
   for (int64_t i = 0; i < 4 * len; ++i) E[i] = fsa_exp(E[i]);
-  hmm_v4d A[4], AT[4];
-  hmm_small_rows<K>(p.A, A);
-  hmm_small_rows<K>(p.AT, AT);
   // the two chains: forward frame i, backward frame len - 1 - i
-  hmm_v4d u = hmm_lanes<K>(p.pi) * hmm_lanes<4>(E), v = hmm_lanes<K>(p.f);
-  hmm_store_lanes<4>(U, u);
-  hmm_store_lanes<4>(V + 4 * (len - 1), v);
+  HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_lanes<4>(E)), v(p, hmm_lanes<K>(p.f));
+  u.store(U);
+  v.store(V + 4 * (len - 1));
   sigma[0] = scale[0] = 1.0;
-  double su[2] = {hmm_hsum(u), 1.0}, sv[2] = {hmm_hsum(v), 1.0};  // sums of frames i - 1 and i - 2
-  double lowest = su[0] < sv[0] ? su[0] : sv[0], highest = su[0] > sv[0] ? su[0] : sv[0];
-  int64_t g = 0, h = 0;  // log2 sigma_i, log2 rho_i
+  int64_t eu[2] = {hmm_small_exponent(u.sum()), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
+  int64_t lowest = eu[0] < ev[0] ? eu[0] : ev[0];
+  int64_t g = -eu[0], h = -ev[0];  // log2 sigma_i, log2 rho_i (for i = 1: 1 / 2^ex(sum of frame 0))
   for (int64_t i = 1; i < len; ++i) {
-    g = i == 1 ? -hmm_small_exponent(su[0]) : hmm_small_next_scale(su[1], g);
-    h = i == 1 ? -hmm_small_exponent(sv[0]) : hmm_small_next_scale(sv[1], h);
+    if (i > 1) {
+      g = -(eu[1] + g);
+      h = -(ev[1] + h);
+    }
     const int64_t t = len - 1 - i;
     const double sg = hmm_small_pow2(g);
-    const hmm_v4d Ef = hmm_lanes<4>(E + 4 * i) * hmm_splat(sg);
-    const hmm_v4d Eb = hmm_lanes<4>(E + 4 * (t + 1)) * hmm_splat(hmm_small_pow2(h));
-    hmm_v4d Wf[4], Wb[4];
-    for (int k = 0; k < K; ++k) {
-      Wf[k] = A[k] * Ef;
-      Wb[k] = AT[k] * hmm_splat(Eb[k]);
-    }
-    u = hmm_vecmat<K>(u, Wf);
-    v = hmm_vecmat<K>(v, Wb);
-    hmm_store_lanes<4>(U + 4 * i, u);
-    hmm_store_lanes<4>(V + 4 * t, v);
+    u.forward(hmm_lanes<4>(E + 4 * i) * hmm_splat(sg));
+    v.backward(hmm_lanes<4>(E + 4 * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
+    u.store(U + 4 * i);
+    v.store(V + 4 * t);
     sigma[i] = sg;
     scale[i] = hmm_small_pow2(-g);
-    su[1] = su[0];
-    su[0] = hmm_hsum(u);
-    sv[1] = sv[0];
-    sv[0] = hmm_hsum(v);
-    const double l = su[0] < sv[0] ? su[0] : sv[0], r = su[0] > sv[0] ? su[0] : sv[0];
-    lowest = l < lowest ? l : lowest;  // NaN cannot arise (finite, non-negative inputs)
-    highest = r > highest ? r : highest;
+    eu[1] = eu[0];
+    eu[0] = hmm_small_exponent(u.sum());
+    ev[1] = ev[0];
+    ev[0] = hmm_small_exponent(v.sum());
+    const int64_t l = eu[0] < ev[0] ? eu[0] : ev[0];
+    lowest = l < lowest ? l : lowest;
   }
   // the outputs, and the last check
   const double lo = 0x1p-200, hi = 0x1p200;
-  bool fine = lowest >= lo && highest <= hi;
+  bool fine = lowest >= -200;
   hmm_v4d Ur[4] = {}, up = hmm_splat(0.0);
   double inv_prev = 1.0;
   for (int64_t t = 0; t < len; ++t) {
