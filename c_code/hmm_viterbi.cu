@@ -7,6 +7,7 @@
 // int32 scratch.
 
 #include "hmm_infer.cu"
+#include "hmm_vectors_small.h"
 
 // One step: cur(j) = max_i prev(i) + log A(i, j), bp(j) = its lowest argmax.  lAd: log A in double, rows padded
 // to Kp with -inf.  CPU: four columns at a time in vector registers.
@@ -110,8 +111,6 @@ DEV_FUNC void hmm_viterbi_finish(const HmmInferParams& p, int64_t b, const doubl
 // state j, masks g_i(j) = "state i beats the states below it", and the lowest argmax is the largest such i; the
 // frame's backpointers go into one byte (2 bits per state), so that the backtrace is a shift and a mask per frame.
 // No check on the chain either: whether a frame had a NaN or +inf log-emission is collected beside it.
-
-typedef int64_t hmm_v4l __attribute__((vector_size(32)));
 
 // Bit k set where lane k of a comparison's result is true.
 static inline int hmm_mask_bits(hmm_v4l m) {
