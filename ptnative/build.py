@@ -42,6 +42,11 @@ log = logging.getLogger("ptnative.build")
 CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fno-trapping-math",
              "-fvisibility=hidden",
              "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
+#: A CPU translation unit holding this line is compiled at ``QUICK_BUILD_OPT`` instead of ``-O3`` (so under another
+#: library name): for code whose speed does not matter but whose compile time does, such as the test suite's CUDA
+#: emulation (tests/test_cuda_emulation.py).
+QUICK_BUILD_MARK = "// ptnative: quick build"
+QUICK_BUILD_OPT = "-O0"
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
               "-Xlinker", "-Bsymbolic", "--expt-relaxed-constexpr", "-x", "cu", "-DCUDA=1", "-diag-suppress", "177,550"]
 DEFAULT_CUDA_ARCHS = ("75", "80", "86", "89", "90")
@@ -125,7 +130,10 @@ def cuda_archs() -> tuple[str, ...]:
 def compile_command(variant: Variant, src: Path, out: Path) -> list[str]:
     includes = [f"-I{d}" for d in variant.include_dirs]
     if variant.device == "cpu":
-        return [cxx(), *CXX_FLAGS, *includes, str(src), "-o", str(out)]
+        flags = CXX_FLAGS
+        if QUICK_BUILD_MARK in variant.source:
+            flags = [QUICK_BUILD_OPT if flag == "-O3" else flag for flag in flags]
+        return [cxx(), *flags, *includes, str(src), "-o", str(out)]
     nv = nvcc()
     if nv is None:
         raise CompileError("nvcc was not found (set PTNATIVE_NVCC or CUDA_HOME, or put nvcc on PATH)")

@@ -19,6 +19,7 @@ import pytensor
 import pytest
 
 from ptnative import NativeOp
+from ptnative.build import QUICK_BUILD_MARK
 from ptnative.op import NativeOpGenBase
 from ptnative.source import c_string_literal
 
@@ -51,7 +52,8 @@ def emulated(op: NativeOp) -> NativeOp:
     if op.c_extra_support_code.startswith(MARKER):
         return op
     changes = dict(
-        c_extra_support_code=(MARKER + EMULATION_HEADER + "#undef CUDA\n#define CUDA 1\n" + op.c_extra_support_code),
+        c_extra_support_code=(MARKER + QUICK_BUILD_MARK + "\n" + EMULATION_HEADER + "#undef CUDA\n#define CUDA 1\n"
+                              + op.c_extra_support_code),
         c_fw_code=_on_device_body(op.c_fw_code, op.in_info, op.out_info),
     )
     if op.c_bw_code:
@@ -112,6 +114,21 @@ def test_lstm_generic_gradient_of_one_frame(monkeypatch):
     case = cases._case("lstm_generic_one_frame", "lstm", [LstmGenericBase], cases._lstm_generic, [(1, 3, 4)])
     want = run_cpu(case, "float64")
     assert_outputs_close(case, "float64", run_emulated(case, "float64", monkeypatch), want, "emulated cuda vs cpu")
+
+
+def test_emulated_ops_are_built_quickly():
+    """The emulation's libraries are compiled at -O0 (they check the CUDA path, not its speed; g++ takes a third of
+    its -O3 time), under names of their own; the catalogue's kernels keep -O3."""
+    from ptnative.build import compile_command, library_path
+    from ptnative.ops.sparse import SparseToDense
+
+    op = SparseToDense.make_op()
+    real, emu = op.variant("float64"), emulated(op).variant("float64")
+    real_cmd, emu_cmd = (compile_command(v, Path("SRC"), Path("OUT")) for v in (real, emu))
+    assert "-O3" in real_cmd and "-O0" not in real_cmd
+    assert "-O0" in emu_cmd and "-O3" not in emu_cmd
+    assert [f for f in emu_cmd if f != "-O0"] == [f for f in real_cmd if f != "-O3"]
+    assert library_path(real) != library_path(emu)
 
 
 def test_every_family_is_emulated():
