@@ -205,20 +205,29 @@ DEV_FUNC inline void hmm_fwd_final(const HmmParams& p, int64_t b, double* ll) {
 #include "hmm_loglik_small.h"
 
 #if !CUDA
-// sum_k x[k] y[k] over four lanes (then the lanes' tree), and out[k] = x[k] y[k] if out is given.
+// The sum of a vector's eight lanes (as a tree).
+static inline double hmm_hsum8(hmm_v8d v) {
+  const hmm_v8l half = {4, 5, 6, 7, 0, 1, 2, 3}, quarter = {2, 3, 0, 1, 6, 7, 4, 5}, pair = {1, 0, 3, 2, 5, 4, 7, 6};
+  v += __builtin_shuffle(v, half);
+  v += __builtin_shuffle(v, quarter);
+  v += __builtin_shuffle(v, pair);
+  return v[0];
+}
+
+// sum_k x[k] y[k] over eight lanes, and out[k] = x[k] y[k] if out is given.
 static inline double hmm_dot(const double* __restrict__ x, const double* __restrict__ y, int64_t K,
                              double* __restrict__ out = nullptr) {
-  hmm_v4d acc = hmm_splat(0.0);
+  hmm_v8d acc = {};
   int64_t k = 0;
-  for (; k + 4 <= K; k += 4) {
-    hmm_v4d a, b;
+  for (; k + 8 <= K; k += 8) {
+    hmm_v8d a, b;
     memcpy(&a, x + k, sizeof(a));
     memcpy(&b, y + k, sizeof(b));
     a *= b;
     if (out) memcpy(out + k, &a, sizeof(a));
     acc += a;
   }
-  double s = hmm_hsum(acc);
+  double s = hmm_hsum8(acc);
   for (; k < K; ++k) {
     const double a = x[k] * y[k];
     if (out) out[k] = a;
@@ -227,16 +236,36 @@ static inline double hmm_dot(const double* __restrict__ x, const double* __restr
   return s;
 }
 
-// m * 2^e = x for x > 0 normal: e += the exponent of x, and x becomes its mantissa in [1, 2) (exact).
-static inline void hmm_move_exponent(double* x, int64_t* e) {
-  uint64_t bits;
-  memcpy(&bits, x, sizeof(bits));
-  *e += (int64_t)((bits >> 52) & 0x7ff) - 1023;
-  bits = (bits & ~(0x7ffULL << 52)) | (1023ULL << 52);
-  memcpy(x, &bits, sizeof(bits));
+// x[k] *= a for k < K, eight lanes at a time.
+static inline void hmm_scale(double* __restrict__ x, int64_t K, double a) {
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    hmm_v8d v;
+    memcpy(&v, x + k, sizeof(v));
+    v *= a;
+    memcpy(x + k, &v, sizeof(v));
+  }
+  for (; k < K; ++k) x[k] *= a;
 }
 
-typedef int64_t hmm_v8l __attribute__((vector_size(64)));
+// 2^-e for x = m 2^e with m in [1, 2) and 2^-1022 <= x < 2^1023 (x's exponent field negated): x times it is in
+// [1, 2), exactly.  0 for x = 0 (and for subnormal, infinite or NaN x, which the scaled passes do not produce).
+static inline double hmm_inverse_power_of_two(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  const uint64_t e = (bits >> 52) & 0x7ff;  // biased exponent: 1..2046 for normal x
+  const uint64_t out = e == 0 || e == 0x7ff ? 0 : (2046 - e) << 52;  // biased exponent of 2^-(e - 1023)
+  double r;
+  memcpy(&r, &out, sizeof(r));
+  return r;
+}
+
+// e for x = m 2^e with m in [1, 2) (x > 0 normal).
+static inline int64_t hmm_exponent(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  return (int64_t)((bits >> 52) & 0x7ff) - 1023;
+}
 
 // exp(x) in eight lanes for x <= 0: 2^(k/16) exp(r) with k = round(16 x / ln 2), |r| <= ln 2 / 32, 2^(j/16) from a
 // table of 16 (one two-vector permute on AVX-512) and exp(r) by its Taylor polynomial of degree 7 (at most ~1.5 ulp
@@ -267,6 +296,19 @@ static inline hmm_v8d hmm_exp8(hmm_v8d x) {
   return (hmm_v8d)((hmm_v8l)y & keep);
 }
 
+// x[0..8) as a vector of doubles.
+static inline hmm_v8d hmm_load8(const double* x) {
+  hmm_v8d v;
+  memcpy(&v, x, sizeof(v));
+  return v;
+}
+static inline hmm_v8d hmm_load8(const float* x) {
+  typedef float hmm_v8f __attribute__((vector_size(32)));
+  hmm_v8f v;
+  memcpy(&v, x, sizeof(v));
+  return __builtin_convertvector(v, hmm_v8d);
+}
+
 // out[k] = exp(x[k] - m) for k < K, eight at a time by hmm_exp8 (0 everywhere if m = -inf).
 static inline void hmm_exp_shifted(const Float* __restrict__ x, int64_t K, double m, double* __restrict__ out) {
   if (!(m > -INFINITY)) {
@@ -275,9 +317,7 @@ static inline void hmm_exp_shifted(const Float* __restrict__ x, int64_t K, doubl
   }
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
-    hmm_v8d v;
-    for (int w = 0; w < 8; ++w) v[w] = (double)x[k + w];
-    v = hmm_exp8(v - m);
+    const hmm_v8d v = hmm_exp8(hmm_load8(x + k) - m);
     memcpy(out + k, &v, sizeof(v));
   }
   if (k < K) {
@@ -286,6 +326,41 @@ static inline void hmm_exp_shifted(const Float* __restrict__ x, int64_t K, doubl
     v = hmm_exp8(v - m);
     for (int64_t w = 0; w < K - k; ++w) out[k + w] = v[w];
   }
+}
+
+// hmm_checked_max on the CPU, eight lanes at a time: rows without NaN or +-inf take the vector path; the others
+// (and -inf is a common one: an impossible state) hmm_checked_max's scalar one, which records a +inf in `check`.
+template <typename Report>
+static inline bool hmm_row_max(const Float* __restrict__ x, int64_t K, double* out, FsaCheck* check, Report report) {
+  const hmm_v8d zero = {};
+  hmm_v8d mx = zero - INFINITY, poison = zero;  // poison: sum of x * 0, NaN iff some x is NaN or infinite
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const hmm_v8d v = hmm_load8(x + k);
+    mx = v > mx ? v : mx;
+    poison += v * 0.0;
+  }
+  if (k < K) {
+    hmm_v8d v = zero - INFINITY;
+    for (int64_t w = 0; w < K - k; ++w) v[w] = (double)x[k + w];
+    mx = v > mx ? v : mx;
+    for (int64_t w = 0; w < K - k; ++w) poison[w] += v[w] * 0.0;
+  }
+  const hmm_v8l half = {4, 5, 6, 7, 0, 1, 2, 3}, quarter = {2, 3, 0, 1, 6, 7, 4, 5}, pair = {1, 0, 3, 2, 5, 4, 7, 6};
+  hmm_v8d y = __builtin_shuffle(mx, half);
+  mx = y > mx ? y : mx;
+  y = __builtin_shuffle(mx, quarter);
+  mx = y > mx ? y : mx;
+  y = __builtin_shuffle(mx, pair);
+  mx = y > mx ? y : mx;
+  poison += __builtin_shuffle(poison, half);
+  poison += __builtin_shuffle(poison, quarter);
+  poison += __builtin_shuffle(poison, pair);
+  if (poison[0] == 0.0) {
+    *out = mx[0];
+    return false;
+  }
+  return hmm_checked_max(x, K, out, check, report);
 }
 
 // The emission rows of frames [t0, t1) of the part's sequences [b0, b0 + nb): shift[(t - t0) * nb + i] = the row's
@@ -299,7 +374,7 @@ static void hmm_emission_rows(const HmmParams& p, int64_t t0, int64_t t1, int64_
       const int64_t b = b0 + i, tb = t * B + b;
       if (t >= p.seq_len[b] || dead[i]) continue;
       double m;
-      if (hmm_checked_max(p.le + tb * K, K, &m, check, HmmEmissionReport{t, b})) {
+      if (hmm_row_max(p.le + tb * K, K, &m, check, HmmEmissionReport{t, b})) {
         dead[i] = 1;
         m = NAN;
       } else {
@@ -313,10 +388,11 @@ static void hmm_emission_rows(const HmmParams& p, int64_t t0, int64_t t1, int64_
 
 // The scaled forward on the CPU: per part, time outer and batch inner.  Per chunk of frames, the emission rows first
 // (off the recursion's chain), then per frame the step products alpha_{t-1} A of the part's sequences as one small
-// register-blocked GEMM, and per sequence alpha_t = (alpha_{t-1} A) E_t / c_t.  The log-likelihood is
-// sum_t (log c_t + shift_t): the c_t are multiplied into one number whose binary exponent is moved into an integer
-// at every step (exactly), and one log is taken at the end.  Status, log-likelihood and c_t live in part-local
-// memory until the end (written per step into shared cache lines, they would bounce between the cores).
+// register-blocked GEMM, and per sequence alpha_t = (alpha_{t-1} A) E_t / c_t with c_t the power of two that brings
+// alpha_t's sum into [1, 2): an exact scaling, no division on the step's chain, and log c_t an integer times log 2
+// (the log-likelihood, sum_t (log c_t + shift_t) + log(alpha_{T-1} . f), takes one log).  Status, log-likelihood
+// and c_t live in part-local memory until the end (written per step into shared cache lines, they would bounce
+// between the cores).
 static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   const int parts = hmm_cpu_parts(T, B, K);
@@ -338,7 +414,7 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
     double* shift = shift_all + HMM_CHUNK * b0;
     std::vector<int> st(nb);
     std::vector<char> dead(nb);
-    std::vector<double> mass(nb, 1.0), shifts(nb, 0.0);
+    std::vector<double> shifts(nb, 0.0);
     std::vector<int64_t> mass_exp(nb, 0);
     int64_t t_end = 0;
     for (int64_t i = 0; i < nb; ++i) {
@@ -361,16 +437,14 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
           }
           double* __restrict__ at = p.alpha + tb * K;
           const double s = hmm_dot(t == 0 ? p.pi : pred + i * Kp, p.E + tb * K, K, at);
-          c[t * nb + i] = s;
           if (!(s >= HMM_TINY)) {  // the step's mass underflowed: log space
             st[i] = HMM_LOG_SPACE;
             continue;
           }
-          const double inv = 1.0 / s;
-#pragma GCC ivdep
-          for (int64_t k = 0; k < K; ++k) at[k] *= inv;
-          mass[i] *= s;
-          hmm_move_exponent(&mass[i], &mass_exp[i]);
+          const double scale = hmm_inverse_power_of_two(s);  // c_t = 1 / scale, a power of two
+          c[t * nb + i] = 1.0 / scale;
+          hmm_scale(at, K, scale);
+          mass_exp[i] += hmm_exponent(s);
           shifts[i] += m + (t == 0 ? p.consts[1] : p.consts[0]);
         }
       }
@@ -380,7 +454,7 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
       for (int64_t t = 0; t < p.seq_len[b]; ++t) p.c[t * B + b] = c[t * nb + i];
       p.status[b] = st[i];
       if (p.seq_len[b] > 0 && st[i] == HMM_SCALED) {
-        ll[b] = (log(mass[i]) + (double)mass_exp[i] * 0.6931471805599453) + shifts[i];
+        ll[b] = (double)mass_exp[i] * 0.6931471805599453 + shifts[i];
         hmm_fwd_final(p, b, ll);
       }
     }
@@ -579,10 +653,11 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
           memcpy(&x, beta + k, sizeof(x));
           acc += x;
         }
-        const double s = hmm_hsum(acc);
-        const double inv = s > 0.0 ? 1.0 / s : 0.0;
+        // Scaled by the power of two that brings its sum into [1, 2): exact, and no division on the step's chain
+        // (beta's scale cancels in the gradients).  An all-zero beta stays 0.
+        const double scale = hmm_inverse_power_of_two(hmm_hsum(acc));
 #pragma GCC ivdep
-        for (int64_t k = 0; k < Kp; ++k) beta[k] *= inv;
+        for (int64_t k = 0; k < Kp; ++k) beta[k] *= scale;
       }
     }
     if (n_rows > 0) hmm_gemm(Xbuf, K, Kp, n_rows, Vbuf, Kp, Uq, Kp, true);

@@ -11,6 +11,7 @@
 #if !CUDA
 typedef double hmm_v4d __attribute__((vector_size(32)));
 typedef double hmm_v8d __attribute__((vector_size(64)));  // AVX-512 where the CPU has it, else two AVX vectors
+typedef int64_t hmm_v8l __attribute__((vector_size(64)));  // lane masks and integer lanes beside hmm_v8d
 
 // out[r, j0 + 0..W*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x NB accumulators (vectors V of W
 // doubles) in registers.  X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride:
@@ -31,7 +32,7 @@ __attribute__((always_inline)) static inline void hmm_gemm_tile_v(const double* 
     for (int q = 0; q < NB; ++q) memcpy(&m[q], M + i * ldm + W * q, sizeof(V));
     for (int r = 0; r < R; ++r) {
       const double x = X[r * xr + i * xi];
-      const V xv = V{} + x;  // x in every lane
+      const V xv = x - V{};  // x in every lane (x - 0 is x exactly, so no arithmetic is left)
       for (int q = 0; q < NB; ++q) acc[r][q] += xv * m[q];
     }
   }
