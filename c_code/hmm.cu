@@ -282,14 +282,12 @@ static inline hmm_v8d hmm_exp8(hmm_v8d x) {
   const hmm_v8d kb = x * 23.083120654223414 + shifter;  // 16 / ln 2
   const hmm_v8d k = kb - shifter;
   const hmm_v8d r = (x - k * 0.04332169877307024) - k * 1.1926343307941173e-11;  // ln 2 / 16 in two parts
-  hmm_v8d q = zero + 1.0 / 5040.0;
-  q = q * r + 1.0 / 720.0;
-  q = q * r + 1.0 / 120.0;
-  q = q * r + 1.0 / 24.0;
-  q = q * r + 1.0 / 6.0;
-  q = q * r + 0.5;
-  q = q * r + 1.0;
-  q = q * r + 1.0;
+  // q = 1 + r P(r), P = sum_{n <= 6} r^n / (n + 1)! in powers of r^2 (five multiply-adds deep instead of Horner's
+  // eight; P's rounding is scaled by |r| < 0.022 in q, which takes one rounding)
+  const hmm_v8d r2 = r * r;
+  const hmm_v8d p01 = r * 0.5 + 1.0, p23 = r * (1.0 / 24.0) + 1.0 / 6.0, p45 = r * (1.0 / 720.0) + 1.0 / 120.0;
+  const hmm_v8d P = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0 / 5040.0)));
+  const hmm_v8d q = r * P + 1.0;
   const hmm_v8l ki = (hmm_v8l)kb - (hmm_v8l)shifter;           // k
   const hmm_v8d tj = __builtin_shuffle(t_lo, t_hi, ki & 15);   // 2^((k mod 16) / 16)
   const hmm_v8d y = (hmm_v8d)((hmm_v8l)(tj * q) + ((ki >> 4) << 52));
@@ -396,8 +394,8 @@ static void hmm_emission_rows(const HmmParams& p, int64_t t0, int64_t t1, int64_
 static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* ll) {
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   const int parts = hmm_cpu_parts(T, B, K);
-  double* Ap = scratch.get<double>(K * Kp);
-  double* pred_all = scratch.get<double>(B * Kp);
+  double* Ap = hmm_aligned<double>(scratch, K * Kp);
+  double* pred_all = hmm_aligned<double>(scratch, B * Kp);
   double* c_all = scratch.get<double>(T * B);  // part q's block: (T, b1 - b0) from T * b0 on
   double* shift_all = scratch.get<double>(HMM_CHUNK * B);
   hmm_pad(p.A, K, Kp, Ap);
@@ -410,7 +408,7 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
       return;
     }
     double* pred = pred_all + b0 * Kp;
-    double* c = c_all + T * b0;
+    double* c = parts == 1 ? p.c : c_all + T * b0;  // one part: straight into p.c ((T, B) = (T, nb))
     double* shift = shift_all + HMM_CHUNK * b0;
     std::vector<int> st(nb);
     std::vector<char> dead(nb);
@@ -451,7 +449,8 @@ static void hmm_forward_cpu(ptn::Scratch& scratch, const HmmParams& p, double* l
     }
     for (int64_t i = 0; i < nb; ++i) {
       const int64_t b = b0 + i;
-      for (int64_t t = 0; t < p.seq_len[b]; ++t) p.c[t * B + b] = c[t * nb + i];
+      if (parts > 1)
+        for (int64_t t = 0; t < p.seq_len[b]; ++t) p.c[t * B + b] = c[t * nb + i];
       p.status[b] = st[i];
       if (p.seq_len[b] > 0 && st[i] == HMM_SCALED) {
         ll[b] = (double)mass_exp[i] * 0.6931471805599453 + shifts[i];
@@ -511,21 +510,24 @@ static double* hmm_forward_memory(ptn::Scratch& scratch, int64_t n) {
 #if !CUDA
   if (n <= HMM_KEEP_DOUBLES) {
     thread_local std::vector<double> kept;
-    if ((int64_t)kept.size() < n) kept.resize(n);
-    return kept.data();
+    if ((int64_t)kept.size() < n + 8) kept.resize(n + 8);
+    char* at = (char*)kept.data();
+    return (double*)(at + (64 - (uintptr_t)at % 64) % 64);  // on a cache line (hmm_aligned)
   }
-#endif
+  return hmm_aligned<double>(scratch, n);
+#else
   return scratch.get<double>(n);
+#endif
 }
 
 // The forward pass of every sequence: p.alpha, p.c, p.status (HmmParams' memory, set here) and the log-likelihoods
 // ll (B); raises for +inf log-emissions.  The scaled pass, then the log-space one for the sequences it gave up on.
 static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll) {
-  const int64_t TBK = p.T * p.B * p.K, TB = p.T * p.B;
+  const int64_t TBK = (p.T * p.B * p.K + 7) / 8 * 8, TB = p.T * p.B;  // each array on a cache line
   double* mem = hmm_forward_memory(scratch, (CUDA ? 1 : 2) * TBK + TB);
   p.alpha = mem;
-  p.c = mem + TBK;
-  p.E = CUDA ? nullptr : mem + TBK + TB;
+  p.E = CUDA ? nullptr : mem + TBK;
+  p.c = mem + (CUDA ? 1 : 2) * TBK;
   p.status = scratch.get<double>(p.B);
 #if CUDA
   Ndarray_memset(p.alpha, 0, TBK * sizeof(double));  // hmm_forward_cuda's GEMM reads the rows of finished sequences
@@ -569,22 +571,22 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
   const int64_t T = p.T, B = p.B, K = p.K, Kp = (K + 3) / 4 * 4;
   const int64_t HMM_ROWS = 256;
   const int parts = hmm_cpu_parts(T, B, K);
-  double* ATp = scratch.get<double>(K * Kp);
+  double* ATp = hmm_aligned<double>(scratch, K * Kp);
   hmm_pad(p.AT, K, Kp, ATp);
-  double* beta_all = scratch.get<double>(B * Kp);
-  double* v_all = scratch.get<double>(B * Kp);
+  double* beta_all = hmm_aligned<double>(scratch, B * Kp);
+  double* v_all = hmm_aligned<double>(scratch, B * Kp);
   memset(v_all, 0, B * Kp * sizeof(double));
   // per part: U (K x Kp), d log pi, d log f, alpha_t beta_t (Kp each), then the X and V row buffers (HMM_ROWS x Kp
   // each)
-  const int64_t per_part = K * Kp + 3 * Kp + 2 * HMM_ROWS * Kp;
-  double* part_all = scratch.get<double>(parts * per_part);
+  const int64_t head = (K * Kp + 3 * Kp + 7) / 8 * 8, per_part = head + 2 * HMM_ROWS * Kp;  // X, V on cache lines
+  double* part_all = hmm_aligned<double>(scratch, parts * per_part);
   hmm_run_parts(scratch, parts, B, p.check, [&](int q, int64_t b0, int64_t b1, FsaCheck*) {
     const int64_t nb = b1 - b0;
     double* Uq = part_all + q * per_part;
     double* dpiq = Uq + K * Kp;
     double* dfq = dpiq + Kp;
     double* __restrict__ Et = dfq + Kp;
-    double* Xbuf = Et + Kp;
+    double* Xbuf = Uq + head;
     double* Vbuf = Xbuf + HMM_ROWS * Kp;
     memset(Uq, 0, (K * Kp + 2 * Kp) * sizeof(double));
     if (Kp == 4 && nb == 1) {  // one sequence of few states: hmm_loglik_small.h

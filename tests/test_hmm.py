@@ -628,3 +628,35 @@ def test_threads_split_the_batch(monkeypatch):
                 np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)
             else:
                 np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_likelihood_memory_across_calls(dtype):
+    """hmm_log_likelihood keeps its forward pass in memory of its own that only grows (up to 32 MB per thread; a
+    larger problem takes memory for the call): calls of growing, shrinking and larger-than-kept sizes, K not a
+    multiple of the vector width, ragged lengths, all against the numpy log-space references; the same call twice
+    gives the same bits."""
+    x = symbols(dtype)
+    ll = ptnative.hmm_log_likelihood(*x[:4], mask=x[4])
+    f = pytensor.function([*x], [ll, *pytensor.grad(ll.sum(), x[:4])])
+    rng = np.random.default_rng(90)
+    rtol, atol = (1e-4, 1e-4) if dtype == "float32" else (1e-11, 1e-9)
+    # (T, B, K): a big one (2 * T B K doubles > 4M: not kept), small ones before and after, odd K
+    for T, B, K in [(40, 3, 5), (2100, 64, 16), (40, 3, 5), (300, 9, 17), (3, 1, 8)]:
+        le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+        lens = rng.integers(0, T + 1, size=B)
+        lens[0] = T
+        args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T))
+        got = f(*args)
+        for a, b in zip(got, f(*args)):
+            np.testing.assert_array_equal(a, b)
+        le64, lA64, lpi64, lf64 = (np.asarray(a, np.float64) for a in args[:4])
+        np.testing.assert_allclose(got[0], ref_fsa.hmm_forward(le64, lA64, lpi64, lf64, lens), rtol=rtol, atol=atol)
+        if T * B <= 3000:  # the reference's posteriors loop in Python
+            gamma, xi = ref_fsa.hmm_posteriors(le64, lA64, lpi64, lf64, lens)
+            np.testing.assert_allclose(got[1], gamma, atol=10 * atol)
+            np.testing.assert_allclose(got[2], xi.sum(0), rtol=rtol, atol=10 * atol)
+        else:  # emission gradients: posteriors summing to 1 on valid frames, 0 on padded ones
+            valid = mask_of(lens, T) > 0
+            np.testing.assert_allclose(got[1].sum(-1)[valid], 1.0, atol=10 * atol)
+            assert np.all(got[1][~valid] == 0)
