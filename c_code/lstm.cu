@@ -27,13 +27,19 @@ DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ 
   }
 }
 
-// yp_next = y + yp * (1 - m): the recurrent input of the next visited frame.
+// yp_next = y + yp * (1 - m): the recurrent input of the next visited frame (yp's rows ld apart).
 DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, const Float* mask, int64_t n_batch,
-                            int64_t n_cells) {
+                            int64_t n_cells, int64_t ld) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    int64_t idx = b * n_cells + j;
-    yp_next[idx] = y[idx] + yp[idx] * (Float(1) - mask[b]);
+    yp_next[b * ld + j] = y[b * n_cells + j] + yp[b * ld + j] * (Float(1) - mask[b]);
   }
+}
+
+// out[b, 0..n) (rows ld apart) = src[b, 0..n) (rows n apart); with a mask, 0 on the rows where it is 0 (so that a
+// NaN on a padded frame reaches no weight gradient).
+DEF_KERNEL void lstm2_rows_to(const Float* __restrict__ src, const Float* __restrict__ mask, Float* __restrict__ out,
+                              int64_t n_batch, int64_t n, int64_t ld) {
+  LSTM_FOR_BJ(b, j, n_batch, n) { out[b * ld + j] = mask && mask[b] == Float(0) ? Float(0) : src[b * n + j]; }
 }
 
 // Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
@@ -60,6 +66,22 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
   LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
 }
 
+// out[r, c] += bias[c] for the (rows, cols) row-major `out` (CUDA: a frame's pre-activations before its recurrent
+// product, the order of the CPU's packed product with a bias).
+DEF_KERNEL void lstm2_add_bias(Float* __restrict__ out, const Float* __restrict__ bias, int64_t rows, int64_t cols) {
+  LSTM_FOR_BJ(r, c, rows, cols) { out[r * cols + c] += bias[c]; }
+}
+
+// out[c] = the sum of column c of the (rows, cols) row-major X, accumulated in double row by row (CUDA: one
+// thread per column).
+DEF_KERNEL void lstm2_column_sums(const Float* __restrict__ X, int64_t rows, int64_t cols, Float* __restrict__ out) {
+  LSTM_FOR_BJ(unused, c, 1, cols) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; ++r) s += (double)X[r * cols + c];
+    out[c] = (Float)s;
+  }
+}
+
 // H: the gates buffer (X's buffer and shape).
 static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
   int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
@@ -73,15 +95,15 @@ static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0,
   ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
 }
 
-// inputs: X (T,B,4n) [H is X's buffer], W (n,4n), y0, c0 (B,n), i (T,B), start, step;
-// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
-static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 7);
-  assert_cmp(n_outputs, ==, 4);
-  Ndarray *W = inputs[1], *y0 = inputs[2], *c0 = inputs[3], *i = inputs[4];
+// The forward pass of NativeLstm2 (b = null) and NativeLstm2Layer (b added to each visited frame's X[t] before its
+// recurrent product).  inputs: W, y0, c0, i, start, step; outputs Y, C, H [X's buffer], d.
+static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
+  Ndarray *W = in[0], *y0 = in[1], *c0 = in[2], *i = in[3];
   Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
   check_lstm2_shapes(H, W, y0, c0, i);
-  const LstmCall call = lstm_call(i, y0, inputs[5], inputs[6], false);
+  if (b) ptn::require_dim(b, "b", 0, Ndarray_DIMS(W)[1], "4 * n (n = y0.shape[1])");
+  const Float* bias = b ? Ndarray_DEV_DATA(b) : nullptr;
+  const LstmCall call = lstm_call(i, y0, in[4], in[5], false);
   const LstmFrames& fr = call.fr;
   const int64_t n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame, step = fr.step;
   if (fr.count == 0) return lstm_final_state(d, C, c0, call);
@@ -91,6 +113,7 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
 #if CUDA
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
+    if (bias) start_dev_kernel(lstm2_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
     lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
     start_dev_kernel(lstm2_fw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, y_carry,
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
@@ -102,7 +125,7 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
     for (int64_t k = 0; k < fr.count; ++k) {
       int64_t t = fr.at(k);
       Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
-      lstm_packed_gemm(y_carry + r0 * n_cells, n_cells, packed_W, h, 4 * n_cells, r1 - r0);
+      lstm_packed_gemm(y_carry + r0 * n_cells, n_cells, packed_W, h, 4 * n_cells, r1 - r0, bias);
       lstm2_fw_frame(h, Ndarray_DEV_DATA(i) + t * n_batch + r0, y_carry + r0 * n_cells,
                      (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + r0 * n_cells,
                      data_ptr(Y, t) + r0 * n_cells, data_ptr(C, t) + r0 * n_cells, r1 - r0, n_cells);
@@ -113,69 +136,161 @@ static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   lstm_final_state(d, C, c0, call);
 }
 
-// inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
-static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 12);
+// inputs: X (T,B,4n) [H is X's buffer], W (n,4n), y0, c0 (B,n), i (T,B), start, step;
+// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
+static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 4);
-  Ndarray *W = inputs[0], *y0 = inputs[1], *c0 = inputs[2], *i = inputs[3];
-  Ndarray *Y = inputs[6], *C = inputs[7], *H = inputs[8], *DY = inputs[9], *DC = inputs[10], *Dd = inputs[11];
+  lstm2_forward(inputs + 1, nullptr, outputs);
+}
+
+// What NativeLstm2Layer's backward pass computes besides NativeLstm2's: the input projection's gradients.
+struct Lstm2LayerGrads {
+  Ndarray *x, *W_in;          // the layer's input (T, B, n_in) and input weights (n_in, 4n)
+  Ndarray *Dx, *DW_in, *Db;  // their gradients and the bias's
+};
+
+// The backward pass of NativeLstm2 and (with `layer`) NativeLstm2Layer.
+// in: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs DX [H's buffer], DW, Dy0, Dc0.
+static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGrads* layer) {
+  Ndarray *W = in[0], *y0 = in[1], *c0 = in[2], *i = in[3];
+  Ndarray *Y = in[6], *C = in[7], *H = in[8], *DY = in[9], *DC = in[10], *Dd = in[11];
   Ndarray *DX = *outputs[0], *DW = *outputs[1], *Dy0 = *outputs[2], *Dc0 = *outputs[3];
   check_lstm2_shapes(H, W, y0, c0, i);
-  const LstmCall call = lstm_call(i, y0, inputs[4], inputs[5], false);
+  const LstmCall call = lstm_call(i, y0, in[4], in[5], false);
   const LstmFrames& fr = call.fr;
   const int64_t T = Ndarray_DIMS(i)[0], n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame;
-  const int64_t step = fr.step;
+  const int64_t step = fr.step, g = 4 * n_cells;
   check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
   // DX starts as a copy of H (or is H): every visited frame is overwritten below, the others are zeroed.
-  // DW and Dy0 (the running dL/dy_prev) start zeroed by the glue.
+  // DW, Dy0 (the running dL/dy_prev) and the layer's gradients start zeroed by the glue.
   std::vector<char> visited(T, 0);
   for (int64_t k = 0; k < fr.count; ++k) visited[fr.at(k)] = 1;
   for (int64_t t = 0; t < T; ++t)
     if (!visited[t]) Ndarray_memset(data_ptr(DX, t), 0, 4 * frame * sizeof(Float));
   if (fr.count == 0) return;
-  // Yp[t]: the recurrent input of visited frame t (y0, then the carried output), 0 elsewhere, so that
-  // DW = Yp^T . DX is one GEMM over all frames (DX is 0 on frames that are not visited).
+  // P (T*B rows of ld = n_in + n): [x[t] (0 on padded rows) | Yp[t]], Yp[t] the recurrent input of visited frame t
+  // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one GEMM over all
+  // frames and both weights (n_in = 0 without the layer: DW alone).
+  const Float* mask = Ndarray_DEV_DATA(i);
+  const int64_t n_in = layer ? Ndarray_DIMS(layer->x)[2] : 0, ld = n_in + n_cells;
   ptn::Scratch scratch;
-  Float* Yp = scratch.get<Float>(T * frame);
+  Float* P = scratch.get<Float>(T * n_batch * ld);
+  auto yp_at = [&](int64_t t) { return P + t * n_batch * ld + n_in; };
   for (int64_t t = 0; t < T; ++t)
-    if (!visited[t]) Ndarray_memset(Yp + t * frame, 0, frame * sizeof(Float));
-  Ndarray_memcpy(Yp + fr.at(0) * frame, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+    if (!visited[t]) Ndarray_memset(P + t * n_batch * ld, 0, n_batch * ld * sizeof(Float));
+  const Float* x = layer ? Ndarray_DEV_DATA(layer->x) : nullptr;
+  Float* db_out = layer ? Ndarray_DEV_DATA(layer->Db) : nullptr;
 #if CUDA
-  for (int64_t k = 1; k < fr.count; ++k) {
-    int64_t t = fr.at(k), tp = fr.at(k - 1);
-    start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), Yp + tp * frame, Yp + t * frame,
-                                   Ndarray_DEV_DATA(i) + tp * n_batch, n_batch, n_cells));
+  for (int64_t k = 0; k < fr.count; ++k) {
+    int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
+    if (layer) start_dev_kernel(lstm2_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
+                                                 n_batch, n_in, ld));
+    if (k == 0)
+      start_dev_kernel(lstm2_rows_to, (Ndarray_DEV_DATA(y0), (const Float*)nullptr, yp_at(t), n_batch, n_cells, ld));
+    else
+      start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), yp_at(tp), yp_at(t), mask + tp * n_batch, n_batch, n_cells, ld));
   }
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
-    start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), Ndarray_DEV_DATA(i) + t * n_batch, data_ptr(C, t),
+    start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), mask + t * n_batch, data_ptr(C, t),
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
                                       data_ptr(DC, t), Ndarray_DEV_DATA(Dy0), Ndarray_DEV_DATA(Dc0), n_batch,
                                       n_cells));
     // dL/dy_prev += DX[t] . W^T
-    lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells,
-              4 * n_cells, 1.0);
+    lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells, g, 1.0);
   }
+  if (layer) start_dev_kernel(lstm2_column_sums, (Ndarray_DEV_DATA(DX), T * n_batch, g, db_out));
 #else
-  LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, 4 * n_cells, n_cells);
-  lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
+  LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
+  // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
+  // sums are added in part order (the same result for a given thread count).
+  const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
+  std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
+  lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
-    for (int64_t k = 1, at = r0 * n_cells; k < fr.count; ++k) {
-      int64_t t = fr.at(k), tp = fr.at(k - 1);
-      lstm2_carry(data_ptr(Y, tp) + at, Yp + tp * frame + at, Yp + t * frame + at,
-                  Ndarray_DEV_DATA(i) + tp * n_batch + r0, r1 - r0, n_cells);
+    double* db = layer ? db_parts.data() + p * g : nullptr;
+    for (int64_t k = 0, at = r0 * n_cells; k < fr.count; ++k) {
+      int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
+      if (layer) lstm2_rows_to(x + (t * n_batch + r0) * n_in, mask + t * n_batch + r0, P + (t * n_batch + r0) * ld,
+                               r1 - r0, n_in, ld);
+      if (k == 0)
+        lstm2_rows_to(Ndarray_DEV_DATA(y0) + at, nullptr, yp_at(t) + r0 * ld, r1 - r0, n_cells, ld);
+      else
+        lstm2_carry(data_ptr(Y, tp) + at, yp_at(tp) + r0 * ld, yp_at(t) + r0 * ld, mask + tp * n_batch + r0, r1 - r0,
+                    n_cells, ld);
     }
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
-      Float* dx = data_ptr(DX, t) + r0 * 4 * n_cells;
-      lstm2_bw_frame(dx, Ndarray_DEV_DATA(i) + t * n_batch + r0, data_ptr(C, t) + at,
+      Float* dx = data_ptr(DX, t) + r0 * g;
+      lstm2_bw_frame(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
                      (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
                      data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
-      lstm_packed_gemm(dx, 4 * n_cells, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
+      if (db)
+        for (int64_t r = 0; r < r1 - r0; ++r)
+          for (int64_t c = 0; c < g; ++c) db[c] += (double)dx[r * g + c];
+      lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
     }
   });
+  if (layer)
+    for (int64_t c = 0; c < g; ++c) {
+      double sum = 0;
+      for (int p = 0; p < parts; ++p) sum += db_parts[p * g + c];
+      db_out[c] = (Float)sum;
+    }
 #endif
-  lstm_gemm(Yp, true, Ndarray_DEV_DATA(DX), false, Ndarray_DEV_DATA(DW), n_cells, 4 * n_cells, T * n_batch, 0.0);
+  const Float* DXd = Ndarray_DEV_DATA(DX);
+  if (!layer) {
+    lstm_gemm(P, true, DXd, false, Ndarray_DEV_DATA(DW), n_cells, g, T * n_batch, 0.0);
+  } else {
+    Float* DWs = scratch.get<Float>(ld * g);  // [DW_in; DW]
+    lstm_gemm(P, true, DXd, false, DWs, ld, g, T * n_batch, 0.0);
+    Ndarray_memcpy(Ndarray_DEV_DATA(layer->DW_in), DWs, n_in * g * sizeof(Float));
+    Ndarray_memcpy(Ndarray_DEV_DATA(DW), DWs + n_in * g, n_cells * g * sizeof(Float));
+    lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
+  }
   HANDLE_LAST_ERROR();
+}
+
+// inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
+static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 12);
+  assert_cmp(n_outputs, ==, 4);
+  lstm2_backward(inputs, outputs, nullptr);
+}
+
+// x (T, B, n_in) and W_in (n_in, 4n) of NativeLstm2Layer against the gates buffer H (T, B, 4n).
+static void check_lstm2_layer_shapes(Ndarray* x, Ndarray* W_in, Ndarray* H) {
+  ptn::require_dim(x, "x", 0, Ndarray_DIMS(H)[0], "T (i.shape[0])");
+  ptn::require_dim(x, "x", 1, Ndarray_DIMS(H)[1], "B (i.shape[1])");
+  ptn::require_dim(W_in, "W_in", 0, Ndarray_DIMS(x)[2], "n_in (x.shape[2])");
+  ptn::require_dim(W_in, "W_in", 1, Ndarray_DIMS(H)[2], "4 * n (n = y0.shape[1])");
+}
+
+// inputs: x (T,B,n_in), W_in (n_in,4n), W (n,4n), b (4n), y0, c0 (B,n), i (T,B), start, step;
+// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).  H = x . W_in, then NativeLstm2's pass with the bias.
+static void native_lstm2_layer_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 9);
+  assert_cmp(n_outputs, ==, 4);
+  Ndarray *x = inputs[0], *W_in = inputs[1], *H = *outputs[2];
+  check_lstm2_shapes(H, inputs[2], inputs[4], inputs[5], inputs[6]);
+  check_lstm2_layer_shapes(x, W_in, H);
+  lstm_gemm(Ndarray_DEV_DATA(x), false, Ndarray_DEV_DATA(W_in), false, Ndarray_DEV_DATA(H),
+            Ndarray_DIMS(H)[0] * Ndarray_DIMS(H)[1], Ndarray_DIMS(H)[2], Ndarray_DIMS(x)[2], 0.0);
+  Ndarray* in[6] = {inputs[2], inputs[4], inputs[5], inputs[6], inputs[7], inputs[8]};
+  lstm2_forward(in, inputs[3], outputs);
+}
+
+// inputs: x, W_in, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd;
+// outputs: Dx, DW_in, DW, Db, Dy0, Dc0, DX [H's buffer, scratch].
+static void native_lstm2_layer_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 14);
+  assert_cmp(n_outputs, ==, 7);
+  Ndarray *x = inputs[0], *W_in = inputs[1];
+  check_lstm2_shapes(inputs[10], inputs[2], inputs[3], inputs[4], inputs[5]);
+  check_lstm2_layer_shapes(x, W_in, inputs[10]);
+  Lstm2LayerGrads layer = {x, W_in, *outputs[0], *outputs[1], *outputs[3]};
+  Ndarray** out[4] = {outputs[6], outputs[2], outputs[4], outputs[5]};
+  lstm2_backward(inputs + 2, out, &layer);
 }

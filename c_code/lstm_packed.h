@@ -48,10 +48,11 @@ static inline lstm_vec lstm_load(const Float* p) {
   return v;
 }
 
-// C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc).
+// C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc); with a bias
+// (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].
 template <int MR>
 static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float* __restrict__ panel, Float* C,
-                             int64_t ldc, int64_t nc) {
+                             int64_t ldc, int64_t nc, const Float* bias) {
   lstm_vec acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = lstm_vec{};
   for (int64_t kk = 0; kk < k; ++kk) {
@@ -63,24 +64,28 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
     }
   }
   for (int r = 0; r < MR; ++r) {
-    if (nc == LSTM_NR) {  // a whole panel: two vector adds
+    if (nc == LSTM_NR) {  // a whole panel: two vector adds (three with a bias)
       for (int h = 0; h < 2; ++h) {
-        lstm_vec c = lstm_load(C + r * ldc + h * LSTM_VL) + acc[r][h];
+        lstm_vec c = lstm_load(C + r * ldc + h * LSTM_VL);
+        if (bias) c += lstm_load(bias + h * LSTM_VL);
+        c += acc[r][h];
         memcpy(C + r * ldc + h * LSTM_VL, &c, sizeof c);
       }
       continue;
     }
     Float out[LSTM_NR];
     memcpy(out, acc[r], sizeof out);
-    for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] += out[c];
+    for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] = (bias ? C[r * ldc + c] + bias[c] : C[r * ldc + c]) + out[c];
   }
 }
 
 // C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack, in tiles of
 // near-equal row counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) serves
-// all of them in turn.
-static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m) {
-  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t);
+// all of them in turn.  With `bias` (P.n entries), C = (C + bias) + A . op(B), the bias added to every row in the
+// same pass (the order of a separate add before the product, without the pass over C).
+static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m,
+                             const Float* bias = nullptr) {
+  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t, const Float*);
   static const tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
                                   lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
   static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
@@ -90,7 +95,8 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
     int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
     for (int64_t t = 0; t < n_tiles; ++t) {
       int64_t r0 = t * m / n_tiles, r1 = (t + 1) * m / n_tiles;
-      tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc);
+      tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc,
+                     bias ? bias + p * LSTM_NR : nullptr);
     }
   }
 }
@@ -112,14 +118,24 @@ struct LstmDenormalsAreZero {
 // when the work (n_frames products of n_batch x n_cells x 4 n_cells) pays for starting them.  One block per
 // thread, of near-equal sizes, rather than tiles handed out one by one: each thread then streams the packed
 // weights through its caches once per frame for all its rows (measured 3-5 % faster on 2 cores).
-template <typename F>
-static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
+static int lstm_cpu_parts(int64_t n_batch, int64_t n_cells, int64_t n_frames) {
   int64_t blocks = (n_batch + 5) / 6;  // at most one part per 6 rows
   double fma = (double)n_frames * n_batch * n_cells * 4 * n_cells;
-  int parts = fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
+  return fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
+}
+
+// body(p, r0, r1) for the parts p = 0 .. parts-1 (parts = lstm_cpu_parts(n_batch, n_cells, n_frames)).
+template <typename F>
+static void lstm_cpu_row_parts(int64_t n_batch, int parts, F&& body) {
   ptn::parallel_parts(parts, [&](int p) {
     LstmDenormalsAreZero daz;  // on the part's own thread: MXCSR is per thread
-    body(p * n_batch / parts, (p + 1) * n_batch / parts);
+    body(p, p * n_batch / parts, (p + 1) * n_batch / parts);
   }, ptn::PartsOn::blas_workers);  // BLAS runs between the frames' parts
+}
+
+template <typename F>
+static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
+  lstm_cpu_row_parts(n_batch, lstm_cpu_parts(n_batch, n_cells, n_frames),
+                     [&](int, int64_t r0, int64_t r1) { body(r0, r1); });
 }
 #endif

@@ -162,7 +162,7 @@ def test_lstm_kernels_compile_with_nvcc(monkeypatch, dtype):
 # ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
 # lstm_cell, lstm()
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmLowMem, NativeLstm2,  # noqa: E402
-                               TwoDLSTM, lstm, lstm_cell, twod_lstm)
+                               NativeLstm2Layer, TwoDLSTM, lstm, lstm_cell, twod_lstm)
 
 from .reference.lstm import (lstm_cell_forward, lstm_lowmem_forward, native_lstm2_forward, visited_frames,  # noqa: E402
                              numeric_grad, twod_lstm_forward)
@@ -750,7 +750,7 @@ def test_new_ops_bad_input(mode):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_new_lstm_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    for cls in (NativeLstm2, LstmLowMem, TwoDLSTM, LstmCell, LstmCellGrad, LstmCellGradGrad):
+    for cls in (NativeLstm2, NativeLstm2Layer, LstmLowMem, TwoDLSTM, LstmCell, LstmCellGrad, LstmCellGradGrad):
         op = cls.make_op()
         for o in ((op, op.grad_op()) if op.c_bw_code else (op,)):
             path = ptnative.build.build(o.variant("float32", device="cuda"))
@@ -759,12 +759,6 @@ def test_new_lstm_kernels_compile_with_nvcc(monkeypatch):
 
 # ---------------------------------------------------------------------- NaN and inf on padding (issue 14)
 LAYER_ARGS = ["x", "W_in", "W_rec", "b", "y0", "c0", "mask"]
-
-
-def skip_pure_c_without_blas(mode):
-    if mode == "C" and not pytensor.config.blas__ldflags:
-        pytest.skip("lstm() multiplies x . W_in with pt.dot, which PyTensor's pure C linker cannot run without "
-                    "BLAS link flags")
 
 
 def layer_values(T=6, B=4, n_in=3, n=2, seed=21):
@@ -794,7 +788,6 @@ LAYER_RESULTS = ["Y", "final_c", "final_y", "dx", "dW_in", "dW_rec", "db", "dy0"
 def test_lstm_layer_nan_and_inf_on_padding_change_nothing(mode, impl, direction):
     """NaN / inf in x on masked frames (trailing padding, a hole, an empty sequence): every output and every
     gradient equals the run without them, exactly (masks select, they do not multiply)."""
-    skip_pure_c_without_blas(mode)
     f = layer_function(impl, mode, direction)
     vals = layer_values()
     clean = f(*vals)
@@ -898,7 +891,6 @@ def test_twod_lstm_nan_outside_the_grid():
 @pytest.mark.parametrize("impl", ["native2", "lowmem"])
 def test_lstm_layer_run_time_shape_errors_name_the_argument(mode, impl):
     """Shapes unknown when the graph is built: the ValueError when it runs names lstm()'s argument and both sizes."""
-    skip_pure_c_without_blas(mode)
     syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
     outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], impl=impl)
     f = pytensor.function(syms, [*outs, pytensor.grad(outs[0].sum(), syms[0])], mode=mode)

@@ -7,8 +7,8 @@ import pytensor.tensor as pt
 from pytensor.compile import optdb
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
-from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
+from pytensor.link.c.op import COp
 from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
 from ..op import NativeOp, NativeOpGenBase
@@ -16,8 +16,8 @@ from ..source import kernel_unit
 from ._args import host_int32_scalar
 
 __all__ = [
-    "LstmGenericBase", "NativeLstm", "NativeLstm2", "LstmLowMem", "TwoDLSTM", "LstmCell", "LstmCellGrad",
-    "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
+    "LstmGenericBase", "NativeLstm", "NativeLstm2", "NativeLstm2Layer", "LstmLowMem", "TwoDLSTM", "LstmCell",
+    "LstmCellGrad", "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
 ]
 
 
@@ -144,6 +144,45 @@ class NativeLstm2(NativeOpGenBase):
     c_extra_support_code = kernel_unit("lstm.cu")
     c_fw_code = "native_lstm2_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "native_lstm2_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class NativeLstm2Layer(NativeOpGenBase):
+    """A whole LSTM layer: the input projection, then :class:`NativeLstm2` with the bias (what :func:`lstm` runs
+    for ``impl="native2"``).
+
+    Inputs: ``x`` (T, B, n_in), ``W_in`` (n_in, 4n), ``W`` (n, 4n), ``b`` (4n), then ``y0, c0, i, start, step`` as
+    NativeLstm2.  Outputs ``Y, C, H, d`` as NativeLstm2 run on ``X = x . W_in + b``; ``H`` holds ``x . W_in`` on the
+    frames not visited.  A padded frame's ``x`` (NaN included) reaches no output and no gradient.
+
+    One op rather than a GEMM node, an add and NativeLstm2: the bias is added in the recurrent product's pass over
+    each frame, and backward the bias gradient is summed while each frame is in the cache (in double, in a fixed
+    order for a given thread count), both weight gradients are one GEMM (``[x, y_prev]^T . DX``) and ``x``'s is
+    ``DX . W_in^T``, with no transposed copies and no intermediate arrays in the graph.  Gradients reach x, W_in,
+    W, b, y0 and c0 (the gradient w.r.t. H is ignored).  Float32 and float64.
+    """
+
+    in_info = (
+        _input("x", 3, batch_axis=1),
+        _input("W_in", 2),
+        _input("W", 2),
+        _input("b", 1, bw_out_var={"shape": ((1, 1),)}),
+        *_STATE_MASK_FRAMES,
+    )
+    out_info = (
+        _output("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1),
+        _output("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1),
+        _output("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}),
+        _output("d", ((0, 1), (2, 0)), batch_axis=0),
+    )
+
+    @classmethod
+    def grad_input_map(cls, x, W_in, W, b, y0, c0, i, start, step, Y, C, H, d, DY, DC, DH, Dd):
+        return x, W_in, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
+
+    c_extra_support_code = NativeLstm2.c_extra_support_code
+    c_fw_code = "native_lstm2_layer_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "native_lstm2_layer_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
 
 
@@ -376,7 +415,7 @@ def _check_layer_shapes(shapes):
             raise ValueError(f"lstm: {name}.shape[{k}] = {got}; expected {what} = {factor * want}")
 
 
-class LstmShapeCheck(Op):
+class LstmShapeCheck(COp):
     """``LstmShapeCheck()(x, W_in, W_rec, b, y0, c0, mask)`` returns its inputs (views), behind lstm()'s shape
     rules checked when the graph runs (``ValueError`` naming lstm()'s argument), so that nothing computed from
     them runs before the check.
@@ -492,8 +531,8 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
     direction : 1 or -1
         1 runs t = 0..T-1, -1 runs t = T-1..0.
     impl : "native2" or "lowmem"
-        ``"native2"``: ``X = x . W_in + b`` as one GEMM, then :class:`NativeLstm2` (fastest; stores the
-        gates).  ``"lowmem"``: :class:`LstmLowMem` with ``W = [W_in; W_rec]`` (stores only Y and C and
+        ``"native2"``: :class:`NativeLstm2Layer` (``X = x . W_in + b`` as one GEMM, then NativeLstm2; fastest;
+        stores the gates).  ``"lowmem"``: :class:`LstmLowMem` with ``W = [W_in; W_rec]`` (stores only Y and C and
         recomputes the gates in the backward pass).  They agree whenever no masked frame precedes a
         valid one in the direction of travel or ``y0`` is 0: NativeLstm2 carries the last output across
         masked frames, LstmLowMem feeds 0 after one.
@@ -531,7 +570,6 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
     n = W_rec.shape[0]
     y0 = pt.zeros((B, n), dtype=dtype) if y0 is None else pt.cast(pt.as_tensor_variable(y0), dtype)
     c0 = pt.zeros((B, n), dtype=dtype) if c0 is None else pt.cast(pt.as_tensor_variable(c0), dtype)
-    padded = mask is not None
     mask = pt.ones((T, B), dtype=dtype) if mask is None else pt.cast(pt.as_tensor_variable(mask), dtype)
     for name, v, nd in (("y0", y0, 2), ("c0", c0, 2), ("mask", mask, 2)):
         if v.ndim != nd:
@@ -541,16 +579,15 @@ def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="nati
         x, W_in, W_rec, b, y0, c0, mask = LstmShapeCheck()(x, W_in, W_rec, b, y0, c0, mask)
     start, step = _int32(0), _int32(direction)
     if impl == "native2":
-        if padded:  # padding selected away, so that a NaN there reaches neither X (the op skips it) nor W_in's gradient
-            x = pt.switch(pt.eq(mask, 0)[:, :, None], pt.zeros((), dtype=dtype), x)
-        X = (pt.dot(x.reshape((T * B, x.shape[2])), W_in) + b).reshape((T, B, 4 * n))
-        Y, _, _, final_c = NativeLstm2.make_op()(X, W_rec, y0, c0, mask, start, step)
+        Y, _, _, final_c = NativeLstm2Layer.make_op()(x, W_in, W_rec, b, y0, c0, mask, start, step)
     else:
         W = pt.concatenate([W_in, W_rec], axis=0)
         Y, _, final_c = LstmLowMem.make_op()(x, W, b, y0, c0, mask, start, step)
     # weight of frame t: 1 at each sequence's last valid frame in the direction of travel
     valid = pt.gt(mask, 0).astype(dtype)
-    later = valid[::-1].cumsum(axis=0)[::-1] - valid if direction == 1 else valid.cumsum(axis=0) - valid
+    # (the count of valid frames after t in the direction of travel, by forward cumsums: PyTensor's pure C linker
+    # aborts on a cumsum of a reversed view)
+    later = valid.sum(axis=0) - valid.cumsum(axis=0) if direction == 1 else valid.cumsum(axis=0) - valid
     last = valid * pt.eq(later, 0).astype(dtype)
     final_y = (Y * last[:, :, None]).sum(axis=0) + y0 * (1 - last.sum(axis=0))[:, None]
     return Y, final_c, final_y
