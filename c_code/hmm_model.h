@@ -10,6 +10,7 @@
 // fsa_exp, FsaCheck, fsa_mask_lengths, FsaTerms: fsa_common.h.
 
 #include "fsa_common.h"
+#include "hmm_mask_small.h"
 
 // The dialect's scratch memory, under the name the HMM kernels of other files use.
 typedef ptn::Scratch HmmScratch;
@@ -95,14 +96,6 @@ struct HmmModel {
   FsaCheck* check;
 };
 
-// n elements of T from `scratch`, starting on a 64-byte boundary: the CPU kernels' vector loads and stores then take
-// whole cache lines (a store split over two lines is slower, and a load of part of it cannot be forwarded from it).
-template <typename T>
-static T* hmm_aligned(ptn::Scratch& scratch, int64_t n) {
-  char* at = (char*)scratch.get<T>(n + 64 / (int64_t)sizeof(T));
-  return (T*)(at + (64 - (uintptr_t)at % 64) % 64);
-}
-
 #if !CUDA
 // The CPU threads: the batch in contiguous blocks, one per part, as many parts as threads (at most B) when the
 // sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for starting threads: below that, on a
@@ -183,7 +176,12 @@ static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const c
   double* consts = scratch.get<double>(4);
   p.check = scratch.get<FsaCheck>(1);
   Ndarray_memset(p.check, 0, sizeof(FsaCheck));
-  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
+#if !CUDA
+  if (p.B == 1)
+    seq_len[0] = hmm_one_mask_length(p.T, Ndarray_DEV_DATA(mask), p.check);
+  else
+#endif
+    start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
   start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts, p.check));
   fsa_raise_check(p.check, terms);
   p.seq_len = seq_len;

@@ -27,7 +27,7 @@ struct HmmPostState {
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
-// B * 3 Kp of those.  small: 14 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
+// B * 3 Kp of those.  small: 15 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
 struct HmmPostWork {
   double* work;
   int64_t B, Kp, K;
@@ -104,16 +104,16 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 // E_t sigma_t folded into the matrix's rows off the chain.  sigma_t and rho_t are powers of two chosen from sums two
 // frames back (exact scalings; no division and no normalisation on the chain): with
 // sigma_t = 1 / (sigma_{t-1} 2^ex(s_{t-2})), s_t = sum u_t stays within a factor 2 of c_t c_{t-1} (the filter's
-// normalisers), and likewise for v.  A last pass over the frames, off any chain, gives the outputs: u_t and v_t are
-// alpha_t and beta_t up to factors, so gamma_t = u_t v_t / (u_t . v_t), alpha_t = u_t / s_t,
-// c_t = s_t / (sigma_t s_{t-1}), m_t = M_t, and xi += u_{t-1} (sigma_t / z_t) (A o (E_t v_t)^T) with
-// z_t = u_t . v_t (the pair marginals' normaliser is z_t / sigma_t).
+// normalisers), and likewise for v.  The outputs of frame t come beside the chains' second half, once both have
+// passed t: u_t and v_t are alpha_t and beta_t up to factors, so gamma_t = u_t v_t / (u_t . v_t),
+// alpha_t = u_t / s_t, c_t = s_t / (sigma_t s_{t-1}), m_t = M_t, and xi += u_{t-1} (sigma_t / z_t) (A o (E_t v_t)^T)
+// with z_t = u_t . v_t (the pair marginals' normaliser is z_t / sigma_t).
 //
 // These are the sequential pass's values to rounding (the scalings cancel: the pair marginals and gamma are
 // normalised per frame, and the hidden outputs alpha_t, c_t and m_t are one consistent scaled filter, for the
 // gradient op) unless something underflows here that the sequential pass keeps (nothing can overflow: s_t is at
 // most 2 K^2): so s_t and sum v_t must stay above 2^-200 (their binary exponents are tracked beside the chains)
-// and z_t within 2^-400..2^400 (checked in the last pass); else the caller runs the sequential pass, as also for a
+// and z_t within 2^-400..2^400 (checked with the outputs); else the caller runs the sequential pass, as also for a
 // NaN or +inf log-emission, which the first pass detects.
 
 // The binary exponent of s > 0 (s 2^-e is in [1, 2)).
@@ -156,77 +156,90 @@ struct HmmSmallChain {
 };
 
 // Sequence b of a model without NaN parameters (T_b > 0): gamma, alpha, c, m (st) and U = xi / A into xi (K x K),
-// returning true; false if the checks above fail (what it wrote is then to be overwritten).  buf: 14 T_b doubles.
+// returning true; false if the checks above fail (what it wrote is then to be overwritten).  buf: 15 T_b doubles.
+// Frame t's outputs need u_t and v_t, which the chains reach at steps t and T_b - 1 - t: the second half of the
+// steps writes the outputs of the frames both chains have passed (two per step), beside the chains.
 template <int K>
 static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b, Float* gamma, double* xi,
                            double* buf) {
   const int64_t B = p.B, len = p.seq_len[b];
-  double *E = buf, *U = buf + 4 * len, *V = buf + 8 * len, *sigma = buf + 12 * len, *scale = buf + 13 * len;
+  double *E = buf, *U = buf + 4 * len, *V = buf + 8 * len, *sigma = buf + 12 * len, *scale = buf + 13 * len,
+         *S = buf + 14 * len;
   const hmm_v4d inf = hmm_splat(INFINITY);
   hmm_v4l ok = hmm_v4l{} == 0;
-  for (int64_t t = 0; t < len; ++t) {  // E_t's exponents, then their exps in one vectorised loop
+  for (int64_t t = 0; t < len; ++t) {  // E_t's exponents (K a frame), then their exps in one vectorised loop
     const int64_t tb = t * B + b;
     const hmm_v4d le = hmm_lanes<K>(p.le + tb * K, -INFINITY);
     ok &= le < inf;
     const double M = hmm_lane_max<K>(le);
     st.m[tb] = M;
     const hmm_v4d x = le - hmm_splat(M);
-    hmm_store_lanes<4>(E + 4 * t, M > -INFINITY ? (x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(-INFINITY));
+    hmm_store_lanes<K>(E + K * t, M > -INFINITY ? (x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(-INFINITY));
   }
   for (int k = 0; k < 4; ++k)
     if (!ok[k]) return false;
 #pragma GCC ivdep
-  for (int64_t i = 0; i < 4 * len; ++i) E[i] = fsa_exp(E[i]);
+  for (int64_t i = 0; i < K * len; ++i) E[i] = fsa_exp(E[i]);
   // the two chains: forward frame i, backward frame len - 1 - i
-  HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_lanes<4>(E)), v(p, hmm_lanes<K>(p.f));
+  HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_lanes<K>(E)), v(p, hmm_lanes<K>(p.f));
   u.store(U);
   v.store(V + 4 * (len - 1));
   sigma[0] = scale[0] = 1.0;
-  int64_t eu[2] = {hmm_small_exponent(u.sum()), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
+  S[0] = u.sum();
+  int64_t eu[2] = {hmm_small_exponent(S[0]), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
   int64_t lowest = eu[0] < ev[0] ? eu[0] : ev[0];
   int64_t g = -eu[0], h = -ev[0];  // log2 sigma_i, log2 rho_i (for i = 1: 1 / 2^ex(sum of frame 0))
-  for (int64_t i = 1; i < len; ++i) {
+  auto step = [&](int64_t i) {
     if (i > 1) {
       g = -(eu[1] + g);
       h = -(ev[1] + h);
     }
     const int64_t t = len - 1 - i;
     const double sg = hmm_small_pow2(g);
-    u.forward(hmm_lanes<4>(E + 4 * i) * hmm_splat(sg));
-    v.backward(hmm_lanes<4>(E + 4 * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
+    u.forward(hmm_lanes<K>(E + K * i) * hmm_splat(sg));
+    v.backward(hmm_lanes<K>(E + K * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
     u.store(U + 4 * i);
     v.store(V + 4 * t);
     sigma[i] = sg;
     scale[i] = hmm_small_pow2(-g);
+    const double su = u.sum();
+    S[i] = su;
     eu[1] = eu[0];
-    eu[0] = hmm_small_exponent(u.sum());
+    eu[0] = hmm_small_exponent(su);
     ev[1] = ev[0];
     ev[0] = hmm_small_exponent(v.sum());
     const int64_t l = eu[0] < ev[0] ? eu[0] : ev[0];
     lowest = l < lowest ? l : lowest;
-  }
-  // the outputs, and the last check
-  const double lo = 0x1p-200, hi = 0x1p200;
-  bool fine = lowest >= -200;
-  hmm_v4d Ur[4] = {}, up = hmm_splat(0.0);
-  double inv_prev = 1.0;
-  for (int64_t t = 0; t < len; ++t) {
+  };
+  // frame t's outputs (u_t . v_t within 2^-400..2^400, else the last check fails)
+  const double lo = 0x1p-400, hi = 0x1p400;
+  bool fine = true;
+  hmm_v4d Ur[4] = {};
+  auto output = [&](int64_t t) {
     const int64_t tb = t * B + b;
     const hmm_v4d ut = hmm_lanes<4>(U + 4 * t), vt = hmm_lanes<4>(V + 4 * t), ab = ut * vt;
-    const double s = hmm_hsum(ut), z = hmm_hsum(ab);
-    fine &= (z >= lo * lo) & (z <= hi * hi);
-    const double r = 1.0 / (s * z), rz = s * r, rs = z * r;
+    const double s = S[t], z = hmm_hsum(ab);
+    fine &= (z >= lo) & (z <= hi);
+    const double r = 1.0 / (s * z), rz = s * r;
     hmm_store_lanes<K>(gamma + tb * K, ab * rz);
-    hmm_store_lanes<K>(st.alpha + tb * K, ut * rs);
-    st.c[tb] = t == 0 ? s : s * inv_prev * scale[t];
-    if (t > 0) {
-      const hmm_v4d x = up * hmm_splat(rz * sigma[t]), w = hmm_lanes<4>(E + 4 * t) * vt;
-      for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(x[k]) * w;
+    hmm_store_lanes<K>(st.alpha + tb * K, ut * (z * r));
+    if (t == 0) {
+      st.c[tb] = s;
+      return;
     }
-    up = ut;
-    inv_prev = rs;
+    st.c[tb] = s * scale[t] / S[t - 1];
+    const hmm_v4d x = hmm_lanes<4>(U + 4 * (t - 1)) * hmm_splat(rz * sigma[t]), w = hmm_lanes<K>(E + K * t) * vt;
+    for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(x[k]) * w;
+  };
+  int64_t i = 1;
+  for (; 2 * i < len - 1; ++i) step(i);
+  for (; i < len; ++i) {  // frames i and len - 1 - i are ready
+    step(i);
+    output(i);
+    if (2 * i != len - 1) output(len - 1 - i);
   }
-  if (!fine) return false;
+  if (len == 1) output(0);
+  if (!fine || lowest < -200) return false;
   for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, Ur[k]);
   return true;
 }
@@ -245,7 +258,7 @@ static bool hmm_posteriors_small_fw(Ndarray** inputs, Ndarray*** outputs) {
   const int64_t len = p.seq_len[0], K = p.K;
   st.status[0] = HMM_SCALED;
   if (len == 0) return true;  // zeros
-  double* buf = scratch.get<double>(14 * len);
+  double* buf = scratch.get<double>(15 * len);
   double xi[16];
   bool done = false;
   hmm_with_k(K, [&](auto k) {
@@ -280,7 +293,7 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
   if (w.small && b1 - b0 == 1 && p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED) {  // one sequence, few states
     bool done = false;
     hmm_with_k(p.K, [&](auto k) {
-      done = hmm_post_small<decltype(k)::value>(p, st, b0, gamma, w.xi(b0), w.small + 14 * p.T * b0);
+      done = hmm_post_small<decltype(k)::value>(p, st, b0, gamma, w.xi(b0), w.small + 15 * p.T * b0);
     });
     if (done) {
       hmm_post_finish(p, st, w, b0, gamma, xi_out);
@@ -311,7 +324,7 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   st.status = (double*)(*outputs[5])->data;
   HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
 #if !CUDA
-  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(14 * p.T * p.B);
+  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(15 * p.T * p.B);
 #endif
   HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();

@@ -7,6 +7,7 @@ import numpy as np
 import pytensor
 import pytest
 
+import ptnative
 from ptnative.ops import hmm
 
 from .conftest import tol
@@ -191,3 +192,44 @@ def test_posteriors_one_sequence_extreme_scales():
     want_gamma, want_xi = ref_fsa.hmm_posteriors(le, lA, lpi, np.zeros(K), [T])
     np.testing.assert_allclose(gamma, want_gamma, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(xi, want_xi, rtol=1e-8, atol=1e-9)
+
+
+# ------------------------------------------------------------------ the one-sequence mask length
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [hmm.hmm_viterbi, hmm.hmm_posteriors, ptnative.hmm_log_likelihood])
+def test_one_sequence_mask_length(fn, dtype):
+    """B = 1 takes its mask's length from one branch-free pass (K = 3 and K = 6): every prefix length equals the
+    same sequence cut to that length, and a mask that is not 0/1 or not a prefix raises naming its first bad frame,
+    as the general scan does."""
+    rng = np.random.default_rng(7)
+    T = 37
+    f = compiled(fn, dtype, None)
+    name = fn.__name__
+    for K in (3, 6):
+        le, lA, lpi, lf = model(rng, T, 1, K)
+        for n in (0, 1, 2, 17, 36, 37):
+            got = f(*cast(dtype, le, lA, lpi, lf, mask_of([n], T)))
+            want = f(*cast(dtype, le[:n], lA, lpi, lf, np.ones((n, 1))))
+            for g, w in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
+                g = np.asarray(g)
+                if g.ndim and g.shape[0] == T:  # per-frame output: the cut frames, the rest as for no frame
+                    np.testing.assert_array_equal(g[:n], w)
+                else:
+                    np.testing.assert_array_equal(g, w)
+        for t, value in ((0, 0.5), (20, 2.0), (36, np.nan), (3, -1.0)):
+            m = mask_of([30], T)
+            m[t, 0] = value
+            shown = "nan" if np.isnan(value) else f"{value:g}"
+            with pytest.raises(ValueError, match=rf"{name}: mask\[{t}, 0\] = {shown} is not 0 or 1"):
+                f(*cast(dtype, le, lA, lpi, lf, m))
+        for t in (1, 31, 36):
+            m = mask_of([30], T)
+            m[t, 0] = 1.0
+            if t == 1:
+                m[0, 0] = 0.0
+            with pytest.raises(ValueError, match=rf"{name}: mask\[:, 0\] is not a prefix mask \(1 at frame {t} "):
+                f(*cast(dtype, le, lA, lpi, lf, m))
+        m = mask_of([30], T)  # a value error after a prefix error: the first frame's error, as the scan reports
+        m[31, 0], m[33, 0] = 1.0, 0.5
+        with pytest.raises(ValueError, match=rf"{name}: mask\[:, 0\] is not a prefix mask \(1 at frame 31 "):
+            f(*cast(dtype, le, lA, lpi, lf, m))
