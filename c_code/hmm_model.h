@@ -96,6 +96,14 @@ struct HmmModel {
   FsaCheck* check;
 };
 
+// n elements of T from `scratch`, starting on a 64-byte boundary: the CPU kernels' vector loads and stores then take
+// whole cache lines (a store split over two lines is slower, and a load of part of it cannot be forwarded from it).
+template <typename T>
+static T* hmm_aligned(ptn::Scratch& scratch, int64_t n) {
+  char* at = (char*)scratch.get<T>(n + 64 / (int64_t)sizeof(T));
+  return (T*)(at + (64 - (uintptr_t)at % 64) % 64);
+}
+
 #if !CUDA
 // The CPU threads: the batch in contiguous blocks, one per part, as many parts as threads (at most B) when the
 // sequences' K x K products (T B K^2 >= 1e7, a few ms on one core) pay for starting threads: below that, on a
