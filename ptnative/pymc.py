@@ -93,15 +93,20 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
         raise ValueError(f"recover_states: idata.posterior has no draws of {missing}, which the HMM's graphs need")
     inputs = [rv.type(name=rv.name) for rv in rvs]
     outputs = clone_replace(outputs, dict(zip(rvs, inputs)))
-    fn = pytensor.function(inputs + [uniforms], outputs[2:], on_unused_input="ignore")
-    shape = pytensor.function(inputs, outputs[:2], on_unused_input="ignore")
     n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
-    values = [np.asarray(post[rv.name].values) for rv in rvs]
+    # Every draw's value is checked against its variable's type once, here; the functions then skip PyTensor's
+    # per-call input checks (trust_input), which cost about as much as a short series' kernel.
+    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
+    for rv, v in zip(rvs, values):
+        if n_chain * n_draw:
+            rv.type.filter(v[0, 0, ...], strict=True)
+    fn = pytensor.function(inputs + [uniforms], outputs[2:], on_unused_input="ignore", trust_input=True)
+    shape = pytensor.function(inputs, outputs[:2], on_unused_input="ignore", trust_input=True)
     rng = np.random.default_rng(random_seed)
     results = {name: [] for name in names}
     for c in range(n_chain):
         for d in range(n_draw):
-            point = [v[c, d] for v in values]
+            point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
             u = rng.random(tuple(int(s) for s in shape(*point))) if samples else np.zeros((0, 0))
             for name, value in zip(names, fn(*point, u.astype(uniforms.dtype))):
                 results[name].append(value)
