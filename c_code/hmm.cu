@@ -290,7 +290,7 @@ static inline hmm_v8d hmm_exp8(hmm_v8d x) {
   const hmm_v8d q = r * P + 1.0;
   const hmm_v8l ki = (hmm_v8l)kb - (hmm_v8l)shifter;           // k
   const hmm_v8d tj = __builtin_shuffle(t_lo, t_hi, ki & 15);   // 2^((k mod 16) / 16)
-  const hmm_v8d y = (hmm_v8d)((hmm_v8l)(tj * q) + ((ki >> 4) << 52));
+  const hmm_v8d y = (hmm_v8d)((hmm_v8l)(tj * q) + (hmm_v8l)((hmm_v8u)(ki >> 4) << 52));  // unsigned: k may be < 0
   return (hmm_v8d)((hmm_v8l)y & keep);
 }
 

@@ -12,6 +12,7 @@
 typedef double hmm_v4d __attribute__((vector_size(32)));
 typedef double hmm_v8d __attribute__((vector_size(64)));  // AVX-512 where the CPU has it, else two AVX vectors
 typedef int64_t hmm_v8l __attribute__((vector_size(64)));  // lane masks and integer lanes beside hmm_v8d
+typedef uint64_t hmm_v8u __attribute__((vector_size(64)));  // for shifts of negative lanes
 
 // out[r, j0 + 0..W*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x NB accumulators (vectors V of W
 // doubles) in registers.  X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride:
