@@ -20,18 +20,27 @@ def measure(fn, reps=10, warmup=1) -> Timing:
     return measure_interleaved({None: fn}, reps, rounds=1, settle=0.0, warmup=warmup)[None]
 
 
+WARM_SECONDS = 0.02
+
+
 def measure_interleaved(fns: dict, reps=10, rounds=3, settle=0.3, warmup=1) -> dict:
     """Like ``measure`` for several functions, timed in turns: ``rounds`` rounds, in each of which every
-    function gets a pause of ``settle`` seconds, ``warmup`` untimed calls, then its share of the ``reps``
-    timed calls.  A machine whose speed drifts during the run slows all alike, and the pause lets the idle
-    threads another runtime left spinning (OpenBLAS's, OpenMP's) go to sleep first.  Returns {name: Timing}."""
+    function gets a pause of ``settle`` seconds, ``warmup`` untimed calls (and more until ``WARM_SECONDS``
+    have passed), then its share of the ``reps`` timed calls.  A machine whose speed drifts during the run
+    slows all alike, and the pause lets the idle threads another runtime left spinning (OpenBLAS's, OpenMP's)
+    go to sleep first.  The warm-up time is for the pause's own cost: on the 2-vCPU VM the first call after
+    0.3 s idle took 3-6 ms and the next few 100-400 us spikes, whatever ran (a numpy loop too), which made
+    the median of ten 20 us calls 150 us.  Returns {name: Timing}."""
     wall = {name: [] for name in fns}
     cpu = {name: [] for name in fns}
     result = {}
     for r in range(rounds):
         for name, fn in fns.items():
             time.sleep(settle)
+            warm_until = time.perf_counter() + (WARM_SECONDS if settle else 0.0)
             for _ in range(warmup):
+                fn()
+            while time.perf_counter() < warm_until:
                 fn()
             for _ in range(reps // rounds + (r < reps % rounds)):
                 c0, t0 = time.process_time(), time.perf_counter()
