@@ -38,7 +38,7 @@ from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, F
                               HmmForwardBackwardOp, MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import HmmPosteriorsOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
-                               TwoDLSTM)
+                               NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
 from ptnative.ops.sparse import (CrossEntropySoftmaxAndGradientZSparse, MaxAndArgmaxSparse, SparseToDense,
                                  SubtensorBatchedIndex)
@@ -169,6 +169,19 @@ def _native_lstm2(g, dtype, size):
     start_s, step_s = pt.iscalar("start"), pt.iscalar("step")
     Y, C, H, d = g.op(NativeLstm2)(X, W, y0, c0, i, start_s, step_s)
     return [X, W, y0, c0, i, start_s, step_s], [Y, C, H, d, *g.grads([Y, C, d], [X, W, y0, c0])], values
+
+
+def _native_lstm2_layer(g, dtype, size):
+    T, B, n_in, n, start, step = size
+    dat = lowmem_data(T, B, n_in, n, seed=T + B + 1)
+    W_in, W = dat["W"][:n_in], dat["W"][n_in:]
+    values = cast([dat["X"], W_in, W, dat["b"], dat["y0"], dat["c0"], dat["i"]], dtype)
+    values += [np.int32(start), np.int32(step)]
+    x, W_in_s, W_s, b, y0, c0, i = g.syms("x W_in W b y0 c0 i", values[:7])
+    start_s, step_s = pt.iscalar("start"), pt.iscalar("step")
+    Y, C, H, d = g.op(NativeLstm2Layer)(x, W_in_s, W_s, b, y0, c0, i, start_s, step_s)
+    return ([x, W_in_s, W_s, b, y0, c0, i, start_s, step_s],
+            [Y, C, H, d, *g.grads([Y, C, d], [x, W_in_s, W_s, b, y0, c0])], values)
 
 
 def _lstm_lowmem(g, dtype, size):
@@ -465,6 +478,8 @@ CASES = [
     _case("lstm_generic", "lstm", [LstmGenericBase], _lstm_generic, [(9, 5, 16)], rtol32=1e-3, representative=True),
     _case("native_lstm2", "lstm", [NativeLstm2], _native_lstm2, [(7, 4, 8, 0, -1), (64, 40, 64, 0, 1)],
           rtol32=1e-3),
+    _case("native_lstm2_layer", "lstm", [NativeLstm2Layer], _native_lstm2_layer,
+          [(7, 4, 5, 8, 0, -1), (64, 40, 48, 64, 0, 1)], rtol32=1e-3),
     _case("lstm_lowmem", "lstm", [LstmLowMem], _lstm_lowmem, [(6, 3, 5, 4, 0, 1), (60, 40, 32, 32, 0, -1)],
           rtol32=1e-3),
     _case("twod_lstm", "lstm", [TwoDLSTM], _twod_lstm, [(4, 5, 3, 3, 4), (9, 12, 8, 6, 8)], rtol32=1e-3),
