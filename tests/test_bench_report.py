@@ -192,6 +192,7 @@ def test_merge_takes_each_benchmark_from_the_last_file():
 def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
     path = tmp_path / "rows.jsonl"
     monkeypatch.setenv(timing.RECORDS_ENV, str(path))
+    monkeypatch.setattr(timing, "WARM_SECONDS", 0.0)
     calls = []
     timings = timing.measure_against("demo", "case", lambda: calls.append("ours") or 1,
                                      {"peer": lambda: calls.append("peer") or 2}, reps=4, rounds=2)
@@ -202,6 +203,19 @@ def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
     assert [(r["benchmark"], r["case"], r["impl"], r["ours"]) for r in rows] == [("demo", "case", "ptnative", True),
                                                                                  ("demo", "case", "peer", False)]
     assert rows[0]["seconds"] == timings["ptnative"].median and rows[1]["best"] == timings["peer"].best
+
+
+def test_each_turn_warms_up_for_warm_seconds_after_its_pause(monkeypatch):
+    monkeypatch.setattr(timing, "WARM_SECONDS", 0.01)
+    stamps = {"a": [], "b": []}
+    timing.measure_interleaved({name: (lambda name=name: stamps[name].append(timing.time.perf_counter()))
+                                for name in stamps}, reps=4, rounds=2, settle=0.05, warmup=1)
+    for name, times in stamps.items():
+        # two turns (split at the pause), each: untimed calls over about WARM_SECONDS, then two timed calls
+        gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+        cut = 1 + gaps.index(max(gaps))
+        for turn in (times[:cut], times[cut:]):
+            assert len(turn) > 3 and 0.009 <= turn[-3] - turn[0] < 0.05, name
 
 
 def test_cpu_column_where_measured():
