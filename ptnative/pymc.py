@@ -101,13 +101,13 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
         if n_chain * n_draw:
             rv.type.filter(v[0, 0, ...], strict=True)
     fn = pytensor.function(inputs + [uniforms], outputs[2:], on_unused_input="ignore", trust_input=True)
-    shape = pytensor.function(inputs, outputs[:2], on_unused_input="ignore", trust_input=True)
+    uniforms_shape = _uniforms_shape(pytensor, ancestors, inputs, outputs[:2]) if samples else lambda *point: (0, 0)
     rng = np.random.default_rng(random_seed)
     results = {name: [] for name in names}
     for c in range(n_chain):
         for d in range(n_draw):
             point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
-            u = rng.random(tuple(int(s) for s in shape(*point))) if samples else np.zeros((0, 0))
+            u = rng.random(uniforms_shape(*point)) if samples else np.zeros((0, 0))
             for name, value in zip(names, fn(*point, u.astype(uniforms.dtype))):
                 results[name].append(value)
     dims = {"hmm_marginals": ("time", "series", "state"), "hmm_viterbi": ("time", "series"),
@@ -117,3 +117,19 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
         arr = np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0]))
         data[name] = (("chain", "draw") + dims[name], arr)
     return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
+
+
+def _uniforms_shape(pytensor, ancestors, inputs, shape):
+    """``(T, B)`` of a draw's uniforms, as a function of the draw's values: computed once where the compiled shape
+    graph no longer depends on any variable (the usual case: the series' shape is the data's), else per draw."""
+    fn = pytensor.function(inputs, shape, on_unused_input="ignore", trust_input=True)
+    graph = fn.maker.fgraph
+    per_draw = bool(set(graph.inputs) & set(ancestors(graph.outputs)))
+    known = []
+
+    def uniforms_shape(*point):
+        if per_draw or not known:
+            known[:] = [tuple(int(s) for s in fn(*point))]
+        return known[0]
+
+    return uniforms_shape
