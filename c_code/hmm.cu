@@ -43,6 +43,10 @@ DEV_FUNC inline double hmm_lse2(const X* x, const Y* y, int64_t n) {
 struct HmmParams : HmmModel {
   double *alpha, *c, *status;
   double* E;  // CPU: the shifted emissions exp(log e_t - max_k log e_t(k)) (T, B, K), kept for the backward pass
+  // CPU, sequences in lanes (hmm_lanes.h): alpha, E (groups, T, K, 8) and the step scalings (groups, T, 8) kept by
+  // the gradient op's forward pass
+  double *aL, *EL, *sL;
+  bool lanes;
 };
 
 struct HmmEmissionReport {
@@ -384,6 +388,25 @@ static void hmm_emission_rows(const HmmParams& p, int64_t t0, int64_t t1, int64_
 
 #define HMM_CHUNK 16  // frames whose emission rows are computed ahead of the recursion
 
+#include "hmm_lanes.h"
+
+// The scaled forward with the sequences in lanes (hmm_lanes.h): the groups of eight sequences split over the parts,
+// each group's frames in turn; keep: the gradient op's pass (alpha, E and the scalings kept in p.aL, p.EL, p.sL).
+static void hmm_forward_lanes(ptn::Scratch& scratch, const HmmParams& p, double* ll, bool keep) {
+  const int64_t groups = (p.B + HMM_W - 1) / HMM_W;
+  const int parts = (int)std::min<int64_t>(hmm_cpu_parts(p.T, p.B, p.K), groups);
+  const int64_t per_part = (hmm_lane_work_doubles(p.K) + 7) / 8 * 8;
+  double* work = hmm_aligned<double>(scratch, parts * per_part);
+  hmm_run_parts(scratch, parts, groups, p.check, [&](int q, int64_t g0, int64_t g1, FsaCheck* check) {
+    for (int64_t g = g0; g < g1; ++g) {
+      FsaCheck first;
+      memset(&first, 0, sizeof(first));
+      hmm_lane_forward(p, g, keep, work + q * per_part, ll, &first);
+      hmm_keep_first_failure(check, first);
+    }
+  });
+}
+
 // The scaled forward on the CPU: per part, time outer and batch inner.  Per chunk of frames, the emission rows first
 // (off the recursion's chain), then per frame the step products alpha_{t-1} A of the part's sequences as one small
 // register-blocked GEMM, and per sequence alpha_t = (alpha_{t-1} A) E_t / c_t with c_t the power of two that brings
@@ -520,15 +543,35 @@ static double* hmm_forward_memory(ptn::Scratch& scratch, int64_t n) {
 #endif
 }
 
-// The forward pass of every sequence: p.alpha, p.c, p.status (HmmParams' memory, set here) and the log-likelihoods
-// ll (B); raises for +inf log-emissions.  The scaled pass, then the log-space one for the sequences it gave up on.
-static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll) {
+// The forward pass of every sequence: p.status, the log-likelihoods ll (B) and what the backward pass reads (with
+// `keep`; HmmParams' memory, set here); raises for +inf log-emissions.  The scaled pass, then the log-space one for
+// the sequences it gave up on.  On the CPU a batch of at least HMM_LANES_MIN_B sequences runs with the sequences in
+// lanes (hmm_lanes.h; the forward op alone keeps no (T, B, K) array then), a smaller one time outer and batch inner.
+static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll, bool keep) {
   const int64_t TBK = (p.T * p.B * p.K + 7) / 8 * 8, TB = p.T * p.B;  // each array on a cache line
-  double* mem = hmm_forward_memory(scratch, (CUDA ? 1 : 2) * TBK + TB);
-  p.alpha = mem;
-  p.E = CUDA ? nullptr : mem + TBK;
-  p.c = mem + (CUDA ? 1 : 2) * TBK;
   p.status = scratch.get<double>(p.B);
+  p.alpha = p.E = p.c = p.aL = p.EL = p.sL = nullptr;
+  p.lanes = false;
+#if !CUDA
+  p.lanes = p.B >= HMM_LANES_MIN_B;
+  if (p.lanes) {
+    const int64_t groups = (p.B + HMM_W - 1) / HMM_W, GTK = groups * p.T * p.K * HMM_W;
+    if (keep) {
+      double* mem = hmm_forward_memory(scratch, 2 * GTK + groups * p.T * HMM_W);
+      p.aL = mem;
+      p.EL = mem + GTK;
+      p.sL = mem + 2 * GTK;
+    }
+  }
+#else
+  (void)keep;
+#endif
+  if (!p.lanes) {
+    double* mem = hmm_forward_memory(scratch, (CUDA ? 1 : 2) * TBK + TB);
+    p.alpha = mem;
+    p.E = CUDA ? nullptr : mem + TBK;
+    p.c = mem + (CUDA ? 1 : 2) * TBK;
+  }
 #if CUDA
   Ndarray_memset(p.alpha, 0, TBK * sizeof(double));  // hmm_forward_cuda's GEMM reads the rows of finished sequences
 #endif
@@ -536,7 +579,14 @@ static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll) {
 #if CUDA
   hmm_forward_cuda(scratch, p, ll);
 #else
-  hmm_forward_cpu(scratch, p, ll);
+  if (p.lanes) {
+    hmm_forward_lanes(scratch, p, ll, keep);
+    bool log_space = false;
+    for (int64_t b = 0; b < p.B; ++b) log_space |= p.status[b] == HMM_LOG_SPACE;
+    if (log_space) p.alpha = hmm_aligned<double>(scratch, TBK);  // the log-space pass's log alpha (T, B, K)
+  } else {
+    hmm_forward_cpu(scratch, p, ll);
+  }
 #endif
   fsa_raise_check(p.check, hmm_terms(p));  // +inf log-emissions
   start_dev_kernel(hmm_log_forward, (p, ll));
@@ -552,7 +602,7 @@ static void hmm_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
   HmmParams p = hmm_setup(scratch, inputs);
   if (p.B == 0) return;
   double* ll = scratch.get<double>(p.B);
-  hmm_forward_all(scratch, p, ll);
+  hmm_forward_all(scratch, p, ll, false);
   start_dev_kernel(hmm_store_ll, (p.B, ll, p.status, Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
 }
@@ -674,6 +724,29 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
     }
   }
 }
+
+// The scaled backward with the sequences in lanes: the groups over the parts, each group's partial sums of U, d log
+// pi and d log f kept apart and added in group order (the same bits for any number of threads).
+static void hmm_backward_lanes(ptn::Scratch& scratch, const HmmParams& p, const Float* g, Float* dle, double* U,
+                               double* dpi, double* df) {
+  const int64_t K = p.K, groups = (p.B + HMM_W - 1) / HMM_W;
+  const int parts = (int)std::min<int64_t>(hmm_cpu_parts(p.T, p.B, K), groups);
+  const int64_t per_part = (hmm_lane_back_doubles(K) + 7) / 8 * 8, per_group = K * K + 2 * K;
+  double* work = hmm_aligned<double>(scratch, parts * per_part);
+  double* sums = scratch.get<double>(groups * per_group);
+  hmm_run_parts(scratch, parts, groups, p.check, [&](int q, int64_t g0, int64_t g1, FsaCheck*) {
+    for (int64_t grp = g0; grp < g1; ++grp)
+      hmm_lane_backward(p, grp, g, dle, work + q * per_part, sums + grp * per_group);
+  });
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const double* s = sums + grp * per_group;
+    for (int64_t i = 0; i < K * K; ++i) U[i] += s[i];
+    for (int64_t k = 0; k < K; ++k) {
+      dpi[k] += s[K * K + k];
+      df[k] += s[K * K + K + k];
+    }
+  }
+}
 #else
 DEF_KERNEL void hmm_bw_gamma(HmmParams p, int64_t t, const Float* g, double* beta, double* z, Float* dle, double* dpi,
                              double* df) {
@@ -769,18 +842,19 @@ DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const 
   }
 }
 
-// inputs: log_emissions, log_transitions, log_initial, log_final, mask, D_log_likelihood (B)
-// outputs: d log_emissions (T,B,K), d log_transitions (K,K), d log_initial (K), d log_final (K)
-// The forward pass runs again here (hmm_forward_all; the same arithmetic as the forward op's, so the same alpha).
-static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 6);
-  assert_cmp(n_outputs, ==, 4);
+// The gradients (d log_emissions (T, B, K), d log_transitions (K, K), d log_initial, d log_final (K)) into `grads`
+// and, if ll_out is given, the log-likelihoods (B); inputs: log_emissions, log_transitions, log_initial, log_final,
+// mask, D_log_likelihood (B).  The forward pass runs here (hmm_forward_all; the same arithmetic as the forward op's,
+// so the same alpha).
+static void hmm_gradients(Ndarray** inputs, Ndarray** grads, Float* ll_out) {
   ptn::Scratch scratch;
   HmmParams p = hmm_setup(scratch, inputs);
   const int64_t B = p.B, K = p.K;
   assert_cmp(Ndarray_DIMS(inputs[5])[0], ==, B);
   if (B == 0) return;
-  hmm_forward_all(scratch, p, scratch.get<double>(B));
+  double* ll = scratch.get<double>(B);
+  hmm_forward_all(scratch, p, ll, true);
+  if (ll_out) start_dev_kernel(hmm_store_ll, (B, ll, p.status, ll_out));
   const Float* g = Ndarray_DEV_DATA(inputs[5]);
   double* U = scratch.get<double>(K * K);
   double* dA_log = scratch.get<double>(K * K);
@@ -790,17 +864,37 @@ static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** out
   Ndarray_memset(dA_log, 0, K * K * sizeof(double));
   Ndarray_memset(dpi, 0, K * sizeof(double));
   Ndarray_memset(df, 0, K * sizeof(double));
-  Float* dle = Ndarray_DEV_DATA(*outputs[0]);
+  Float* dle = Ndarray_DEV_DATA(grads[0]);
 #if CUDA
   hmm_backward_cuda(scratch, p, g, dle, U, dpi, df);
 #else
-  hmm_backward_cpu(scratch, p, g, dle, U, dpi, df);
+  if (p.lanes)
+    hmm_backward_lanes(scratch, p, g, dle, U, dpi, df);
+  else
+    hmm_backward_cpu(scratch, p, g, dle, U, dpi, df);
 #endif
   HANDLE_LAST_ERROR();
   start_dev_kernel(hmm_log_backward, (p, g, scratch.get<double>(B * 2 * K), dle, dA_log, dpi, df));
   int32_t* any_nan = scratch.get<int32_t>(1);
   start_dev_kernel(hmm_bw_nan, (p, dle, any_nan));
-  start_dev_kernel(hmm_bw_store, (K, U, p.A, dA_log, dpi, df, any_nan, Ndarray_DEV_DATA(*outputs[1]),
-                                  Ndarray_DEV_DATA(*outputs[2]), Ndarray_DEV_DATA(*outputs[3])));
+  start_dev_kernel(hmm_bw_store, (K, U, p.A, dA_log, dpi, df, any_nan, Ndarray_DEV_DATA(grads[1]),
+                                  Ndarray_DEV_DATA(grads[2]), Ndarray_DEV_DATA(grads[3])));
   HANDLE_LAST_ERROR();
+}
+
+// The gradient op: inputs as hmm_gradients'; outputs the four gradients.
+static void hmm_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 4);
+  Ndarray* grads[4] = {*outputs[0], *outputs[1], *outputs[2], *outputs[3]};
+  hmm_gradients(inputs, grads, nullptr);
+}
+
+// HmmLikelihoodWithGradOp: inputs as hmm_gradients'; outputs the log-likelihoods (B) then the four gradients (one
+// forward pass for both).
+static void hmm_fw_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 6);
+  assert_cmp(n_outputs, ==, 5);
+  Ndarray* grads[4] = {*outputs[1], *outputs[2], *outputs[3], *outputs[4]};
+  hmm_gradients(inputs, grads, Ndarray_DEV_DATA(*outputs[0]));
 }

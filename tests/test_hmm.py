@@ -660,3 +660,120 @@ def test_log_likelihood_memory_across_calls(dtype):
             valid = mask_of(lens, T) > 0
             np.testing.assert_allclose(got[1].sum(-1)[valid], 1.0, atol=10 * atol)
             assert np.all(got[1][~valid] == 0)
+
+
+# ------------------------------------------------------------------ hmm_log_likelihood: sequences in vector lanes
+def lanes_function(dtype, mode, weights_depend_on_value=False):
+    """hmm_log_likelihood with its gradients; the upstream gradient ``w`` (an input), or ``w * ll`` (then it depends
+    on the value and the forward and gradient ops stay apart)."""
+    x = symbols(dtype)
+    w = pt.vector(dtype=dtype)
+    ll = ptnative.hmm_log_likelihood(*x[:4], mask=x[4])
+    cost = (ll * w).sum() if not weights_depend_on_value else (0.5 * w * ll**2).sum()
+    return pytensor.function([*x, w], [ll, *pytensor.grad(cost, x[:4])], mode=mode)
+
+
+def check_against_references(got, args, lens, upstream, rtol, atol):
+    le, lA, lpi, lf = (np.asarray(a, np.float64) for a in args[:4])
+    want = ref_fsa.hmm_forward(le, lA, lpi, lf, lens)
+    np.testing.assert_allclose(got[0], want, rtol=rtol, atol=atol)
+    gamma, xi = ref_fsa.hmm_posteriors(le, lA, lpi, lf, lens)
+    u = np.asarray(upstream, np.float64)
+    on = np.asarray(lens) > 0
+    np.testing.assert_allclose(got[1], gamma * u[None, :, None], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got[2], np.einsum("b,bij->ij", u, xi), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got[3], np.einsum("b,bk->k", u[on], gamma[0, on]), rtol=rtol, atol=atol)
+    want_f = sum((u[b] * gamma[lens[b] - 1, b] for b in range(len(lens)) if lens[b] > 0), np.zeros(le.shape[2]))
+    np.testing.assert_allclose(got[4], want_f, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_likelihood_lanes_any_batch(mode, dtype):
+    """B = 1..17 (groups of eight sequences in vector lanes from B = 4 on: full, partial and several groups),
+    K = 1, 3, 8, 16, 17 (transposed eight at a time and the rest), ragged lengths with empty sequences, against the
+    numpy log-space references; an upstream gradient that depends on the value (separate forward and gradient ops)
+    gives the same numbers."""
+    f = lanes_function(dtype, mode)
+    f_dep = lanes_function(dtype, mode, weights_depend_on_value=True)
+    rng = np.random.default_rng(70)
+    rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
+    for B, K in [(1, 16), (3, 8), (4, 3), (5, 17), (7, 16), (8, 16), (9, 1), (12, 8), (16, 5), (17, 16)]:
+        T = int(rng.integers(6, 14))
+        le, lA, lpi, lf = model(rng, T, B, K, 3.0)
+        lens = rng.integers(0, T + 1, size=B)
+        lens[0] = T
+        up = rng.uniform(0.5, 2.0, size=B)
+        args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T), up)
+        got = f(*args)
+        check_against_references(got, args, lens, args[5], rtol, atol)
+        for a, b in zip(got, f(*args)):
+            np.testing.assert_array_equal(a, b)
+        # cost 0.5 w ll^2: upstream gradient w * ll
+        dep = f_dep(*args)
+        np.testing.assert_array_equal(dep[0], got[0])
+        check_against_references(dep, args, lens, args[5].astype(np.float64) * got[0], 10 * rtol, 10 * atol)
+
+
+def test_log_likelihood_value_and_gradient_in_one_op(mode):
+    """Where a graph needs the log-likelihood and its gradient with an upstream gradient that does not depend on it,
+    one op computes both (HmmLikelihoodWithGradOp, by a rewrite of the default and C modes): the same bits as the
+    two ops; with an upstream gradient that depends on the value the two ops stay."""
+    rng = np.random.default_rng(71)
+    T, B, K = 30, 10, 6
+    le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+    lens = [30, 29, 0, 1, 17, 30, 30, 5, 2, 30]
+    args = [le, lA, lpi, lf, mask_of(lens, T), rng.uniform(0.5, 2.0, size=B)]
+    base = pytensor.compile.mode.get_mode(mode)
+    fused = lanes_function("float64", base)
+    apart = lanes_function("float64", base.excluding("ptnative_hmm_value_and_gradient"))
+    dep = lanes_function("float64", base, weights_depend_on_value=True)
+
+    def names(fn):
+        found = (getattr(n.op, "name", None) or "" for n in fn.maker.fgraph.toposort())
+        return sorted(name for name in found if "Hmm" in name)
+
+    two = ["GradOfHmmForwardBackwardOp", "HmmForwardBackwardOp"]
+    assert names(apart) == two and names(dep) == two
+    assert names(fused) == (two if mode == "FAST_COMPILE" else ["HmmLikelihoodWithGradOp"])
+    for a, b in zip(fused(*args), apart(*args)):
+        np.testing.assert_array_equal(a, b)
+    check_against_references(fused(*args), args, lens, args[5], 1e-10, 1e-10)
+
+
+def test_log_likelihood_lanes_special_cases(mode):
+    """The lane path's fallbacks and special values, sequence by sequence within one group: a step that underflows
+    (log-space recomputation, exact), no path (-inf, zero gradient), a NaN on a valid frame (NaN for that sequence
+    only, and for the shared parameters' gradients), NaN on padded frames (ignored), an empty sequence; +inf raises
+    naming the first bad (frame, sequence) of the batch."""
+    K, T, B = 2, 4, 6
+    lA = np.array([[0.0, -800.0], [-800.0, 0.0]])
+    lpi = np.array([0.0, -5.0])
+    lf = np.array([0.0, -2.0])
+    rng = np.random.default_rng(72)
+    le = rng.normal(size=(T, B, K))
+    le[:3, 0] = [[0.0, -1000.0], [-1000.0, 0.0], [-3.0, -1.0]]  # jumps 0 -> 1 across 800 nats: log space
+    le[1, 2] = -np.inf                                           # no path
+    le[3, 4] = np.nan                                            # padded frame of sequence 4
+    lens = np.array([3, 4, 2, 4, 3, 0])
+    up = np.array([1.0, 0.5, 2.0, 1.5, 0.7, 1.0])
+    f = lanes_function("float64", mode)
+    v, d_e, d_A, d_pi, d_f = f(le, lA, lpi, lf, mask_of(lens, T), up)
+    ok = [0, 1, 3, 4, 5]
+    want = ref_fsa.hmm_forward(le[:, ok], lA, lpi, lf, lens[ok])
+    np.testing.assert_allclose(v[ok], want, rtol=1e-12)
+    assert v[2] == -np.inf and v[5] == 0 and want[0] < -790
+    assert np.all(d_e[:, 2] == 0) and np.all(d_e[:, 5] == 0) and np.all(d_e[3, 4] == 0)
+    gamma, xi = ref_fsa.hmm_posteriors(le[:, ok], lA, lpi, lf, lens[ok])
+    np.testing.assert_allclose(d_e[:, ok], gamma * up[ok][None, :, None], atol=1e-10)
+    np.testing.assert_allclose(d_A, np.einsum("b,bij->ij", up[ok], xi), atol=1e-10)
+    nan = le.copy()
+    nan[1, 3, 1] = np.nan
+    v2, d_e2, d_A2, *_ = f(nan, lA, lpi, lf, mask_of(lens, T), up)
+    assert np.isnan(v2[3]) and np.isnan(d_e2[:4, 3]).all() and np.isnan(d_A2).all()
+    keep = [0, 1, 2, 4, 5]
+    np.testing.assert_array_equal(v2[keep], v[keep])
+    np.testing.assert_array_equal(d_e2[:, keep], d_e[:, keep])
+    inf = le.copy()
+    inf[2, 4, 0] = inf[1, 3, 1] = inf[3, 1, 0] = np.inf
+    with pytest.raises(ValueError, match=r"hmm_log_likelihood: log_emissions\[1, 3, 1\] = inf"):
+        f(inf, lA, lpi, lf, mask_of(lens, T), up)

@@ -26,6 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
+try:
+    from pytensor.graph.traversal import ancestors
+except ImportError:  # PyTensor before the traversal module
+    from pytensor.graph.basic import ancestors
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
@@ -356,6 +362,52 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (5,)
+
+
+class HmmLikelihoodWithGradOp(NativeOpGenBase):
+    """:class:`HmmForwardBackwardOp`'s value and gradient in one call (one forward pass instead of two).
+
+    Inputs: those of the gradient op, ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial``
+    (K,), ``log_final`` (K,), ``mask`` (T, B), ``D_log_likelihood`` (B,) the upstream gradient.  Outputs: the
+    log-likelihood (B,), then its gradients for the first four inputs (weighted by ``D_log_likelihood``).  Not built
+    by users: the rewrite ``_fuse_hmm_value_and_gradient`` puts it where a graph computes both and the upstream
+    gradient does not depend on the value (as for ``ll.sum()``).  No gradient of its own.
+    """
+
+    in_info = _hmm_inputs(True) + (_arr("D_log_likelihood", 1, shape=((0, 1),), batch_axis=0),)
+    out_info = (
+        _out("log_likelihood", ((0, 1),), 0),
+        _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1),
+        _out("D_log_transitions", ((1, 0), (1, 1))),
+        _out("D_log_initial", ((2, 0),)),
+        _out("D_log_final", ((3, 0),)),
+    )
+    c_extra_support_code = kernel_unit("hmm.cu")
+    c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+@node_rewriter([NativeOp])
+def _fuse_hmm_value_and_gradient(fgraph, node):
+    """HmmForwardBackwardOp's node and its gradient op's node on the same inputs become one
+    HmmLikelihoodWithGradOp node, when the upstream gradient does not depend on the log-likelihood."""
+    grad_name = "GradOf" + HmmForwardBackwardOp.__name__
+    if node.op.name != grad_name or len(node.inputs) != 6:
+        return None
+    inputs = node.inputs[:5]
+    forward = next((client for client, _ in fgraph.clients.get(inputs[0], ())
+                    if client != "output" and isinstance(getattr(client, "op", None), NativeOp)
+                    and client.op.name == HmmForwardBackwardOp.__name__ and client.inputs == inputs
+                    and client.op.device == node.op.device and client.op.float_dtypes == node.op.float_dtypes), None)
+    if forward is None or forward.outputs[0] in set(ancestors([node.inputs[5]])):
+        return None
+    fused = HmmLikelihoodWithGradOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
+    replacements = {forward.outputs[0]: fused[0]}
+    replacements.update(zip(node.outputs, fused[1:]))
+    return replacements
+
+
+register_specialize(_fuse_hmm_value_and_gradient, name="ptnative_hmm_value_and_gradient")
 
 
 # ---------------------------------------------------------------------------------------- functional API

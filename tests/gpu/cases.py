@@ -35,7 +35,8 @@ from ptnative.ops.chunking import Chunking, UnChunking, n_chunks
 from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp, NextEditDistanceRowOp,
                                         OptimalCompletionEditDistanceOp, OptimalCompletionEditDistancePerSuccessorOp)
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
-                              HmmForwardBackwardOp, MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
+                              HmmForwardBackwardOp, HmmLikelihoodWithGradOp, MultiEndFastBaumWelchOp,
+                              SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import HmmPosteriorsOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
@@ -504,7 +505,7 @@ CASES = [
           rtol32=1e-3),
     _case("fast_viterbi", "fsa", [FastViterbiOp], _fast_viterbi, [(8, 4, 5, 5, 14), (64, 40, 20, 12, 40)],
           rtol32=1e-4),
-    _case("hmm", "fsa", [HmmForwardBackwardOp], _hmm, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3),
+    _case("hmm", "fsa", [HmmForwardBackwardOp, HmmLikelihoodWithGradOp], _hmm, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3),
     # HMM inference
     _case("hmm_inference", "hmm", [HmmViterbiOp, HmmPosteriorsOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
