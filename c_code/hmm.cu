@@ -545,15 +545,16 @@ static double* hmm_forward_memory(ptn::Scratch& scratch, int64_t n) {
 
 // The forward pass of every sequence: p.status, the log-likelihoods ll (B) and what the backward pass reads (with
 // `keep`; HmmParams' memory, set here); raises for +inf log-emissions.  The scaled pass, then the log-space one for
-// the sequences it gave up on.  On the CPU a batch of at least HMM_LANES_MIN_B sequences runs with the sequences in
-// lanes (hmm_lanes.h; the forward op alone keeps no (T, B, K) array then), a smaller one time outer and batch inner.
+// the sequences it gave up on.  On the CPU a batch that fills groups of 8 well enough (hmm_use_lanes) runs with the
+// sequences in lanes (hmm_lanes.h; the forward op alone keeps no (T, B, K) array then), others time outer and batch
+// inner.
 static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll, bool keep) {
   const int64_t TBK = (p.T * p.B * p.K + 7) / 8 * 8, TB = p.T * p.B;  // each array on a cache line
   p.status = scratch.get<double>(p.B);
   p.alpha = p.E = p.c = p.aL = p.EL = p.sL = nullptr;
   p.lanes = false;
 #if !CUDA
-  p.lanes = p.B >= HMM_LANES_MIN_B;
+  p.lanes = hmm_use_lanes(p.B, p.K);
   if (p.lanes) {
     const int64_t groups = (p.B + HMM_W - 1) / HMM_W, GTK = groups * p.T * p.K * HMM_W;
     if (keep) {

@@ -16,9 +16,18 @@
 
 #define HMM_W 8              // sequences per group: the lanes of hmm_v8d
 #define HMM_LANE_STEPS 32    // backward steps whose rows are buffered for U += X^T V
-#define HMM_LANES_MIN_B 4    // below this many sequences the batch-inner path (hmm_forward_cpu) runs
 
 #if !CUDA
+// Whether a batch of B sequences of K states runs in lanes rather than time outer and batch inner
+// (hmm_forward_cpu / hmm_backward_cpu).  A group costs the same whatever number of its lanes hold a sequence, so
+// the lanes win when the batch fills its groups well enough: when the batch rounded up to groups of 8 is at most
+// r(K) B, with r(K) the measured cost of a sequence in the batch-inner path over its cost in a full group (value
+// and gradient, T = 1000, same-process A/B at load ~6: 3.2 at K = 4, 1.6 at K = 8, 1.2 at K = 16, 1.05 at
+// K = 32, 1.1 at K = 64, 0.87 at K = 128).  One sequence never: its padding costs 8 times its work.
+static inline bool hmm_use_lanes(int64_t B, int64_t K) {
+  const double r = K <= 4 ? 4.0 : K <= 8 ? 1.5 : K <= 16 ? 1.2 : K <= 64 ? 1.05 : 0.0;
+  return B >= 2 && (double)((B + HMM_W - 1) / HMM_W * HMM_W) <= r * (double)B;
+}
 
 static inline hmm_v8d hmm_bc8(double x) { return x - hmm_v8d{}; }  // x in every lane (x - 0 is x exactly)
 

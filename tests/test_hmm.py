@@ -689,15 +689,17 @@ def check_against_references(got, args, lens, upstream, rtol, atol):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_log_likelihood_lanes_any_batch(mode, dtype):
-    """B = 1..17 (groups of eight sequences in vector lanes from B = 4 on: full, partial and several groups),
-    K = 1, 3, 8, 16, 17 (transposed eight at a time and the rest), ragged lengths with empty sequences, against the
-    numpy log-space references; an upstream gradient that depends on the value (separate forward and gradient ops)
-    gives the same numbers."""
+    """B = 1..24 and K = 1..33 on both CPU paths (c_code/hmm_lanes.h's hmm_use_lanes: groups of eight sequences in
+    vector lanes, full, partial and several, with K = 16, 17, 33 transposed eight states at a time and the rest; or
+    time outer and batch inner, e.g. B = 1, 3 x 8, 5 x 17, 17 x 16), ragged lengths with empty sequences, against
+    the numpy log-space references; an upstream gradient that depends on the value (separate forward and gradient
+    ops) gives the same numbers."""
     f = lanes_function(dtype, mode)
     f_dep = lanes_function(dtype, mode, weights_depend_on_value=True)
     rng = np.random.default_rng(70)
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
-    for B, K in [(1, 16), (3, 8), (4, 3), (5, 17), (7, 16), (8, 16), (9, 1), (12, 8), (16, 5), (17, 16)]:
+    for B, K in [(1, 16), (3, 8), (4, 3), (5, 17), (7, 16), (8, 16), (9, 1), (12, 8), (14, 16), (16, 5), (17, 16),
+                 (24, 17), (8, 33)]:
         T = int(rng.integers(6, 14))
         le, lA, lpi, lf = model(rng, T, B, K, 3.0)
         lens = rng.integers(0, T + 1, size=B)
@@ -719,7 +721,7 @@ def test_log_likelihood_value_and_gradient_in_one_op(mode):
     one op computes both (HmmLikelihoodWithGradOp, by a rewrite of the default and C modes): the same bits as the
     two ops; with an upstream gradient that depends on the value the two ops stay."""
     rng = np.random.default_rng(71)
-    T, B, K = 30, 10, 6
+    T, B, K = 30, 10, 4  # two groups of lanes
     le, lA, lpi, lf = model(rng, T, B, K, 2.0)
     lens = [30, 29, 0, 1, 17, 30, 30, 5, 2, 30]
     args = [le, lA, lpi, lf, mask_of(lens, T), rng.uniform(0.5, 2.0, size=B)]
