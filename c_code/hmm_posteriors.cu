@@ -18,12 +18,14 @@
 // A sequence without a path gets all-zero marginals, counts and gradients; one with a NaN input NaN marginals and
 // counts (and NaN gradients; the shared parameters' gradients are then NaN).  The empty series: zeros.
 
+#include "hmm_exp8.h"
 #include "hmm_infer.cu"
+#include "hmm_kept.h"
 #include "hmm_vectors_small.h"
 
 struct HmmPostState {
-  double *alpha, *c, *m;  // hidden outputs of the forward op
-  double* status;         // hidden output: the sequence's status (double, like hmm.cu's)
+  double *alpha, *c, *m;  // hidden outputs of the forward op (HmmPosteriorsValuesOp: the library's memory)
+  double* status;         // the same: the sequence's status (double, like hmm.cu's)
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
@@ -141,16 +143,8 @@ struct HmmSmallChain {
     hmm_small_rows<K>(p.A, A);
     hmm_small_rows<K>(p.AT, AT);
   }
-  void forward(hmm_v4d e) {
-    hmm_v4d W[4];
-    for (int k = 0; k < K; ++k) W[k] = A[k] * e;
-    x = hmm_vecmat<K>(x, W);
-  }
-  void backward(hmm_v4d e) {
-    hmm_v4d W[4];
-    for (int k = 0; k < K; ++k) W[k] = AT[k] * hmm_splat(e[k]);
-    x = hmm_vecmat<K>(x, W);
-  }
+  void forward(hmm_v4d e) { x = hmm_vecmat<K>(x, A) * e; }
+  void backward(hmm_v4d e) { x = hmm_vecmat<K>(x * e, AT); }
   double sum() const { return hmm_hsum(x); }
   void store(double* out) const { hmm_store_lanes<4>(out, x); }
 };
@@ -178,8 +172,17 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   }
   for (int k = 0; k < 4; ++k)
     if (!ok[k]) return false;
-#pragma GCC ivdep
-  for (int64_t i = 0; i < K * len; ++i) E[i] = fsa_exp(E[i]);
+  const int64_t n = K * len, n8 = n & ~(int64_t)7;
+  for (int64_t i = 0; i < n8; i += 8) {
+    const hmm_v8d x = hmm_exp8(hmm_load8(E + i));
+    memcpy(E + i, &x, sizeof(x));
+  }
+  if (n8 < n) {
+    hmm_v8d x = hmm_v8d{} - INFINITY;  // -inf: 0 in the lanes past the end
+    memcpy(&x, E + n8, (n - n8) * sizeof(double));
+    x = hmm_exp8(x);
+    memcpy(E + n8, &x, (n - n8) * sizeof(double));
+  }
   // the two chains: forward frame i, backward frame len - 1 - i
   HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_lanes<K>(E)), v(p, hmm_lanes<K>(p.f));
   u.store(U);
@@ -244,28 +247,23 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   return true;
 }
 
-// hmm_posteriors_fw for one sequence of at most 4 states (B = 1), without hmm_infer_setup's scan of the
+// hmm_posteriors_run for one sequence of at most 4 states (B = 1), without hmm_infer_setup's scan of the
 // emissions (hmm_post_small checks them).  Returns false where the general path must run: other sizes, a NaN in
 // the parameters, and where hmm_post_small's checks fail.
-static bool hmm_posteriors_small_fw(Ndarray** inputs, Ndarray*** outputs) {
+static bool hmm_posteriors_small(Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xo) {
   if (Ndarray_DIMS(inputs[0])[1] != 1 || Ndarray_DIMS(inputs[0])[2] > 4 || Ndarray_DIMS(inputs[0])[2] == 0)
     return false;
   HmmScratch scratch;
   const HmmModel p = hmm_model_setup(scratch, inputs, "hmm_posteriors");
   if (p.consts[3] != 0.0) return false;
-  HmmPostState st = {(double*)(*outputs[2])->data, (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
-                     (double*)(*outputs[5])->data};
   const int64_t len = p.seq_len[0], K = p.K;
   st.status[0] = HMM_SCALED;
   if (len == 0) return true;  // zeros
-  double* buf = scratch.get<double>(15 * len);
+  double* buf = hmm_kept_doubles<1>(scratch, 15 * len);
   double xi[16];
   bool done = false;
-  hmm_with_k(K, [&](auto k) {
-    done = hmm_post_small<decltype(k)::value>(p, st, 0, Ndarray_DEV_DATA(*outputs[0]), xi, buf);
-  });
+  hmm_with_k(K, [&](auto k) { done = hmm_post_small<decltype(k)::value>(p, st, 0, gamma, xi, buf); });
   if (!done) return false;
-  Float* xo = Ndarray_DEV_DATA(*outputs[1]);
   for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)(xi[i] * p.A[i]);
   return true;
 }
@@ -306,28 +304,42 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
 #endif
 }
 
-// inputs: log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B)
-// outputs: marginals (T,B,K), counts (B,K,K); hidden (double): alpha (T,B,K), c (T,B), m (T,B), status (B)
+// The forward pass of both forward ops: the marginals gamma (T,B,K) and the counts xi (B,K,K) from the inputs
+// log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B); st: the hidden arrays
+// (double) alpha (T,B,K), c (T,B), m (T,B), status (B).
+static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xi) {
+#if !CUDA
+  if (hmm_posteriors_small(inputs, st, gamma, xi)) return;
+#endif
+  HmmInferCall call("hmm_posteriors", inputs, n_inputs, 5, 0, 0);
+  const HmmInferParams& p = call.p;
+  if (p.B == 0) return;
+  HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
+#if !CUDA
+  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = hmm_kept_doubles<1>(call.scratch, 15 * p.T * p.B);
+#endif
+  HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, gamma, xi);
+  HANDLE_LAST_ERROR();
+}
+
+// HmmPosteriorsOp: outputs marginals, counts, then the hidden arrays.
 static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 6);
-#if !CUDA
-  if (hmm_posteriors_small_fw(inputs, outputs)) return;
-#endif
-  HmmInferCall call("hmm_posteriors", inputs, n_inputs, 5, n_outputs, 6);
-  const HmmInferParams& p = call.p;
-  if (p.B == 0) return;
-  HmmPostState st;
-  st.alpha = (double*)(*outputs[2])->data;
-  st.c = (double*)(*outputs[3])->data;
-  st.m = (double*)(*outputs[4])->data;
-  st.status = (double*)(*outputs[5])->data;
-  HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
-#if !CUDA
-  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = call.scratch.get<double>(15 * p.T * p.B);
-#endif
-  HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
-  HANDLE_LAST_ERROR();
+  const HmmPostState st = {(double*)(*outputs[2])->data, (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
+                           (double*)(*outputs[5])->data};
+  hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
+}
+
+// HmmPosteriorsValuesOp (no gradient): outputs marginals and counts; the hidden arrays in the library's memory.
+static void hmm_posteriors_values_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 2);
+  const int64_t TB = Ndarray_DIMS(inputs[0])[0] * Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
+  ptn::Scratch scratch;
+  double* mem = hmm_kept_doubles<0>(scratch, TB * (K + 2) + Ndarray_DIMS(inputs[0])[1]);
+  const HmmPostState st = {mem, mem + TB * K, mem + TB * (K + 1), mem + TB * (K + 2)};
+  hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
 }
 
 // ---------------------------------------------------------------- gradient

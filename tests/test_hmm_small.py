@@ -134,6 +134,37 @@ def test_posteriors_one_sequence_long(K, dtype):
                                    atol=(1e-9 if dtype == "float64" else 1e-4) * scale)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_posteriors_without_gradient_run_without_hidden_outputs(mode, dtype):
+    """Where no gradient is taken, the rewrite swaps HmmPosteriorsOp for HmmPosteriorsValuesOp (modes with the
+    specialize rewrites; FAST_COMPILE keeps HmmPosteriorsOp), with the same bits as HmmPosteriorsOp beside a
+    gradient: the one-sequence path, the general one, ragged masks, the empty series and batch."""
+    xs = symbols(dtype)
+    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    plain = pytensor.function(xs, [gamma, xi], mode=mode)
+    graded = pytensor.function(xs, [gamma, xi, pytensor.grad((gamma * gamma).sum() + xi.sum(), xs[0])], mode=mode)
+
+    def names(f):
+        return {getattr(n.op, "name", None) for n in f.maker.fgraph.toposort()}
+
+    swapped = mode != "FAST_COMPILE"
+    assert ("HmmPosteriorsValuesOp" in names(plain)) == swapped
+    assert ("HmmPosteriorsOp" in names(plain)) != swapped
+    assert "HmmPosteriorsValuesOp" not in names(graded) and "HmmPosteriorsOp" in names(graded)
+    rng = np.random.default_rng(150)
+    for T, K, lens in ((40, 3, [40]), (40, 3, [17]), (30, 5, [30, 12, 0]), (0, 3, [0]), (5, 2, [])):
+        le, lA, lpi, lf = model(rng, T, len(lens), K, 2.0)
+        args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T))
+        got, want = plain(*args), graded(*args)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        if T and lens:
+            want_gamma, want_xi = ref_fsa.hmm_posteriors(*(np.asarray(a, np.float64) for a in args[:4]), lens)
+            rtol, atol = tol(dtype)
+            np.testing.assert_allclose(got[0], want_gamma, rtol=rtol, atol=atol)
+            np.testing.assert_allclose(got[1], want_xi, rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize("K", [2, 3, 4])
 def test_posteriors_one_sequence_fallbacks(K):
     """Inputs the register path hands to the sequential pass: the frame's largest log-density at a state no path

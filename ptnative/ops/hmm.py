@@ -15,8 +15,10 @@ all arguments in log space.  See ``docs/hmm.md``.
 from __future__ import annotations
 
 import pytensor.tensor as pt
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.tensor.rewriting.basic import register_specialize
 
-from ..op import NativeOpGenBase
+from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
 from ._args import float_tensor, real_tensor
 from .fsa import _arr, _hidden, _hmm_inputs, _out
@@ -71,6 +73,35 @@ class HmmPosteriorsOp(NativeOpGenBase):
     c_fw_code = "hmm_posteriors_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_posteriors_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+
+
+class HmmPosteriorsValuesOp(NativeOpGenBase):
+    """:class:`HmmPosteriorsOp`'s marginals and counts where no gradient is taken: the same kernel, whose hidden
+    arrays then stay in the library's memory (no four arrays allocated, zeroed and returned per call).
+
+    Inputs and the outputs ``marginals`` (T, B, K), ``counts`` (B, K, K) as :class:`HmmPosteriorsOp`'s.  Not built
+    by users: the rewrite ``_posteriors_without_hidden_outputs`` puts it where a graph uses none of
+    :class:`HmmPosteriorsOp`'s hidden outputs.  No gradient of its own.
+    """
+
+    in_info = _hmm_inputs(True)
+    out_info = HmmPosteriorsOp.out_info[:2]
+    c_extra_support_code = _support("posteriors")
+    c_fw_code = "hmm_posteriors_values_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+@node_rewriter([NativeOp])
+def _posteriors_without_hidden_outputs(fgraph, node):
+    """An :class:`HmmPosteriorsOp` node none of whose hidden outputs is used (no gradient is taken) becomes an
+    :class:`HmmPosteriorsValuesOp` node on the same inputs."""
+    if node.op.name != HmmPosteriorsOp.__name__ or any(fgraph.clients.get(out) for out in node.outputs[2:]):
+        return None
+    values = HmmPosteriorsValuesOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
+    return dict(zip(node.outputs[:2], values))
+
+
+register_specialize(_posteriors_without_hidden_outputs, name="ptnative_hmm_posteriors_values")
 
 
 class HmmSampleStatesOp(NativeOpGenBase):
@@ -222,5 +253,5 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
 for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
-__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_viterbi",
+__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_viterbi",
            "hmm_posteriors", "hmm_sample_states"]
