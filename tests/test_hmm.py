@@ -11,7 +11,7 @@ from pytensor.gradient import verify_grad
 
 import ptnative
 from ptnative import NativeOp
-from ptnative.ops import hmm
+from ptnative.ops import fsa, hmm
 
 from .conftest import check_infer_shape, tol
 from .reference import fsa as ref_fsa
@@ -576,6 +576,17 @@ def test_exported():
         assert getattr(ptnative.ops, name) is getattr(hmm, name)
     for name in ["hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]:
         assert getattr(ptnative, name) is getattr(hmm, name)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_log_likelihood_kernels_compile_with_nvcc(monkeypatch):
+    """c_code/hmm.cu's CUDA text (the lanes are CPU-only): the forward op, its gradient op and the op computing both."""
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    op = fsa.HmmForwardBackwardOp.make_op()
+    for o in [op, op.grad_op(), fsa.HmmLikelihoodWithGradOp.make_op()]:
+        for dtype in DTYPES:
+            path = ptnative.build.build(o.variant(dtype, device="cuda"))
+            assert path.exists() and path.stat().st_size > 0
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
