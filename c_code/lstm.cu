@@ -35,13 +35,6 @@ DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, con
   }
 }
 
-// out[b, 0..n) (rows ld apart) = src[b, 0..n) (rows n apart); with a mask, 0 on the rows where it is 0 (so that a
-// NaN on a padded frame reaches no weight gradient).
-DEF_KERNEL void lstm2_rows_to(const Float* __restrict__ src, const Float* __restrict__ mask, Float* __restrict__ out,
-                              int64_t n_batch, int64_t n, int64_t ld) {
-  LSTM_FOR_BJ(b, j, n_batch, n) { out[b * ld + j] = mask && mask[b] == Float(0) ? Float(0) : src[b * n + j]; }
-}
-
 // Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
 // exit the part that reaches y_prev through the carry.  dc: dL/dC[t] on entry, dL/dc_prev on exit.
 // gd (B, 4n): the frame's activated gates (H[t]) on entry, dL/dX[t] on exit.  One cell, mask value m:
@@ -64,12 +57,6 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
                                const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
-}
-
-// out[r, c] += bias[c] for the (rows, cols) row-major `out` (CUDA: a frame's pre-activations before its recurrent
-// product, the order of the CPU's packed product with a bias).
-DEF_KERNEL void lstm2_add_bias(Float* __restrict__ out, const Float* __restrict__ bias, int64_t rows, int64_t cols) {
-  LSTM_FOR_BJ(r, c, rows, cols) { out[r * cols + c] += bias[c]; }
 }
 
 // out[c] = the sum of column c of the (rows, cols) row-major X, accumulated in double row by row (CUDA: one
@@ -113,7 +100,7 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
 #if CUDA
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
-    if (bias) start_dev_kernel(lstm2_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
+    if (bias) start_dev_kernel(lstm_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
     lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
     start_dev_kernel(lstm2_fw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, y_carry,
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
@@ -185,10 +172,10 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
 #if CUDA
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
-    if (layer) start_dev_kernel(lstm2_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
-                                                 n_batch, n_in, ld));
+    if (layer) start_dev_kernel(lstm_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
+                                                n_batch, n_in, ld));
     if (k == 0)
-      start_dev_kernel(lstm2_rows_to, (Ndarray_DEV_DATA(y0), (const Float*)nullptr, yp_at(t), n_batch, n_cells, ld));
+      start_dev_kernel(lstm_rows_to, (Ndarray_DEV_DATA(y0), (const Float*)nullptr, yp_at(t), n_batch, n_cells, ld));
     else
       start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), yp_at(tp), yp_at(t), mask + tp * n_batch, n_batch, n_cells, ld));
   }
@@ -213,10 +200,10 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     double* db = layer ? db_parts.data() + p * g : nullptr;
     for (int64_t k = 0, at = r0 * n_cells; k < fr.count; ++k) {
       int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
-      if (layer) lstm2_rows_to(x + (t * n_batch + r0) * n_in, mask + t * n_batch + r0, P + (t * n_batch + r0) * ld,
-                               r1 - r0, n_in, ld);
+      if (layer) lstm_rows_to(x + (t * n_batch + r0) * n_in, mask + t * n_batch + r0, P + (t * n_batch + r0) * ld,
+                              r1 - r0, n_in, ld);
       if (k == 0)
-        lstm2_rows_to(Ndarray_DEV_DATA(y0) + at, nullptr, yp_at(t) + r0 * ld, r1 - r0, n_cells, ld);
+        lstm_rows_to(Ndarray_DEV_DATA(y0) + at, nullptr, yp_at(t) + r0 * ld, r1 - r0, n_cells, ld);
       else
         lstm2_carry(data_ptr(Y, tp) + at, yp_at(tp) + r0 * ld, yp_at(t) + r0 * ld, mask + tp * n_batch + r0, r1 - r0,
                     n_cells, ld);
@@ -227,18 +214,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
       lstm2_bw_frame(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
                      (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
                      data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
-      if (db)
-        for (int64_t r = 0; r < r1 - r0; ++r)
-          for (int64_t c = 0; c < g; ++c) db[c] += (double)dx[r * g + c];
+      if (db) lstm_add_rows(dx, r1 - r0, g, db);
       lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
     }
   });
-  if (layer)
-    for (int64_t c = 0; c < g; ++c) {
-      double sum = 0;
-      for (int p = 0; p < parts; ++p) sum += db_parts[p * g + c];
-      db_out[c] = (Float)sum;
-    }
+  if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
 #endif
   const Float* DXd = Ndarray_DEV_DATA(DX);
   if (!layer) {

@@ -104,11 +104,19 @@ DEV_FUNC inline Float lstm_cell_backward(Float m, const LstmGates& g, Float tc, 
 #define LSTM_FOR_BJ(b, j, nb, nc) for (int64_t b = 0; b < (nb); ++b) for (int64_t j = 0; j < (nc); ++j)
 #endif
 
-// out[b, :] = X[b, :] where mask[b] != 0, else 0 (a frame's input rows for a weight gradient, without padding).
-DEF_KERNEL void lstm_valid_rows(const Float* __restrict__ X, const Float* __restrict__ mask, Float* __restrict__ out,
-                                int64_t n_batch, int64_t n_cols) {
-  LSTM_FOR_BJ(b, j, n_batch, n_cols) { out[b * n_cols + j] = mask[b] == Float(0) ? Float(0) : X[b * n_cols + j]; }
+// out[r, c] += bias[c] for the (rows, cols) row-major `out` (CUDA: a frame's pre-activations before its recurrent
+// product, the order of the CPU's packed product with a bias).
+DEF_KERNEL void lstm_add_bias(Float* __restrict__ out, const Float* __restrict__ bias, int64_t rows, int64_t cols) {
+  LSTM_FOR_BJ(r, c, rows, cols) { out[r * cols + c] += bias[c]; }
 }
+
+// out[b, 0..n) (rows ld apart) = src[b, 0..n) (rows n apart); with a mask, 0 on the rows where it is 0 (so that a
+// NaN on a padded frame reaches no weight gradient).
+DEF_KERNEL void lstm_rows_to(const Float* __restrict__ src, const Float* __restrict__ mask, Float* __restrict__ out,
+                             int64_t n_batch, int64_t n, int64_t ld) {
+  LSTM_FOR_BJ(b, j, n_batch, n) { out[b * ld + j] = mask && mask[b] == Float(0) ? Float(0) : src[b * n + j]; }
+}
+
 
 // C (m x n) (+)= A (m x k) . B (k x n) with row-major pointers; op(A) / op(B) by the flags (an empty product
 // leaves C as it is with beta = 1 and zeroes it with beta = 0, as affine_raw does).

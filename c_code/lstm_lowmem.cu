@@ -3,21 +3,15 @@
 #include "lstm_common.h"
 #include "lstm_packed.h"
 
-// The gates of one cell from g = &intern[b, j] (its cell-input pre-activation, without the bias) and bias_j =
-// &bias[j]; the blocks are n apart in both.
-DEV_FUNC inline LstmGates lowmem_gates(const Float* g, const Float* bias_j, int64_t n) {
-  return lstm_gates(g[0] + bias_j[0], g[n] + bias_j[n], g[2 * n] + bias_j[2 * n], g[3 * n] + bias_j[3 * n]);
-}
-
-// intern (B, 4n): X[t] . W_x + y_prev . W_h, without the bias.
-DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias,
-                                const Float* __restrict__ mask, const Float* __restrict__ c_prev, Float* __restrict__ y,
-                                Float* __restrict__ c, int64_t n_batch, int64_t n_cells) {
+// h (B, 4n): a frame's pre-activations [X[t], y_prev] . W + b.
+DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ h, const Float* __restrict__ mask,
+                                const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
+                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
-    const Float* g = intern + b * 4 * n_cells + j;
+    const Float* g = h + b * 4 * n_cells + j;
     int64_t idx = b * n_cells + j;
     Float m = mask[b];
-    LstmGates q = lowmem_gates(g, bias + j, n_cells);
+    LstmGates q = lstm_gates(g[0], g[n_cells], g[2 * n_cells], g[3 * n_cells]);
     Float cp = c_prev[idx];
     Float cv = lstm_blend(m, cp * q.fg + q.a * q.ig, cp);
     c[idx] = cv;
@@ -25,19 +19,18 @@ DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ intern, const Float* _
   }
 }
 
-// Backward through one frame.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry,
-// dL/dc_prev on exit.  dintern: dL/d(pre-activations); db accumulates its column sums (on CUDA; the CPU sums
-// dintern's columns per chunk).  One cell, mask value m:
+// Backward through one frame.  gd (B, 4n): the frame's pre-activations (bias included) on entry, dL/d(them) on
+// exit.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry, dL/dc_prev on exit.  db (CUDA
+// only) accumulates gd's column sums (the CPU's parts sum them per part).  One cell, mask value m:
 template <bool kValid>
-DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, const Float* __restrict__ intern,
-                                    const Float* __restrict__ bias, const Float* __restrict__ c,
-                                    const Float* __restrict__ c_prev, const Float* __restrict__ dY,
-                                    const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
-                                    Float* __restrict__ dintern, Float* __restrict__ db, int64_t n_cells) {
-  const Float* g = intern + b * 4 * n_cells + j;
-  Float* d = dintern + b * 4 * n_cells + j;
+DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, Float* __restrict__ gd,
+                                    const Float* __restrict__ c, const Float* __restrict__ c_prev,
+                                    const Float* __restrict__ dY, const Float* __restrict__ dC,
+                                    const Float* __restrict__ dh, Float* __restrict__ dc, Float* __restrict__ db,
+                                    int64_t n_cells) {
+  Float* d = gd + b * 4 * n_cells + j;
   int64_t idx = b * n_cells + j;
-  LstmGates q = lowmem_gates(g, bias + j, n_cells);
+  LstmGates q = lstm_gates(d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]);
   Float dct = lstm_cell_backward<kValid>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx], dc[idx] + dC[idx],
                                          d, n_cells);
 #if CUDA
@@ -46,13 +39,11 @@ DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, const Float* 
   dc[idx] = lstm_carry_grad_by<kValid>(m, dct, q.fg);
 }
 
-DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ intern, const Float* __restrict__ bias,
-                                const Float* __restrict__ mask, const Float* __restrict__ c,
+DEF_KERNEL void lowmem_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
                                 const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                                 const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
-                                Float* __restrict__ dintern, Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
-  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lowmem_bw_cell, intern, bias, c, c_prev, dY, dC, dh, dc, dintern, db,
-                      n_cells);
+                                Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lowmem_bw_cell, gd, c, c_prev, dY, dC, dh, dc, db, n_cells);
 }
 
 static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0, Ndarray* c0, Ndarray* i) {
@@ -69,27 +60,39 @@ static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0,
 }
 
 #if CUDA
-// intern = X[t] . W_x + y_prev . W_h  (W_x = W[:n_in], W_h = W[n_in:], both contiguous row blocks)
-static void lowmem_intern(Ndarray* X, Ndarray* W, int64_t t, const Float* y_prev, Float* intern, int64_t n_batch,
-                          int64_t n_in, int64_t n_cells) {
+// gd = X[t] . W_x + b + y_prev . W_h  (W_x = W[:n_in], W_h = W[n_in:], both contiguous row blocks), the order of
+// the CPU's packed products
+static void lowmem_gates_in(Ndarray* X, Ndarray* W, const Float* bias, int64_t t, const Float* y_prev, Float* gd,
+                            int64_t n_batch, int64_t n_in, int64_t n_cells) {
   const Float* Wd = Ndarray_DEV_DATA(W);
-  lstm_gemm(data_ptr(X, t), false, Wd, false, intern, n_batch, 4 * n_cells, n_in, 0.0);
-  lstm_gemm(y_prev, false, Wd + n_in * 4 * n_cells, false, intern, n_batch, 4 * n_cells, n_cells, 1.0);
+  lstm_gemm(data_ptr(X, t), false, Wd, false, gd, n_batch, 4 * n_cells, n_in, 0.0);
+  start_dev_kernel(lstm_add_bias, (gd, bias, n_batch, 4 * n_cells));
+  lstm_gemm(y_prev, false, Wd + n_in * 4 * n_cells, false, gd, n_batch, 4 * n_cells, n_cells, 1.0);
 }
 #else
-// On the CPU LstmLowMem works through the visited frames in chunks of about LOWMEM_CHUNK_ROWS batch rows: the
-// input products of a chunk are one GEMM (backward: the recomputed gates two, the gradients three more), the
-// recurrent products run frame by frame on the packed W_h with the batch rows split over threads, as in
-// NativeLstm2.  The scratch memory is a few chunks, whatever T.  Forward and backward chunk the frames alike,
-// so the backward pass recomputes exactly the forward's gates.
-constexpr int64_t LOWMEM_CHUNK_ROWS = 512;
+// On the CPU the batch rows are split over threads (lstm_cpu_rows' parts) for the whole recurrence, and each part
+// works through the visited frames in chunks of about LOWMEM_CHUNK_ROWS batch rows (of all parts together):
+//   forward, per chunk: the part's X rows . W_x + b for all the chunk's frames as one packed product, then frame by
+//   frame + y_prev . W_h (packed) and the activations;
+//   backward, per chunk: the same gates again for all its frames at once ([X | y_prev] are all known then; the
+//   same packed products, so the same bits as forward), then frame by frame the cell backward, the bias gradient
+//   (in double, per part), dL/dy_prev = G . W_h^T and dL/dX[t] = G . W_x^T (packed), where G are the frame's
+//   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (one
+//   BLAS GEMM).
+// What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp] and of G (LOWMEM_CHUNK_ROWS x
+// (n_in + 5n) values) and the packed weights (forward W, backward W and W^T), whatever T.  The forward calls
+// no BLAS and joins its threads once; the backward joins once and calls BLAS once per chunk.
+constexpr int64_t LOWMEM_CHUNK_ROWS = 1024;
 
 struct LowmemChunk {
   int64_t k0, k1, rows;  // visited frames k0 .. k1-1 (in visit order), (k1 - k0) * B rows
 };
 
+// Frames per chunk: at most LOWMEM_CHUNK_ROWS / B (at least 1), the chunks as equal as that allows.
 static int64_t lowmem_frames_per_chunk(const LstmCall& c) {
-  return std::max<int64_t>(1, std::min<int64_t>(c.fr.count, LOWMEM_CHUNK_ROWS / std::max<int64_t>(c.n_batch, 1)));
+  int64_t most = std::max<int64_t>(1, LOWMEM_CHUNK_ROWS / std::max<int64_t>(c.n_batch, 1));
+  int64_t chunks = std::max<int64_t>(1, (c.fr.count + most - 1) / most);
+  return std::max<int64_t>(1, (c.fr.count + chunks - 1) / chunks);
 }
 
 static LowmemChunk lowmem_chunk(const LstmCall& c, int64_t k0) {
@@ -97,17 +100,23 @@ static LowmemChunk lowmem_chunk(const LstmCall& c, int64_t k0) {
   return {k0, k1, (k1 - k0) * c.n_batch};
 }
 
-// The chunk's inputs in visit order: Xc = its X frames with the masked rows zeroed (a NaN on padding reaches no
-// product), Yp (optional) = the recurrent input of each frame (y0 at the first visited frame).
+// A part's rows r0 .. r1-1 of the chunk's buffers: frame k's rows at (k - k0) * (r1 - r0) from `at`, the parts one
+// after the other ((k1 - k0) * r0 rows before part r0's), so that the whole chunk is one matrix for the BLAS GEMM.
+static int64_t lowmem_part_row(const LowmemChunk& ch, int64_t r0) { return (ch.k1 - ch.k0) * r0; }
+
+// The part's inputs of the chunk's frames into `out` (rows ld apart, laid out as lowmem_part_row says): X[t] with
+// the masked rows zeroed (a NaN on padding reaches no product), then with `Y` the frame's recurrent input (y0 at
+// the first visited frame, else Y at the one before).
 static void lowmem_gather(Ndarray* X, Ndarray* i, Ndarray* Y, Ndarray* y0, const LstmCall& c, const LowmemChunk& ch,
-                          Float* Xc, Float* Yp) {
-  int64_t n_in = Ndarray_DIMS(X)[2];
+                          int64_t r0, int64_t r1, Float* out, int64_t ld) {
+  int64_t n_in = Ndarray_DIMS(X)[2], nr = r1 - r0;
   for (int64_t k = ch.k0; k < ch.k1; ++k) {
-    int64_t t = c.fr.at(k), row = (k - ch.k0) * c.n_batch;
-    lstm_valid_rows(data_ptr(X, t), Ndarray_DEV_DATA(i) + t * c.n_batch, Xc + row * n_in, c.n_batch, n_in);
-    if (Yp)
-      Ndarray_memcpy(Yp + row * c.n_cells, k > 0 ? data_ptr(Y, t - c.fr.step) : Ndarray_DEV_DATA(y0),
-                     c.frame * sizeof(Float));
+    int64_t t = c.fr.at(k);
+    Float* row = out + (k - ch.k0) * nr * ld;
+    lstm_rows_to(data_ptr(X, t) + r0 * n_in, Ndarray_DEV_DATA(i) + t * c.n_batch + r0, row, nr, n_in, ld);
+    if (Y)
+      lstm_rows_to((k > 0 ? data_ptr(Y, t - c.fr.step) : Ndarray_DEV_DATA(y0)) + r0 * c.n_cells, nullptr, row + n_in,
+                   nr, c.n_cells, ld);
   }
 }
 #endif
@@ -124,37 +133,38 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const int64_t n_batch = call.n_batch, n_cells = call.n_cells, n_in = Ndarray_DIMS(X)[2], g = 4 * n_cells;
   const Float *bias = Ndarray_DEV_DATA(b), *mask = Ndarray_DEV_DATA(i), *Wd = Ndarray_DEV_DATA(W);
   ptn::Scratch scratch;
+  auto y_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(Y, fr.at(k) - fr.step) : Ndarray_DEV_DATA(y0); };
+  auto c_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(C, fr.at(k) - fr.step) : Ndarray_DEV_DATA(c0); };
 #if CUDA
-  Float* intern = scratch.get<Float>(4 * call.frame);
+  Float* gd = scratch.get<Float>(4 * call.frame);
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
-    lowmem_intern(X, W, t, k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0), intern, n_batch, n_in, n_cells);
-    start_dev_kernel(lowmem_fw_frame, (intern, bias, mask + t * n_batch,
-                                       k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
-                                       data_ptr(C, t), n_batch, n_cells));
+    lowmem_gates_in(X, W, bias, t, y_prev_at(k), gd, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_fw_frame, (gd, mask + t * n_batch, c_prev_at(k), data_ptr(Y, t), data_ptr(C, t), n_batch,
+                                       n_cells));
   }
 #else
   if (fr.count > 0) {
-    int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
-    Float* Xc = scratch.get<Float>(chunk_rows * n_in);
-    Float* intern = scratch.get<Float>(chunk_rows * g);
-    LstmPacked packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
-    for (int64_t k0 = 0; k0 < fr.count; k0 += lowmem_frames_per_chunk(call)) {
-      LowmemChunk ch = lowmem_chunk(call, k0);
-      lowmem_gather(X, i, Y, y0, call, ch, Xc, nullptr);
-      lstm_gemm(Xc, false, Wd, false, intern, ch.rows, g, n_in, 0.0);
-      lstm_cpu_rows(n_batch, n_cells, ch.k1 - ch.k0, [&](int64_t r0, int64_t r1) {
+    const int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
+    Float* xs = scratch.get<Float>(chunk_rows * n_in);
+    Float* gates = scratch.get<Float>(chunk_rows * g);
+    const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
+    lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
+      const int64_t nr = r1 - r0, at = r0 * n_cells;
+      for (int64_t k0 = 0; k0 < fr.count; k0 += lowmem_frames_per_chunk(call)) {
+        LowmemChunk ch = lowmem_chunk(call, k0);
+        Float *xp = xs + lowmem_part_row(ch, r0) * n_in, *gp = gates + lowmem_part_row(ch, r0) * g;
+        lowmem_gather(X, i, nullptr, y0, call, ch, r0, r1, xp, n_in);
+        lstm_packed_gemm(xp, n_in, packed_Wx, gp, g, (ch.k1 - ch.k0) * nr, bias, true);  // X[t] . W_x + b
         for (int64_t k = ch.k0; k < ch.k1; ++k) {
-          int64_t t = fr.at(k), at = r0 * n_cells;
-          Float* h = intern + ((k - ch.k0) * n_batch + r0) * g;
-          lstm_packed_gemm((k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0)) + at, n_cells, packed_Wh, h, g,
-                           r1 - r0);
-          lowmem_fw_frame(h, bias, mask + t * n_batch + r0,
-                          (k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(Y, t) + at,
-                          data_ptr(C, t) + at, r1 - r0, n_cells);
+          int64_t t = fr.at(k);
+          Float* h = gp + (k - ch.k0) * nr * g;
+          lstm_packed_gemm(y_prev_at(k) + at, n_cells, packed_Wh, h, g, nr);
+          lowmem_fw_frame(h, mask + t * n_batch + r0, c_prev_at(k) + at, data_ptr(Y, t) + at, data_ptr(C, t) + at, nr,
+                          n_cells);
         }
-      });
-    }
+      }
+    });
   }
 #endif
   HANDLE_LAST_ERROR();
@@ -180,63 +190,54 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
   Float* dc = Ndarray_DEV_DATA(Dc0);
   ptn::Scratch scratch;
+  auto c_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(C, fr.at(k) - fr.step) : Ndarray_DEV_DATA(c0); };
 #if CUDA
-  Float* intern = scratch.get<Float>(4 * call.frame);
-  Float* dintern = scratch.get<Float>(4 * call.frame);
+  Float* gd = scratch.get<Float>(4 * call.frame);
   Float* x_valid = scratch.get<Float>(n_batch * n_in);  // X[t] without its padded rows (a NaN there stays there)
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
     const Float* y_prev = k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0);
-    lowmem_intern(X, W, t, y_prev, intern, n_batch, n_in, n_cells);
-    start_dev_kernel(lowmem_bw_frame, (intern, bias, mask + t * n_batch, data_ptr(C, t),
-                                       k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
-                                       data_ptr(DC, t), dh, dc, dintern, dbd, n_batch, n_cells));
-    start_dev_kernel(lstm_valid_rows, (data_ptr(X, t), mask + t * n_batch, x_valid, n_batch, n_in));
-    lstm_gemm(dintern, false, Wd, true, data_ptr(DX, t), n_batch, n_in, g, 0.0);
-    lstm_gemm(x_valid, true, dintern, false, DWd, n_in, g, n_batch, 1.0);
-    lstm_gemm(y_prev, true, dintern, false, DWd + n_in * g, n_cells, g, n_batch, 1.0);
-    lstm_gemm(dintern, false, Wd + n_in * g, true, dh, n_batch, n_cells, g, 0.0);
+    lowmem_gates_in(X, W, bias, t, y_prev, gd, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_bw_frame, (gd, mask + t * n_batch, data_ptr(C, t), c_prev_at(k), data_ptr(DY, t),
+                                       data_ptr(DC, t), dh, dc, dbd, n_batch, n_cells));
+    start_dev_kernel(lstm_rows_to, (data_ptr(X, t), mask + t * n_batch, x_valid, n_batch, n_in, n_in));
+    lstm_gemm(gd, false, Wd, true, data_ptr(DX, t), n_batch, n_in, g, 0.0);
+    lstm_gemm(x_valid, true, gd, false, DWd, n_in, g, n_batch, 1.0);
+    lstm_gemm(y_prev, true, gd, false, DWd + n_in * g, n_cells, g, n_batch, 1.0);
+    lstm_gemm(gd, false, Wd + n_in * g, true, dh, n_batch, n_cells, g, 0.0);
   }
 #else
-  int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
-  Float* Xc = scratch.get<Float>(chunk_rows * n_in);
-  Float* Yp = scratch.get<Float>(chunk_rows * n_cells);
-  Float* intern = scratch.get<Float>(chunk_rows * g);
-  Float* dintern = scratch.get<Float>(chunk_rows * g);
-  Float* DXc = scratch.get<Float>(chunk_rows * n_in);
-  LstmPacked packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
-  LstmPacked packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
+  const int64_t ld = n_in + n_cells, chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
+  Float* P = scratch.get<Float>(chunk_rows * ld);  // the chunk's [X[t] | y_prev] rows
+  Float* G = scratch.get<Float>(chunk_rows * g);   // its pre-activations, then their gradients
+  const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
+  const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
+  const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
+  std::vector<double> db_parts(parts * g, 0.0);
   Ndarray_memset(dh, 0, call.frame * sizeof(Float));
-  int64_t per_chunk = lowmem_frames_per_chunk(call);
+  const int64_t per_chunk = lowmem_frames_per_chunk(call);
   for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
     LowmemChunk ch = lowmem_chunk(call, k0);
-    // the chunk's gates, exactly as in the forward pass: X part by BLAS, recurrent part on the packed W_h
-    lowmem_gather(X, i, Y, y0, call, ch, Xc, Yp);
-    lstm_gemm(Xc, false, Wd, false, intern, ch.rows, g, n_in, 0.0);
-    lstm_cpu_rows(ch.rows, n_cells, 1, [&](int64_t r0, int64_t r1) {
-      lstm_packed_gemm(Yp + r0 * n_cells, n_cells, packed_Wh, intern + r0 * g, g, r1 - r0);
-    });
-    lstm_cpu_rows(n_batch, n_cells, ch.k1 - ch.k0, [&](int64_t r0, int64_t r1) {
-      int64_t at = r0 * n_cells;
+    lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
+      const int64_t nr = r1 - r0, at = r0 * n_cells;
+      Float *pp = P + lowmem_part_row(ch, r0) * ld, *gp = G + lowmem_part_row(ch, r0) * g;
+      // the chunk's gates, exactly as in the forward pass
+      lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
+      lstm_packed_gemm(pp, ld, packed_Wx, gp, g, (ch.k1 - ch.k0) * nr, bias, true);
+      lstm_packed_gemm(pp + n_in, ld, packed_Wh, gp, g, (ch.k1 - ch.k0) * nr);
       for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
-        int64_t t = fr.at(k), row = ((k - ch.k0) * n_batch + r0) * g;
-        lowmem_bw_frame(intern + row, bias, mask + t * n_batch + r0, data_ptr(C, t) + at,
-                        (k > 0 ? data_ptr(C, t - fr.step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
-                        data_ptr(DC, t) + at, dh + at, dc + at, dintern + row, dbd, r1 - r0, n_cells);
-        Ndarray_memset(dh + at, 0, (r1 - r0) * n_cells * sizeof(Float));  // dL/dY[t_prev] = dintern . W_h^T
-        lstm_packed_gemm(dintern + row, g, packed_WhT, dh + at, n_cells, r1 - r0);
+        int64_t t = fr.at(k);
+        Float* h = gp + (k - ch.k0) * nr * g;
+        lowmem_bw_frame(h, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
+                        data_ptr(DC, t) + at, dh + at, dc + at, nullptr, nr, n_cells);
+        lstm_add_rows(h, nr, g, db_parts.data() + p * g);
+        lstm_packed_gemm(h, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
+        lstm_packed_gemm(h, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
       }
     });
-    // the chunk's gradients: DX, DW = [Xc; Yp]^T . dintern, db = the column sums of dintern
-    lstm_gemm(dintern, false, Wd, true, DXc, ch.rows, n_in, g, 0.0);
-    for (int64_t k = ch.k0; k < ch.k1; ++k)
-      Ndarray_memcpy(data_ptr(DX, fr.at(k)), DXc + (k - ch.k0) * n_batch * n_in, n_batch * n_in * sizeof(Float));
-    lstm_gemm(Xc, true, dintern, false, DWd, n_in, g, ch.rows, 1.0);
-    lstm_gemm(Yp, true, dintern, false, DWd + n_in * g, n_cells, g, ch.rows, 1.0);
-    for (int64_t r = 0; r < ch.rows; ++r)
-      for (int64_t c = 0; c < g; ++c) dbd[c] += dintern[r * g + c];
+    lstm_gemm(P, true, G, false, DWd, ld, g, ch.rows, 1.0);  // [DW_x; DW_h] += [X | Yp]^T . G
   }
+  lstm_sum_parts(db_parts, parts, g, dbd);
 #endif
   HANDLE_LAST_ERROR();
 }
-

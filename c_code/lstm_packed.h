@@ -49,10 +49,11 @@ static inline lstm_vec lstm_load(const Float* p) {
 }
 
 // C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc); with a bias
-// (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].
+// (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].  With `overwrite`, C's
+// old values are not read: C = A . panel, or bias + A . panel.
 template <int MR>
 static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float* __restrict__ panel, Float* C,
-                             int64_t ldc, int64_t nc, const Float* bias) {
+                             int64_t ldc, int64_t nc, const Float* bias, bool overwrite) {
   lstm_vec acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = lstm_vec{};
   for (int64_t kk = 0; kk < k; ++kk) {
@@ -66,26 +67,35 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
   for (int r = 0; r < MR; ++r) {
     if (nc == LSTM_NR) {  // a whole panel: two vector adds (three with a bias)
       for (int h = 0; h < 2; ++h) {
-        lstm_vec c = lstm_load(C + r * ldc + h * LSTM_VL);
-        if (bias) c += lstm_load(bias + h * LSTM_VL);
-        c += acc[r][h];
+        lstm_vec c;
+        if (overwrite) {
+          c = bias ? lstm_load(bias + h * LSTM_VL) + acc[r][h] : acc[r][h];
+        } else {
+          c = lstm_load(C + r * ldc + h * LSTM_VL);
+          if (bias) c += lstm_load(bias + h * LSTM_VL);
+          c += acc[r][h];
+        }
         memcpy(C + r * ldc + h * LSTM_VL, &c, sizeof c);
       }
       continue;
     }
     Float out[LSTM_NR];
     memcpy(out, acc[r], sizeof out);
-    for (int64_t c = 0; c < nc; ++c) C[r * ldc + c] = (bias ? C[r * ldc + c] + bias[c] : C[r * ldc + c]) + out[c];
+    for (int64_t c = 0; c < nc; ++c) {
+      Float base = overwrite ? (bias ? bias[c] : Float(0)) : (bias ? C[r * ldc + c] + bias[c] : C[r * ldc + c]);
+      C[r * ldc + c] = overwrite && !bias ? out[c] : base + out[c];
+    }
   }
 }
 
 // C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack, in tiles of
 // near-equal row counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) serves
 // all of them in turn.  With `bias` (P.n entries), C = (C + bias) + A . op(B), the bias added to every row in the
-// same pass (the order of a separate add before the product, without the pass over C).
+// same pass (the order of a separate add before the product, without the pass over C).  With `overwrite`, C's
+// old values are not read (as if they were 0): C = A . op(B), or bias + A . op(B).
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m,
-                             const Float* bias = nullptr) {
-  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t, const Float*);
+                             const Float* bias = nullptr, bool overwrite = false) {
+  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t, const Float*, bool);
   static const tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
                                   lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
   static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
@@ -96,8 +106,24 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
     for (int64_t t = 0; t < n_tiles; ++t) {
       int64_t r0 = t * m / n_tiles, r1 = (t + 1) * m / n_tiles;
       tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc,
-                     bias ? bias + p * LSTM_NR : nullptr);
+                     bias ? bias + p * LSTM_NR : nullptr, overwrite);
     }
+  }
+}
+
+// The parts' bias gradients: sums[c] += X[r][c] over the (rows, cols) row-major X, in double (each part its own
+// sums, added in part order by lstm_sum_parts: the same result for a given thread count).
+static void lstm_add_rows(const Float* X, int64_t rows, int64_t cols, double* sums) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) sums[c] += (double)X[r * cols + c];
+}
+
+// out[c] = the sum over the parts p of sums[p * cols + c], in part order.
+static void lstm_sum_parts(const std::vector<double>& sums, int parts, int64_t cols, Float* out) {
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0;
+    for (int p = 0; p < parts; ++p) sum += sums[p * cols + c];
+    out[c] = (Float)sum;
   }
 }
 

@@ -379,6 +379,53 @@ def test_lstm_lowmem_against_reference(dtype, start, step):
         assert_close(g, r, dtype, name)
 
 
+def lowmem_graph(X, W, b, y0, c0, i, start, step):
+    """LstmLowMem's recurrence unrolled in plain PyTensor (an autodiff reference): Y, C, d."""
+    T, n = int(X.type.shape[0]), int(y0.type.shape[1])
+    Y, C = [pt.zeros_like(y0)] * T, [pt.zeros_like(c0)] * T
+    y_prev, c_prev = y0, c0
+    for t in visited_frames(T, start, step, lowmem=True):
+        z = pt.dot(pt.concatenate([X[t], y_prev], axis=1), W) + b
+        a, ig, fg, og = pt.tanh(z[:, :n]), *(pt.sigmoid(z[:, k * n:(k + 1) * n]) for k in (1, 2, 3))
+        m = i[t][:, None]
+        c = (c_prev * fg + a * ig) * m + c_prev * (1 - m)
+        y = pt.tanh(c) * og * m
+        Y[t], C[t] = y, c
+        y_prev, c_prev = y, c
+    return pt.stack(Y), pt.stack(C), c_prev
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])  # 2: on OpenBLAS's pool on a 2-core machine; 3: own threads
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
+def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step):
+    """A size that takes LstmLowMem's row-split CPU path with several chunks of frames (2 or 3 here; batch not a
+    multiple of the register tile, n_in and 4n not multiples of the packed panels, ragged mask with a hole)
+    against the recurrence unrolled in PyTensor and differentiated by it; the same bits on a second call.  (More
+    than ~30 frames would break FAST_COMPILE's sums of the per-frame gradient terms: numpy ufuncs take 32 operands.)"""
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    T, B, n_in, n = 24, 100, 20, 36  # >= 4e6 multiply-adds; 1024 // 100 = 10 frames per chunk at most
+    dat = lowmem_data(T, B, n_in, n, seed=11)
+    dat["W"] *= 0.4
+    vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
+    syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    Y, C, d = LstmLowMem.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
+    rY, rC, rd = lowmem_graph(*syms, start, step)
+    outs = []
+    for y, c, dd in ((Y, C, d), (rY, rC, rd)):
+        cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
+        outs.append([y, c, dd, *pytensor.grad(cost, syms[:5])])
+    f = pytensor.function(syms, outs[0] + outs[1], mode="FAST_COMPILE")  # the unrolled graph compiles fast there
+    args = [np.asarray(v, dtype=dtype) for v in vals]
+    res = f(*args)
+    rtol, atol = (5e-4, 5e-4) if dtype == "float32" else (1e-10, 1e-10)
+    for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"], res[:8], res[8:]):
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()), err_msg=name)
+    for name, got, again in zip(["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"], res[:8], f(*args)[:8]):
+        np.testing.assert_array_equal(got, again, err_msg=name)
+
+
 def test_lowmem_step_back_rule_and_no_frames():
     """step < 0 runs from T-1-start down to start; with start > (T-1)/2 nothing runs and d = c0."""
     T, B, n_in, n = 5, 2, 2, 2
