@@ -3,14 +3,16 @@
 // Scaled pass (double): emissions E_t = exp(log e_t - max_k log e_t) per (t, b),
 // transitions A = exp(log A - max log A), initial / final likewise; the forward vector is
 // renormalised every step (alpha_t = (alpha_{t-1} A) * E_t / c_t) and the log-scales summed.
-// The forward op keeps alpha and c as hidden outputs, so the gradient op runs only the
-// backward recursion (recomputing E_t, which is cheaper than storing it).  A sequence whose step mass c_t (or
+// The forward op keeps no (T, B, K) array it would hand over; the gradient op (hmm_bw) runs the forward pass again
+// into memory of its own, and HmmLikelihoodWithGradOp (hmm_fw_bw: value and gradient in one call, put in by a
+// rewrite where the upstream gradient does not depend on the value) runs it once.  A sequence whose step mass c_t (or
 // final mass) falls below HMM_TINY (the product underflowed: log-density gaps beyond double's ~700 nats within
 // one step) is recomputed in log space (status 1); one with no path at all gets -inf and a
 // zero gradient (status 2).
 //
 // CPU: the batch in blocks over the threads (hmm_run_parts), time outer and batch inner within a block: per step
-// one small register-blocked GEMM over the block's sequences (hmm_gemm) and K-length vector loops (vectorised exp).
+// one small register-blocked GEMM over the block's sequences (hmm_gemm) and K-length vector loops (vectorised exp);
+// or, where the batch fills groups of 8 well (hmm_use_lanes), the sequences in vector lanes (hmm_lanes.h).
 // CUDA: one launch per step with a cuBLAS GEMM over the batch; the log-space fallback runs
 // one thread per sequence on both.
 //
