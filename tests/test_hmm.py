@@ -790,3 +790,20 @@ def test_log_likelihood_lanes_special_cases(mode):
     inf[2, 4, 0] = inf[1, 3, 1] = inf[3, 1, 0] = np.inf
     with pytest.raises(ValueError, match=r"hmm_log_likelihood: log_emissions\[1, 3, 1\] = inf"):
         f(inf, lA, lpi, lf, mask_of(lens, T), up)
+
+
+def test_log_likelihood_lanes_long_and_extreme():
+    """The lane path at T = 3000 with log-densities of +-2000 (power-of-two scalings per lane): finite and exact;
+    the emission gradients are posteriors (sum 1 per valid frame)."""
+    rng = np.random.default_rng(73)
+    T, B, K = 3000, 8, 4
+    le, lA, lpi, lf = model(rng, T, B, K)
+    le = le * 800 + 300
+    lens = np.array([3000, 2999, 1500, 1, 0, 3000, 17, 2048])
+    f = lanes_function("float64", None)
+    v, d_e, *_ = f(le, lA, lpi, lf, mask_of(lens, T), np.ones(B))
+    np.testing.assert_allclose(v, ref_fsa.hmm_forward(le, lA, lpi, lf, lens), rtol=1e-12)
+    assert np.isfinite(d_e).all()
+    valid = mask_of(lens, T) > 0
+    np.testing.assert_allclose(d_e.sum(-1)[valid], 1.0, atol=1e-9)
+    assert np.all(d_e[~valid] == 0)
