@@ -21,10 +21,12 @@
 // a NaN in the shared parameters does so for every sequence with a frame.  The gradients of the shared
 // parameters are NaN when any sequence is.  +inf log-probabilities raise.
 //
-// hmm_model.h: the model, its checks and the CPU threads; hmm_gemm.h: the CPU step products.
+// hmm_model.h: the model, its checks and the CPU threads; hmm_gemm.h: the CPU step products; hmm_exp8.h: exp in
+// eight lanes.
 
 #include "hmm_model.h"
 #include "hmm_gemm.h"
+#include "hmm_exp8.h"
 
 #define HMM_TINY 1e-280  // a step mass below it underflowed: the sequence is recomputed in log space
 
@@ -271,46 +273,6 @@ static inline int64_t hmm_exponent(double x) {
   uint64_t bits;
   memcpy(&bits, &x, sizeof(bits));
   return (int64_t)((bits >> 52) & 0x7ff) - 1023;
-}
-
-// exp(x) in eight lanes for x <= 0: 2^(k/16) exp(r) with k = round(16 x / ln 2), |r| <= ln 2 / 32, 2^(j/16) from a
-// table of 16 (one two-vector permute on AVX-512) and exp(r) by its Taylor polynomial of degree 7 (at most ~1.5 ulp
-// off).  Lanes below -707 (and -inf) give 0, as fsa_exp's below -708 do: such a weight is below e^-707 times its
-// row's largest, which is 1, and vanishes in every sum it enters.
-static inline hmm_v8d hmm_exp8(hmm_v8d x) {
-  const hmm_v8d t_lo = {1.0, 1.0442737824274138, 1.0905077326652577, 1.1387886347566916,
-                        1.189207115002721, 1.241857812073484, 1.2968395546510096, 1.3542555469368927};
-  const hmm_v8d t_hi = {1.4142135623730951, 1.4768261459394993, 1.5422108254079407, 1.6104903319492543,
-                        1.681792830507429, 1.7562521603732995, 1.8340080864093424, 1.9152065613971474};
-  const hmm_v8d zero = {}, shifter = zero + 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const hmm_v8l keep = x >= -707.0;  // all ones or zero per lane
-  x = (hmm_v8d)((hmm_v8l)x & keep);
-  const hmm_v8d kb = x * 23.083120654223414 + shifter;  // 16 / ln 2
-  const hmm_v8d k = kb - shifter;
-  const hmm_v8d r = (x - k * 0.04332169877307024) - k * 1.1926343307941173e-11;  // ln 2 / 16 in two parts
-  // q = 1 + r P(r), P = sum_{n <= 6} r^n / (n + 1)! in powers of r^2 (five multiply-adds deep instead of Horner's
-  // eight; P's rounding is scaled by |r| < 0.022 in q, which takes one rounding)
-  const hmm_v8d r2 = r * r;
-  const hmm_v8d p01 = r * 0.5 + 1.0, p23 = r * (1.0 / 24.0) + 1.0 / 6.0, p45 = r * (1.0 / 720.0) + 1.0 / 120.0;
-  const hmm_v8d P = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0 / 5040.0)));
-  const hmm_v8d q = r * P + 1.0;
-  const hmm_v8l ki = (hmm_v8l)kb - (hmm_v8l)shifter;           // k
-  const hmm_v8d tj = __builtin_shuffle(t_lo, t_hi, ki & 15);   // 2^((k mod 16) / 16)
-  const hmm_v8d y = (hmm_v8d)((hmm_v8l)(tj * q) + (hmm_v8l)((hmm_v8u)(ki >> 4) << 52));  // unsigned: k may be < 0
-  return (hmm_v8d)((hmm_v8l)y & keep);
-}
-
-// x[0..8) as a vector of doubles.
-static inline hmm_v8d hmm_load8(const double* x) {
-  hmm_v8d v;
-  memcpy(&v, x, sizeof(v));
-  return v;
-}
-static inline hmm_v8d hmm_load8(const float* x) {
-  typedef float hmm_v8f __attribute__((vector_size(32)));
-  hmm_v8f v;
-  memcpy(&v, x, sizeof(v));
-  return __builtin_convertvector(v, hmm_v8d);
 }
 
 // out[k] = exp(x[k] - m) for k < K, eight at a time by hmm_exp8 (0 everywhere if m = -inf).
