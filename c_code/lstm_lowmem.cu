@@ -19,18 +19,20 @@ DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ h, const Float* __rest
   }
 }
 
-// Backward through one frame.  gd (B, 4n): the frame's pre-activations (bias included) on entry, dL/d(them) on
-// exit.  dh: dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry, dL/dc_prev on exit.  db (CUDA
-// only) accumulates gd's column sums (the CPU's parts sum them per part).  One cell, mask value m:
+// Backward through one frame.  h (B, 4n): the frame's pre-activations (bias included); dgd receives dL/d(them) (a
+// buffer of its own: g++ vectorises nothing when the gradients overwrite the pre-activations in place).  dh:
+// dL/dY[t] from the next frame's recurrence; dc: dL/dC[t] on entry, dL/dc_prev on exit.  db (CUDA only)
+// accumulates dgd's column sums (the CPU's parts sum them per part).  One cell, mask value m:
 template <bool kValid>
-DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, Float* __restrict__ gd,
+DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, const Float* __restrict__ h,
                                     const Float* __restrict__ c, const Float* __restrict__ c_prev,
                                     const Float* __restrict__ dY, const Float* __restrict__ dC,
-                                    const Float* __restrict__ dh, Float* __restrict__ dc, Float* __restrict__ db,
-                                    int64_t n_cells) {
-  Float* d = gd + b * 4 * n_cells + j;
+                                    const Float* __restrict__ dh, Float* __restrict__ dc, Float* __restrict__ dgd,
+                                    Float* __restrict__ db, int64_t n_cells) {
+  const Float* g = h + b * 4 * n_cells + j;
+  Float* d = dgd + b * 4 * n_cells + j;
   int64_t idx = b * n_cells + j;
-  LstmGates q = lstm_gates(d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]);
+  LstmGates q = lstm_gates(g[0], g[n_cells], g[2 * n_cells], g[3 * n_cells]);
   Float dct = lstm_cell_backward<kValid>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dh[idx], dc[idx] + dC[idx],
                                          d, n_cells);
 #if CUDA
@@ -39,11 +41,15 @@ DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, Float* __rest
   dc[idx] = lstm_carry_grad_by<kValid>(m, dct, q.fg);
 }
 
-DEF_KERNEL void lowmem_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
-                                const Float* __restrict__ c_prev, const Float* __restrict__ dY,
-                                const Float* __restrict__ dC, const Float* __restrict__ dh, Float* __restrict__ dc,
+#if !CUDA
+__attribute__((noinline))  // inlined into the row parts' loop, its restrict pointers meant nothing and no loop vectorised
+#endif
+DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ h, const Float* __restrict__ mask,
+                                const Float* __restrict__ c, const Float* __restrict__ c_prev,
+                                const Float* __restrict__ dY, const Float* __restrict__ dC,
+                                const Float* __restrict__ dh, Float* __restrict__ dc, Float* __restrict__ dgd,
                                 Float* __restrict__ db, int64_t n_batch, int64_t n_cells) {
-  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lowmem_bw_cell, gd, c, c_prev, dY, dC, dh, dc, db, n_cells);
+  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lowmem_bw_cell, h, c, c_prev, dY, dC, dh, dc, dgd, db, n_cells);
 }
 
 static void check_lowmem_shapes(Ndarray* X, Ndarray* W, Ndarray* b, Ndarray* y0, Ndarray* c0, Ndarray* i) {
@@ -79,10 +85,11 @@ static void lowmem_gates_in(Ndarray* X, Ndarray* W, const Float* bias, int64_t t
 //   (in double, per part), dL/dy_prev = G . W_h^T and dL/dX[t] = G . W_x^T (packed), where G are the frame's
 //   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (one
 //   BLAS GEMM).
-// What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp] and of G (LOWMEM_CHUNK_ROWS x
-// (n_in + 5n) values) and the packed weights (forward W, backward W and W^T), whatever T.  The forward calls
+// What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp], of the pre-activations and of G
+// (LOWMEM_CHUNK_ROWS x (n_in + 9n) values; forward: n_in + 4n) and the packed weights (forward W, backward W and
+// W^T), whatever T.  The forward calls
 // no BLAS and joins its threads once; the backward joins once and calls BLAS once per chunk.
-constexpr int64_t LOWMEM_CHUNK_ROWS = 1024;
+constexpr int64_t LOWMEM_CHUNK_ROWS = 768;
 
 struct LowmemChunk {
   int64_t k0, k1, rows;  // visited frames k0 .. k1-1 (in visit order), (k1 - k0) * B rows
@@ -192,14 +199,15 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   ptn::Scratch scratch;
   auto c_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(C, fr.at(k) - fr.step) : Ndarray_DEV_DATA(c0); };
 #if CUDA
+  Float* h = scratch.get<Float>(4 * call.frame);
   Float* gd = scratch.get<Float>(4 * call.frame);
   Float* x_valid = scratch.get<Float>(n_batch * n_in);  // X[t] without its padded rows (a NaN there stays there)
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
     const Float* y_prev = k > 0 ? data_ptr(Y, t - fr.step) : Ndarray_DEV_DATA(y0);
-    lowmem_gates_in(X, W, bias, t, y_prev, gd, n_batch, n_in, n_cells);
-    start_dev_kernel(lowmem_bw_frame, (gd, mask + t * n_batch, data_ptr(C, t), c_prev_at(k), data_ptr(DY, t),
-                                       data_ptr(DC, t), dh, dc, dbd, n_batch, n_cells));
+    lowmem_gates_in(X, W, bias, t, y_prev, h, n_batch, n_in, n_cells);
+    start_dev_kernel(lowmem_bw_frame, (h, mask + t * n_batch, data_ptr(C, t), c_prev_at(k), data_ptr(DY, t),
+                                       data_ptr(DC, t), dh, dc, gd, dbd, n_batch, n_cells));
     start_dev_kernel(lstm_rows_to, (data_ptr(X, t), mask + t * n_batch, x_valid, n_batch, n_in, n_in));
     lstm_gemm(gd, false, Wd, true, data_ptr(DX, t), n_batch, n_in, g, 0.0);
     lstm_gemm(x_valid, true, gd, false, DWd, n_in, g, n_batch, 1.0);
@@ -209,7 +217,8 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
 #else
   const int64_t ld = n_in + n_cells, chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
   Float* P = scratch.get<Float>(chunk_rows * ld);  // the chunk's [X[t] | y_prev] rows
-  Float* G = scratch.get<Float>(chunk_rows * g);   // its pre-activations, then their gradients
+  Float* H = scratch.get<Float>(chunk_rows * g);   // their pre-activations
+  Float* G = scratch.get<Float>(chunk_rows * g);   // the gradients of those
   const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
   const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
@@ -220,19 +229,19 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     LowmemChunk ch = lowmem_chunk(call, k0);
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
       const int64_t nr = r1 - r0, at = r0 * n_cells;
-      Float *pp = P + lowmem_part_row(ch, r0) * ld, *gp = G + lowmem_part_row(ch, r0) * g;
+      const int64_t row = lowmem_part_row(ch, r0);
+      Float *pp = P + row * ld, *hp = H + row * g, *gp = G + row * g;
       // the chunk's gates, exactly as in the forward pass
       lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
-      lstm_packed_gemm(pp, ld, packed_Wx, gp, g, (ch.k1 - ch.k0) * nr, bias, true);
-      lstm_packed_gemm(pp + n_in, ld, packed_Wh, gp, g, (ch.k1 - ch.k0) * nr);
+      lstm_packed_gemm(pp, ld, packed_Wx, hp, g, (ch.k1 - ch.k0) * nr, bias, true);
+      lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, (ch.k1 - ch.k0) * nr);
       for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
-        int64_t t = fr.at(k);
-        Float* h = gp + (k - ch.k0) * nr * g;
-        lowmem_bw_frame(h, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
-                        data_ptr(DC, t) + at, dh + at, dc + at, nullptr, nr, n_cells);
-        lstm_add_rows(h, nr, g, db_parts.data() + p * g);
-        lstm_packed_gemm(h, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
-        lstm_packed_gemm(h, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
+        int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
+        lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
+                        data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
+        lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
+        lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
+        lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
       }
     });
     lstm_gemm(P, true, G, false, DWd, ld, g, ch.rows, 1.0);  // [DW_x; DW_h] += [X | Yp]^T . G
