@@ -27,6 +27,7 @@
 #include "hmm_model.h"
 #include "hmm_gemm.h"
 #include "hmm_exp8.h"
+#include "hmm_kept.h"
 
 #define HMM_TINY 1e-280  // a step mass below it underflowed: the sequence is recomputed in log space
 
@@ -487,31 +488,11 @@ DEF_KERNEL void hmm_store_ll(int64_t n_batch, const double* ll, const double* st
   }
 }
 
-// The forward pass's intermediates (alpha (T, B, K) and c (T, B), double) live in memory of the library's own,
-// not in outputs: a fresh megabyte-sized array per call costs more in page faults (the allocator returns its memory
-// to the system between calls) than the pass itself.  On the CPU, each calling thread keeps a buffer that only
-// grows, up to HMM_KEEP_DOUBLES; larger problems (and CUDA) take per-call scratch memory.
-#define HMM_KEEP_DOUBLES ((int64_t)1 << 22)  // 32 MB
-
-static double* hmm_forward_memory(ptn::Scratch& scratch, int64_t n) {
-#if !CUDA
-  if (n <= HMM_KEEP_DOUBLES) {
-    thread_local std::vector<double> kept;
-    if ((int64_t)kept.size() < n + 8) kept.resize(n + 8);
-    char* at = (char*)kept.data();
-    return (double*)(at + (64 - (uintptr_t)at % 64) % 64);  // on a cache line (hmm_aligned)
-  }
-  return hmm_aligned<double>(scratch, n);
-#else
-  return scratch.get<double>(n);
-#endif
-}
-
 // The forward pass of every sequence: p.status, the log-likelihoods ll (B) and what the backward pass reads (with
-// `keep`; HmmParams' memory, set here); raises for +inf log-emissions.  The scaled pass, then the log-space one for
-// the sequences it gave up on.  On the CPU a batch that fills groups of 8 well enough (hmm_use_lanes) runs with the
-// sequences in lanes (hmm_lanes.h; the forward op alone keeps no (T, B, K) array then), others time outer and batch
-// inner.
+// `keep`; HmmParams' memory, set here: hmm_kept.h's per-thread memory, slot 0); raises for +inf log-emissions.  The
+// scaled pass, then the log-space one for the sequences it gave up on.  On the CPU a batch that fills groups of 8
+// well enough (hmm_use_lanes) runs with the sequences in lanes (hmm_lanes.h; the forward op alone keeps no (T, B, K)
+// array then), others time outer and batch inner.
 static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll, bool keep) {
   const int64_t TBK = (p.T * p.B * p.K + 7) / 8 * 8, TB = p.T * p.B;  // each array on a cache line
   p.status = scratch.get<double>(p.B);
@@ -522,7 +503,7 @@ static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll, boo
   if (p.lanes) {
     const int64_t groups = (p.B + HMM_W - 1) / HMM_W, GTK = groups * p.T * p.K * HMM_W;
     if (keep) {
-      double* mem = hmm_forward_memory(scratch, 2 * GTK + groups * p.T * HMM_W);
+      double* mem = hmm_kept_doubles<0>(scratch, 2 * GTK + groups * p.T * HMM_W);
       p.aL = mem;
       p.EL = mem + GTK;
       p.sL = mem + 2 * GTK;
@@ -532,7 +513,7 @@ static void hmm_forward_all(ptn::Scratch& scratch, HmmParams& p, double* ll, boo
   (void)keep;
 #endif
   if (!p.lanes) {
-    double* mem = hmm_forward_memory(scratch, (CUDA ? 1 : 2) * TBK + TB);
+    double* mem = hmm_kept_doubles<0>(scratch, (CUDA ? 1 : 2) * TBK + TB);
     p.alpha = mem;
     p.E = CUDA ? nullptr : mem + TBK;
     p.c = mem + (CUDA ? 1 : 2) * TBK;
