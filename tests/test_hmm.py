@@ -753,6 +753,52 @@ def test_log_likelihood_value_and_gradient_in_one_op(mode):
     check_against_references(fused(*args), args, lens, args[5], 1e-10, 1e-10)
 
 
+def test_fused_ops_differentiate_like_the_ops_they_replace():
+    """The ops that rewrites put in place of others (HmmLikelihoodWithGradOp, HmmPosteriorsValuesOp) take those
+    ops' gradients when a graph is differentiated after the rewrites (as JAX differentiates a jaxified graph): the
+    same numbers as pytensor.grad of the original graph, and a clear error for second derivatives through a fused
+    gradient, never zeros."""
+    pytest.importorskip("jax")
+    import jax
+
+    from pytensor.compile.mode import get_mode
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    from ptnative.backends.jax import register
+
+    def jaxify_graph(inputs, outputs, op_name):
+        """As ptnative.backends.jax.jaxify_graph (and PyMC), checking that the rewrites put ``op_name`` in."""
+        register()
+        fgraph = FunctionGraph(inputs=inputs, outputs=outputs, clone=True)
+        get_mode("JAX").optimizer.rewrite(fgraph)
+        assert op_name in {getattr(n.op, "name", None) for n in fgraph.toposort()}
+        return jax_funcify(fgraph)
+
+    rng = np.random.default_rng(73)
+    T, B, K = 12, 9, 3
+    le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+    mask = mask_of([12, 3, 0, 12, 7, 12, 1, 12, 9], T)
+    xs = symbols("float64")
+    ll = fsa.hmm_log_likelihood(*xs[:4], mask=xs[4])
+    cost = (ll * np.linspace(0.5, 1.5, B)).sum()
+    grads = pytensor.grad(cost, xs[:4])
+    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    post_cost = (gamma[:, :, 0] ** 2).sum() + (xi * xi).sum()
+    args = [le, lA, lpi, lf, mask]
+    want = pytensor.function(xs, pytensor.grad(cost, xs[:4]) + pytensor.grad(post_cost, xs[:4]), mode="FAST_COMPILE")
+    jax_value_and_grads = jaxify_graph(xs, [cost, *grads], "HmmLikelihoodWithGradOp")
+    jax_posteriors = jaxify_graph(xs, [gamma, xi], "HmmPosteriorsValuesOp")
+    fused = jax.grad(lambda *a: jax_value_and_grads(*a)[0], argnums=(0, 1, 2, 3))(*args)
+    posteriors = jax.grad(lambda *a: sum(f(o) for f, o in zip(
+        (lambda g: (g[:, :, 0] ** 2).sum(), lambda x: (x * x).sum()), jax_posteriors(*a))), argnums=(0, 1, 2, 3))(*args)
+    for got, expected in zip([*fused, *posteriors], want(*args)):
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-9, atol=1e-12)
+        assert np.abs(expected).max() > 0
+    with pytest.raises(pytensor.gradient.NullTypeGradError, match="HmmLikelihoodWithGradOp.*only its outputs"):
+        jax.grad(lambda *a: jax_value_and_grads(*a)[1].sum())(*args)
+
+
 def test_log_likelihood_lanes_special_cases(mode):
     """The lane path's fallbacks and special values, sequence by sequence within one group: a step that underflows
     (log-space recomputation, exact), no path (-inf, zero gradient), a NaN on a valid frame (NaN for that sequence

@@ -36,6 +36,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
 from ._args import flag, float_tensor, host_int32_scalar, int_tensor, real_tensor
+from ._borrowed_grad import BorrowedGradientOp
 from ._loss import LossWithGradOp
 
 
@@ -364,6 +365,14 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     code_version = (5,)
 
 
+class _LikelihoodWithGradOp(BorrowedGradientOp):
+    """HmmLikelihoodWithGradOp's Op: the log-likelihood's gradient is HmmForwardBackwardOp's; the fused gradients
+    have none (second derivatives raise)."""
+
+    gradient_spec = HmmForwardBackwardOp
+    shared_outputs = 1
+
+
 class HmmLikelihoodWithGradOp(NativeOpGenBase):
     """:class:`HmmForwardBackwardOp`'s value and gradient in one call (one forward pass instead of two).
 
@@ -371,10 +380,12 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
     (K,), ``log_final`` (K,), ``mask`` (T, B), ``D_log_likelihood`` (B,) the upstream gradient.  Outputs: the
     log-likelihood (B,), then its gradients for the first four inputs (weighted by ``D_log_likelihood``).  Not built
     by users: the rewrite ``_fuse_hmm_value_and_gradient`` puts it where a graph computes both and the upstream
-    gradient does not depend on the value (as for ``ll.sum()``).  No gradient of its own.
+    gradient does not depend on the value (as for ``ll.sum()``).  The log-likelihood's gradient is
+    :class:`HmmForwardBackwardOp`'s (a graph differentiated after the rewrites, as JAX differentiates a jaxified
+    one); the gradient outputs have none (second derivatives raise ``NullTypeGradError``).
     """
 
-    in_info = _hmm_inputs(True) + (_arr("D_log_likelihood", 1, shape=((0, 1),), batch_axis=0),)
+    in_info = _hmm_inputs(False) + (_arr("D_log_likelihood", 1, shape=((0, 1),), disc=False, batch_axis=0),)
     out_info = (
         _out("log_likelihood", ((0, 1),), 0),
         _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1),
@@ -385,6 +396,7 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
     c_extra_support_code = kernel_unit("hmm.cu")
     c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+    op_class = _LikelihoodWithGradOp
 
 
 @node_rewriter([NativeOp])

@@ -21,6 +21,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
 from ._args import float_tensor, real_tensor
+from ._borrowed_grad import BorrowedGradientOp
 from .fsa import _arr, _hidden, _hmm_inputs, _out
 
 
@@ -75,20 +76,30 @@ class HmmPosteriorsOp(NativeOpGenBase):
     code_version = (1,)
 
 
+class _PosteriorsValuesOp(BorrowedGradientOp):
+    """HmmPosteriorsValuesOp's Op: its gradient is HmmPosteriorsOp's (which recomputes the hidden outputs)."""
+
+    gradient_spec = HmmPosteriorsOp
+    shared_outputs = 2
+
+
 class HmmPosteriorsValuesOp(NativeOpGenBase):
-    """:class:`HmmPosteriorsOp`'s marginals and counts where no gradient is taken: the same kernel, whose hidden
-    arrays then stay in the library's memory (no four arrays allocated, zeroed and returned per call).
+    """:class:`HmmPosteriorsOp`'s marginals and counts where the graph uses none of its hidden outputs: the same
+    kernel, whose hidden arrays then stay in the library's memory (no four arrays allocated, zeroed and returned
+    per call).
 
     Inputs and the outputs ``marginals`` (T, B, K), ``counts`` (B, K, K) as :class:`HmmPosteriorsOp`'s.  Not built
     by users: the rewrite ``_posteriors_without_hidden_outputs`` puts it where a graph uses none of
-    :class:`HmmPosteriorsOp`'s hidden outputs.  No gradient of its own.
+    :class:`HmmPosteriorsOp`'s hidden outputs.  Its gradient is :class:`HmmPosteriorsOp`'s (a graph differentiated
+    after the rewrites, as JAX differentiates a jaxified graph, recomputes the forward pass with the hidden outputs).
     """
 
-    in_info = _hmm_inputs(True)
+    in_info = _hmm_inputs(False)
     out_info = HmmPosteriorsOp.out_info[:2]
     c_extra_support_code = _support("posteriors")
     c_fw_code = "hmm_posteriors_values_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+    op_class = _PosteriorsValuesOp
 
 
 @node_rewriter([NativeOp])
