@@ -36,7 +36,7 @@ static inline hmm_v8d hmm_bc8(double x) { return x - hmm_v8d{}; }  // x in every
 static inline hmm_v8d hmm_inverse_power_of_two8(hmm_v8d x) {
   const hmm_v8l e = ((hmm_v8l)x >> 52) & 0x7ff;
   const hmm_v8l ok = (e != 0) & (e != 0x7ff);
-  return (hmm_v8d)(((2046 - e) << 52) & ok);
+  return (hmm_v8d)((hmm_v8l)((hmm_v8u)(2046 - e) << 52) & ok);  // unsigned: 2046 - e is -1 for e = 0x7ff
 }
 
 // e lane-wise for x = m 2^e (x > 0 normal), as doubles.
