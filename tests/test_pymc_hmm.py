@@ -44,10 +44,9 @@ def gaussian_hmm(y):
 
 def posterior(**draws):
     """InferenceData (ArviZ < 1) or DataTree (ArviZ >= 1) with these (chain, draw, ...) posterior draws."""
-    try:
+    if int(az.__version__.split(".")[0]) >= 1:
         return az.from_dict({"posterior": draws})
-    except TypeError:
-        return az.from_dict(posterior=draws)
+    return az.from_dict(posterior=draws)  # ArviZ < 1 takes a dict as the posterior itself
 
 
 def numpy_log_e(y, mu):
