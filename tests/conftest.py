@@ -21,6 +21,19 @@ def mode(request):
     return request.param
 
 
+#: The test files that take the most CPU time, longest first (docs/install.md, "The test suite"): they run first,
+#: so that pytest-xdist's processes end together instead of one of them finishing a long file alone.  Only the order
+#: changes; every other file follows in collection order.
+LONGEST_FIRST = ["test_jax_scaling.py", "test_fuzz.py", "test_lstm.py", "test_jax_grad.py", "test_fsa.py",
+                 "test_cuda_emulation.py", "test_hmm.py", "test_docs.py", "test_blind_spots.py", "test_chunking.py",
+                 "test_gpu_cases.py", "test_hmm_small.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 def check_infer_shape(inputs, outputs, values, op_class, mode=None):
     """The op vanishes from the shape graph, and the inferred shapes equal the computed ones."""
     mode = pytensor.compile.get_mode(mode).including("canonicalize")
