@@ -76,24 +76,20 @@ static void lowmem_gates_in(Ndarray* X, Ndarray* W, const Float* bias, int64_t t
   lstm_gemm(y_prev, false, Wd + n_in * 4 * n_cells, false, gd, n_batch, 4 * n_cells, n_cells, 1.0);
 }
 #else
-// On the CPU the batch rows are split over threads (lstm_cpu_rows' parts) for the whole recurrence, forward and
-// backward, and each part works through the visited frames in chunks of about LOWMEM_CHUNK_ROWS batch rows (of all
-// parts together):
+// On the CPU the batch rows are split over threads (lstm_cpu_rows' parts) for the whole recurrence, and each part
+// works through the visited frames in chunks of about LOWMEM_CHUNK_ROWS batch rows (of all parts together):
 //   forward, per chunk: the part's X rows . W_x + b for all the chunk's frames as one packed product, then frame by
 //   frame + y_prev . W_h (packed) and the activations;
 //   backward, per chunk: the same gates again for all its frames at once ([X | y_prev] are all known then; the
 //   same packed products, so the same bits as forward), then frame by frame the cell backward, the bias gradient
 //   (in double, per part), dL/dy_prev = G . W_h^T and dL/dX[t] = G . W_x^T (packed), where G are the frame's
-//   pre-activation gradients; then the part's share of the weight gradient, [DW_x; DW_h] += [X | Yp]^T . G over
-//   its rows of the chunk (packed G, transposed [X | Yp]); part 0 sums into DW, the others into their own
-//   matrices, added to DW in part order at the end.  On one thread that product is one BLAS GEMM per chunk
-//   instead (BLAS blocks it better, and there are no threads to join).
+//   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (one
+//   BLAS GEMM).
 // What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp], of the pre-activations and of G
-// (LOWMEM_CHUNK_ROWS x (n_in + 9n) values; forward: n_in + 4n), the packed weights (forward W, backward W and
-// W^T) and, with P parts, P - 1 more weight-gradient matrices, whatever T.  With several threads neither pass calls
-// BLAS and each joins its threads once.
+// (LOWMEM_CHUNK_ROWS x (n_in + 9n) values; forward: n_in + 4n) and the packed weights (forward W, backward W and
+// W^T), whatever T.  The forward calls
+// no BLAS and joins its threads once; the backward joins once and calls BLAS once per chunk.
 constexpr int64_t LOWMEM_CHUNK_ROWS = 768;
-constexpr int64_t LOWMEM_DW_ROWS = 256;
 
 struct LowmemChunk {
   int64_t k0, k1, rows;  // visited frames k0 .. k1-1 (in visit order), (k1 - k0) * B rows
@@ -219,7 +215,7 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     lstm_gemm(gd, false, Wd + n_in * g, true, dh, n_batch, n_cells, g, 0.0);
   }
 #else
-  const int64_t ld = n_in + n_cells, per_chunk = lowmem_frames_per_chunk(call), chunk_rows = per_chunk * n_batch;
+  const int64_t ld = n_in + n_cells, chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
   Float* P = scratch.get<Float>(chunk_rows * ld);  // the chunk's [X[t] | y_prev] rows
   Float* H = scratch.get<Float>(chunk_rows * g);   // their pre-activations
   Float* G = scratch.get<Float>(chunk_rows * g);   // the gradients of those
@@ -227,48 +223,29 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(parts * g, 0.0);
-  std::vector<Float> dw_parts((parts - 1) * ld * g, Float(0));  // parts 1.. (part 0 sums into DW itself)
   Ndarray_memset(dh, 0, call.frame * sizeof(Float));
-  // One chunk of the part p (rows r0 .. r1-1); with `own_dw`, its share of the weight gradient too.
-  auto chunk_part = [&](int p, int64_t r0, int64_t r1, const LowmemChunk& ch, bool own_dw) {
-    const int64_t nr = r1 - r0, at = r0 * n_cells, row = per_chunk * r0;  // the part's rows of P, H, G
-    Float *pp = P + row * ld, *hp = H + row * g, *gp = G + row * g;
-    const int64_t m = (ch.k1 - ch.k0) * nr;
-    // the chunk's gates, exactly as in the forward pass
-    lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
-    lstm_packed_gemm(pp, ld, packed_Wx, hp, g, m, bias, true);
-    lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, m);
-    for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
-      int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
-      lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
-                      data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
-      lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
-      lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
-      lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
-    }
-    if (!own_dw) return;
-    // the part's share of [DW_x; DW_h]: += [X | Yp]^T . G over its rows of the chunk, LOWMEM_DW_ROWS rows at a time
-    // (a packed panel of G then stays in the L1 cache while the tiles of [X | Yp]^T pass)
-    Float* dw = p == 0 ? DWd : dw_parts.data() + (p - 1) * ld * g;
-    for (int64_t q = 0; q < m; q += LOWMEM_DW_ROWS) {
-      int64_t rows = std::min(LOWMEM_DW_ROWS, m - q);
-      lstm_packed_gemm<true>(pp + q * ld, ld, lstm_pack(gp + q * g, false, rows, g), dw, g, ld);
-    }
-  };
-  const int64_t last_k0 = (fr.count - 1) / per_chunk * per_chunk;
-  if (parts == 1) {  // one thread: BLAS's [X | Yp]^T . G per chunk is the faster (6% of the step), nothing to join
-    for (int64_t k0 = last_k0; k0 >= 0; k0 -= per_chunk) {
-      LowmemChunk ch = lowmem_chunk(call, k0);
-      lstm_cpu_row_parts(n_batch, 1, [&](int p, int64_t r0, int64_t r1) { chunk_part(p, r0, r1, ch, false); });
-      lstm_gemm(P, true, G, false, DWd, ld, g, ch.rows, 1.0);
-    }
-  } else {  // the parts never wait for each other
+  const int64_t per_chunk = lowmem_frames_per_chunk(call);
+  for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+    LowmemChunk ch = lowmem_chunk(call, k0);
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
-      for (int64_t k0 = last_k0; k0 >= 0; k0 -= per_chunk) chunk_part(p, r0, r1, lowmem_chunk(call, k0), true);
+      const int64_t nr = r1 - r0, at = r0 * n_cells;
+      const int64_t row = lowmem_part_row(ch, r0);
+      Float *pp = P + row * ld, *hp = H + row * g, *gp = G + row * g;
+      // the chunk's gates, exactly as in the forward pass
+      lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
+      lstm_packed_gemm(pp, ld, packed_Wx, hp, g, (ch.k1 - ch.k0) * nr, bias, true);
+      lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, (ch.k1 - ch.k0) * nr);
+      for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
+        int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
+        lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
+                        data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
+        lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
+        lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
+        lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
+      }
     });
+    lstm_gemm(P, true, G, false, DWd, ld, g, ch.rows, 1.0);  // [DW_x; DW_h] += [X | Yp]^T . G
   }
-  for (int p = 1; p < parts; ++p)  // the parts' weight gradients, in part order
-    for (int64_t e = 0; e < ld * g; ++e) DWd[e] += dw_parts[(p - 1) * ld * g + e];
   lstm_sum_parts(db_parts, parts, g, dbd);
 #endif
   HANDLE_LAST_ERROR();

@@ -50,9 +50,8 @@ static inline lstm_vec lstm_load(const Float* p) {
 
 // C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc); with a bias
 // (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].  With `overwrite`, C's
-// old values are not read: C = A . panel, or bias + A . panel.  With kTransA, A's rows are its columns: A[r][kk] is
-// at A[kk * lda + r].
-template <int MR, bool kTransA = false>
+// old values are not read: C = A . panel, or bias + A . panel.
+template <int MR>
 static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float* __restrict__ panel, Float* C,
                              int64_t ldc, int64_t nc, const Float* bias, bool overwrite) {
   lstm_vec acc[MR][2];
@@ -60,7 +59,7 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
   for (int64_t kk = 0; kk < k; ++kk) {
     lstm_vec b0 = lstm_load(panel + kk * LSTM_NR), b1 = lstm_load(panel + kk * LSTM_NR + LSTM_VL);
     for (int r = 0; r < MR; ++r) {
-      Float s = kTransA ? A[kk * lda + r] : A[r * lda + kk];
+      Float s = A[r * lda + kk];
       acc[r][0] += s * b0;
       acc[r][1] += s * b1;
     }
@@ -93,15 +92,12 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
 // near-equal row counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) serves
 // all of them in turn.  With `bias` (P.n entries), C = (C + bias) + A . op(B), the bias added to every row in the
 // same pass (the order of a separate add before the product, without the pass over C).  With `overwrite`, C's
-// old values are not read (as if they were 0): C = A . op(B), or bias + A . op(B).  With kTransA, A is given by its
-// transpose (P.k x m, row stride lda): C += A^T . op(B).
-template <bool kTransA = false>
+// old values are not read (as if they were 0): C = A . op(B), or bias + A . op(B).
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m,
                              const Float* bias = nullptr, bool overwrite = false) {
   typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t, const Float*, bool);
-  static const tile_fn tiles[] = {0, lstm_tile<1, kTransA>, lstm_tile<2, kTransA>, lstm_tile<3, kTransA>,
-                                  lstm_tile<4, kTransA>, lstm_tile<5, kTransA>, lstm_tile<6, kTransA>,
-                                  lstm_tile<7, kTransA>, lstm_tile<8, kTransA>};
+  static const tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
+                                  lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
   static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
   int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (m + LSTM_MR - 1) / LSTM_MR;
   for (int64_t p = 0; p < panels; ++p) {
@@ -109,7 +105,7 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
     int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
     for (int64_t t = 0; t < n_tiles; ++t) {
       int64_t r0 = t * m / n_tiles, r1 = (t + 1) * m / n_tiles;
-      tiles[r1 - r0](P.k, A + (kTransA ? r0 : r0 * lda), lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc,
+      tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc,
                      bias ? bias + p * LSTM_NR : nullptr, overwrite);
     }
   }
