@@ -152,15 +152,17 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   }
 #else
   if (fr.count > 0) {
-    const int64_t chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
+    const int64_t per_chunk = lowmem_frames_per_chunk(call), chunk_rows = per_chunk * n_batch;
     Float* xs = scratch.get<Float>(chunk_rows * n_in);
     Float* gates = scratch.get<Float>(chunk_rows * g);
     const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
     lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
       const int64_t nr = r1 - r0, at = r0 * n_cells;
-      for (int64_t k0 = 0; k0 < fr.count; k0 += lowmem_frames_per_chunk(call)) {
+      // the parts do not wait for each other between chunks: each keeps the same rows of the buffers in every
+      // chunk (per_chunk frames' worth), also where the last chunk is shorter
+      Float *xp = xs + per_chunk * r0 * n_in, *gp = gates + per_chunk * r0 * g;
+      for (int64_t k0 = 0; k0 < fr.count; k0 += per_chunk) {
         LowmemChunk ch = lowmem_chunk(call, k0);
-        Float *xp = xs + lowmem_part_row(ch, r0) * n_in, *gp = gates + lowmem_part_row(ch, r0) * g;
         lowmem_gather(X, i, nullptr, y0, call, ch, r0, r1, xp, n_in);
         lstm_packed_gemm(xp, n_in, packed_Wx, gp, g, (ch.k1 - ch.k0) * nr, bias, true);  // X[t] . W_x + b
         for (int64_t k = ch.k0; k < ch.k1; ++k) {
