@@ -197,6 +197,19 @@ def cotangents(shapes, seed=9):
     return [rng.normal(size=s) for s in shapes]
 
 
+def with_reference_gradients(native, reference, syms, wrt, dtype):
+    """One FAST_COMPILE function (the unrolled reference graph compiles fast there) of ``syms`` returning, for the
+    op's ``(Y, C, d)`` then the reference's, those outputs and the gradients of one weighted cost of them with
+    respect to ``wrt``."""
+    T, B, n = native[0].type.shape
+    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
+    outs = []
+    for y, c, dd in (native, reference):
+        cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
+        outs += [y, c, dd, *pytensor.grad(cost, wrt)]
+    return pytensor.function(syms, outs, mode="FAST_COMPILE")
+
+
 def sym_like(name, value, dtype):
     return pt.tensor(name, dtype=dtype, shape=(None,) * np.ndim(value))
 
@@ -295,14 +308,8 @@ def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start,
     vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.2, rng.normal(size=(B, n)),
             rng.normal(size=(B, n)), holey_mask(T, B, rng)]
     syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
-    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
     Y, C, _, d = NativeLstm2.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
-    rY, rC, rd = native_lstm2_graph(*syms, start, step)
-    outs = []
-    for y, c, dd in ((Y, C, d), (rY, rC, rd)):
-        cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
-        outs.append([y, c, dd, *pytensor.grad(cost, syms[:4])])
-    f = pytensor.function(syms, outs[0] + outs[1], mode="FAST_COMPILE")  # the unrolled graph compiles fast there
+    f = with_reference_gradients((Y, C, d), native_lstm2_graph(*syms, start, step), syms, syms[:4], dtype)
     res = f(*[np.asarray(v, dtype=dtype) for v in vals])
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
     for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
@@ -409,14 +416,8 @@ def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step)
     dat["W"] *= 0.4
     vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
     syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
-    DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
     Y, C, d = LstmLowMem.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
-    rY, rC, rd = lowmem_graph(*syms, start, step)
-    outs = []
-    for y, c, dd in ((Y, C, d), (rY, rC, rd)):
-        cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
-        outs.append([y, c, dd, *pytensor.grad(cost, syms[:5])])
-    f = pytensor.function(syms, outs[0] + outs[1], mode="FAST_COMPILE")  # the unrolled graph compiles fast there
+    f = with_reference_gradients((Y, C, d), lowmem_graph(*syms, start, step), syms, syms[:5], dtype)
     args = [np.asarray(v, dtype=dtype) for v in vals]
     res = f(*args)
     rtol, atol = (5e-4, 5e-4) if dtype == "float32" else (1e-10, 1e-10)
