@@ -207,15 +207,25 @@ def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
 
 def test_each_turn_warms_up_for_warm_seconds_after_its_pause(monkeypatch):
     monkeypatch.setattr(timing, "WARM_SECONDS", 0.01)
+    real_sleep, pause_ends = timing.time.sleep, []
+
+    def sleep(seconds):
+        real_sleep(seconds)
+        pause_ends.append(timing.time.perf_counter())
+
+    monkeypatch.setattr(timing.time, "sleep", sleep)
     stamps = {"a": [], "b": []}
     timing.measure_interleaved({name: (lambda name=name: stamps[name].append(timing.time.perf_counter()))
                                 for name in stamps}, reps=4, rounds=2, settle=0.05, warmup=1)
-    for name, times in stamps.items():
-        # two turns (split at the pause), each: untimed calls over about WARM_SECONDS, then two timed calls
+    assert len(pause_ends) == 4  # rounds x functions, in the order a, b, a, b
+    for i, (name, times) in enumerate(stamps.items()):
+        # two turns (split at the pause), each: untimed calls until WARM_SECONDS after the pause, then two timed
+        # calls (the first of them starts no earlier than that, however the machine schedules the calls)
         gaps = [later - earlier for earlier, later in zip(times, times[1:])]
         cut = 1 + gaps.index(max(gaps))
-        for turn in (times[:cut], times[cut:]):
-            assert len(turn) > 3 and 0.009 <= turn[-3] - turn[0] < 0.05, name
+        for turn, pause_end in zip((times[:cut], times[cut:]), pause_ends[i::2]):
+            assert len(turn) > 3 and turn[0] >= pause_end, name
+            assert turn[-2] - pause_end >= 0.01 and turn[-3] - pause_end < 0.05, name
 
 
 def test_cpu_column_where_measured():
