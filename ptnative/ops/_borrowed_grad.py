@@ -40,5 +40,3 @@ class BorrowedGradientOp(NativeOp):
         donor_cotangents += [disconnected_type() for _ in node.outputs[self.shared_outputs:]]
         grads = donor.pullback(list(inputs[:n]), node.outputs, donor_cotangents)
         return grads + [pt.zeros_like(x) if on else disconnected_type() for x, on in zip(inputs[n:], connected[n:])]
-
-    L_op = pullback

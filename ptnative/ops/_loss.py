@@ -40,5 +40,3 @@ class LossWithGradOp(NativeOp):
         scaled = g_loss.dimshuffle(*pattern) * grad
         result[0] = scaled if scaled.dtype == x.dtype else pt.cast(scaled, x.dtype)
         return result
-
-    L_op = pullback

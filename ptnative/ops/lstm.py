@@ -295,8 +295,6 @@ class _NativePullbackOp(NativeOp):
         forward = [*inputs, outputs[0]] if self.pullback_takes_output else list(inputs)
         return self.pullback_spec.make_op()(*forward, *_zeros_where_disconnected(cotangents, outputs))
 
-    L_op = pullback
-
 
 class _LstmCellGradOp(_NativePullbackOp):
     """LstmCellGrad's Op: ``(c_prev, x, c, gc, gh, ggc_prev, ggx)`` -> the native LstmCellGradGrad."""
@@ -443,10 +441,8 @@ class LstmShapeCheck(COp):
     def connection_pattern(self, node):
         return [[k == j for j in range(len(node.outputs))] for k in range(len(node.inputs))]
 
-    def pullback(self, inputs, outputs, cotangents):
+    def L_op(self, inputs, outputs, cotangents):
         return list(cotangents)
-
-    L_op = pullback
 
     def do_constant_folding(self, fgraph, node):
         return False

@@ -151,8 +151,6 @@ class CrossEntropySoftmaxSparseOp(NativeOp):
             ]
         return super().pullback(inputs, outputs, cotangents)
 
-    L_op = pullback
-
 
 class CrossEntropySoftmaxAndGradientZSparse(_SparseOpGen, kernel="crossentropy_softmax_sparse"):
     """Cross entropy of ``softmax(z)`` against sparse soft targets, and its gradient.
