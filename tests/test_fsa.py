@@ -2,6 +2,7 @@
 against independent numpy references (brute-force path enumeration, log-space
 forward-backward, Graves' CTC recursion)."""
 
+import functools
 import shutil
 
 import numpy as np
@@ -21,10 +22,17 @@ from .test_hmm import model as hmm_data  # (log emissions, log A, log initial, l
 INF = np.inf
 
 
-def ctc_graph(targets, tlens, blank=0, label_loop=True):
+@functools.cache
+def ctc_graph_function(blank, label_loop):
+    """The default-mode function of ``get_ctc_fsa_fast_bw`` for one (blank, label_loop), compiled once per
+    process: a default-mode graph is compiled anew by every ``pytensor.function`` (docs/install.md)."""
     tg, tl = pt.imatrix("targets"), pt.ivector("tlens")
-    f = pytensor.function([tg, tl], list(fsa.get_ctc_fsa_fast_bw(tg, tl, blank, label_loop)))
-    return f(np.asarray(targets, dtype=np.int32), np.asarray(tlens, dtype=np.int32))
+    return pytensor.function([tg, tl], list(fsa.get_ctc_fsa_fast_bw(tg, tl, blank, label_loop)))
+
+
+def ctc_graph(targets, tlens, blank=0, label_loop=True):
+    f = ctc_graph_function(int(blank), bool(label_loop))
+    return [np.array(o) for o in f(np.asarray(targets, dtype=np.int32), np.asarray(tlens, dtype=np.int32))]
 
 
 def mask_of(lens, T):
