@@ -246,9 +246,18 @@ def cases_for(spec):
     values = _input_values(spec, np.random.default_rng(spec["seed"]), dtype)
     expected = _expected(spec, values, dtype)
     cases = []
+    compiled = {}
+
+    def function(mode):
+        """The spec's function in ``mode``, compiled once for the cases of that mode (a default-mode graph is
+        compiled anew by every ``pytensor.function``)."""
+        if mode not in compiled:
+            compiled[mode] = pytensor.function(variables, outs, mode=mode)
+        return compiled[mode]
+
     for mode in (None, "C", "CVM", "FAST_COMPILE"):
         def run(mode=mode):
-            f = pytensor.function(variables, outs, mode=mode)
+            f = function(mode)
             got = f(*[v.copy() for v in values])
             for k, (g, e) in enumerate(zip(got, expected)):
                 assert g.shape == e.shape and g.dtype == e.dtype, \
@@ -257,7 +266,7 @@ def cases_for(spec):
             return f
 
         def strided(mode=mode):
-            f = pytensor.function(variables, outs, mode=mode)
+            f = function(mode)
             v0 = values[0]
             big = np.zeros(tuple(2 * s for s in v0.shape), dtype=v0.dtype)
             view = big[tuple(slice(None, None, -2) for _ in v0.shape)]
@@ -275,7 +284,7 @@ def cases_for(spec):
             i, d, s = sized[0]
 
             def bad_size(mode=mode, i=i, d=d, s=s):
-                f = pytensor.function(variables, outs, mode=mode)
+                f = function(mode)
                 bad = list(values)
                 shape = list(bad[i].shape)
                 shape[d] = s + 1
