@@ -8,6 +8,7 @@
 
 #include "hmm_infer.cu"
 #include "hmm_vectors_small.h"
+#include "hmm_viterbi_lanes.h"
 
 // One step: cur(j) = max_i prev(i) + log A(i, j), bp(j) = its lowest argmax.  lAd: log A in double, rows padded
 // to Kp with -inf.  CPU: four columns at a time in vector registers.
@@ -244,7 +245,7 @@ static void hmm_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 2);
 #if !CUDA
-  if (hmm_viterbi_small_fw(inputs, outputs)) return;
+  if (hmm_viterbi_small_fw(inputs, outputs) || hmm_viterbi_lanes_fw(inputs, outputs)) return;
 #endif
   HmmInferCall call("hmm_viterbi", inputs, n_inputs, 5, n_outputs, 2);
   const HmmInferParams& p = call.p;
