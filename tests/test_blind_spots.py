@@ -149,8 +149,8 @@ def test_get_ctc_fsa_and_fast_baum_welch_defaults():
     targets, tlens = np.array([[1, 1, 3], [2, 3, 0], [3, 0, 0]], np.int32), np.array([3, 2, 1], np.int32)
     lens = np.array([6, 4, 2], np.int32)
     logits = rng.normal(size=(T, B, D))
-    edges, weights, se = (np.asarray(v) for v in pytensor.function(
-        [], list(ptnative.get_ctc_fsa_fast_bw(targets, tlens, blank)))())
+    edges, weights, se = (np.asarray(v) for v in pytensor.function(  # input data: no Numba compilation
+        [], list(ptnative.get_ctc_fsa_fast_bw(targets, tlens, blank)), mode="FAST_COMPILE")())
     a = pt.tensor3("am")
     out, obs = ptnative.fast_baum_welch(a, edges, weights, se, mask_of(lens, T))
     got_out, got_obs = pytensor.function([a], [out, obs])(-ref_fsa.log_softmax(logits))
@@ -164,9 +164,9 @@ def test_get_ctc_fsa_and_fast_baum_welch_defaults():
 def test_fast_viterbi_against_brute_force_all_defaults_given():
     """fast_viterbi has no defaults; the one call of the catalogue left, against path enumeration."""
     rng = np.random.default_rng(5)
-    edges, weights, se = (np.asarray(v) for v in pytensor.function(
+    edges, weights, se = (np.asarray(v) for v in pytensor.function(  # input data: no Numba compilation
         [], list(ptnative.get_ctc_fsa_fast_bw(np.array([[1, 2], [2, 2]], np.int32), np.array([2, 2], np.int32),
-                                              0)))())
+                                              0)), mode="FAST_COMPILE")())
     am = ref_fsa.log_softmax(rng.normal(size=(5, 2, 3)))
     lens = np.array([5, 4], np.int32)
     al, sc = pytensor.function([], list(ptnative.fast_viterbi(am, lens, edges, weights, se)))()

@@ -19,13 +19,16 @@ from ptnative.ops import LstmGenericBase  # noqa: E402
 from .test_lstm import lstm_data, symbolic  # noqa: E402
 from .test_native_op import scale_op  # noqa: E402
 
+#: The PyTensor reference (the same CPU kernels as the default mode, without a Numba compilation of the graph).
+REFERENCE_MODE = "FAST_COMPILE"
 
-def test_lstm_forward_and_gradients_match_default_mode():
+
+def test_lstm_forward_and_gradients_match_pytensor():
     Z, V_h, c, i = symbolic("float64")
     Y, H, d = LstmGenericBase.make_op()(Z, V_h, c, i)
     grads = pytensor.grad((Y ** 2).sum() + (d * 3).sum(), [Z, V_h, c])
     values = lstm_data(6, 3, 4, "float64", seed=4)
-    ref = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads])(*values)
+    ref = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads], mode=REFERENCE_MODE)(*values)
     f = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads], mode="JAX")
     results = f(*values)
     assert all(isinstance(r, jax.Array) for r in results)  # computed by XLA
@@ -81,16 +84,16 @@ def test_catalogue_functions_in_jax_mode():
     ed = ptnative.edit_distance(a, np.array([4, 2], "int32"), b, np.array([3, 1], "int32"))
     values = [rng.normal(size=(6, 2, 5)), rng.normal(size=(7, 2, 3))]
     outs = [loss, g, back, gx, ed]
-    ref = pytensor.function([logits, x], outs)(*values)
+    ref = pytensor.function([logits, x], outs, mode=REFERENCE_MODE)(*values)
     got = pytensor.function([logits, x], outs, mode="JAX")(*values)
     for r, o in zip(ref, got):
         np.testing.assert_allclose(np.asarray(o), r, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
-def test_native_lstm2_aliased_buffers_match_default_mode(start, step):
+def test_native_lstm2_aliased_buffers_match_pytensor(start, step):
     """NativeLstm2 writes its gates into X's buffer and its DX into H's: under XLA the aliases are
-    input_output_aliases, and frames the direction skips must still come out as in the default mode."""
+    input_output_aliases, and frames the direction skips must still come out as in PyTensor's own run."""
     from ptnative.ops import NativeLstm2
 
     T, B, n = 7, 3, 4
@@ -102,7 +105,7 @@ def test_native_lstm2_aliased_buffers_match_default_mode(start, step):
     direction = pt.constant(np.int32(start)), pt.constant(np.int32(step))
     Y, C, H, d = NativeLstm2.make_op()(X * 1.5, W, y0, c0, m, *direction)
     outs = [Y, C, d, *pytensor.grad((Y ** 2).sum() + (C * 0.3).sum() + d.sum(), [X, W, y0, c0])]
-    ref = pytensor.function([X, W, y0, c0, m], outs)(*vals)
+    ref = pytensor.function([X, W, y0, c0, m], outs, mode=REFERENCE_MODE)(*vals)
     got = pytensor.function([X, W, y0, c0, m], outs, mode="JAX")(*vals)
     for a, b in zip(got, ref):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12)
