@@ -1,29 +1,29 @@
 // hmm_viterbi on the CPU with the sequences in vector lanes (as hmm_lanes.h runs the likelihood): the batch in
-// groups of HMM_VIT_W = 8 sequences, one hmm_v8d per state holding that state's delta for the group's eight
-// sequences.  A step is K^2 lane-wise adds of a broadcast log A(i, j) and running maxima over i in order
-// (delta_t(j) = max_i (delta_{t-1}(i) + log A(i, j)) + log e_t(j)); nothing else is on the chain.  The deltas of
-// every frame are kept ((T, K) vectors per group), and the backtrace recomputes the one backpointer it needs per
+// groups of HMM_W = 8 sequences (hmm_lanes_base.h), one hmm_v8d per state holding that state's delta for the
+// group's eight sequences.  A step is K^2 lane-wise adds of a broadcast log A(i, j) and running maxima over i in
+// order (delta_t(j) = max_i (delta_{t-1}(i) + log A(i, j)) + log e_t(j)); nothing else is on the chain.  The deltas
+// of every frame are kept ((T, K) vectors per group), and the backtrace recomputes the one backpointer it needs per
 // frame and sequence, argmax_i delta_{t-1}(i) + log A(i, z_t) with ties to the lowest i, from the same sums: the
 // path and score are bit-identical to hmm_viterbi.cu's sequence-at-a-time recursion (same double adds, same strict
 // comparisons), whatever the group, the lane or the number of threads.
 //
 // Frames past a sequence's length, and lanes without a sequence, compute on zeros and are never read.  A NaN or
 // +inf log-emission on a valid frame (or a NaN parameter) makes hmm_viterbi_lanes_fw decline: the general path
-// then reports it (a ValueError for +inf, NaN for the sequence).  Memory: T K 8 doubles per thread.
+// then reports it (a ValueError for +inf, NaN for the sequence).  Memory: (T + 16) K 8 doubles per thread.
 
-#include "hmm_model.h"
-#include "hmm_gemm.h"
+#include "hmm_lanes_base.h"
 
 #if !CUDA
-#define HMM_VIT_W 8       // sequences per group: the lanes of hmm_v8d
 #define HMM_VIT_CHUNK 16  // frames whose emissions are put into lanes at a time
 
 // Whether hmm_viterbi runs B sequences of K states in lanes: a group costs the same whatever number of its lanes
-// hold a sequence, so the batch must fill its groups well enough (the batch rounded up to groups of 8 at most
-// r(K) B, r(K) the sequence-at-a-time cost of a sequence over its cost in a full group, measured: see docs/hmm.md).
+// hold a sequence, so the batch must fill its groups well enough: the batch rounded up to groups of 8 at most r(K) B,
+// with r(K) = 8 x (a sequence's time in the sequence-at-a-time path) / (a group's time), measured in the same
+// process at load ~5 (T = 200-1000): 2.9 at K = 3, 3.1 at K = 8, 2.8-3.7 at K = 16, 4.3 at K = 32, 5.6 at K = 64,
+// 6.5 at K = 100, 5.7 at K = 128.  One sequence never.
 static inline bool hmm_viterbi_use_lanes(int64_t B, int64_t K) {
-  const double r = K <= 4 ? 2.0 : K <= 64 ? 4.0 : 0.0;
-  return B >= 2 && (double)((B + HMM_VIT_W - 1) / HMM_VIT_W * HMM_VIT_W) <= r * (double)B;
+  const double r = K <= 16 ? 2.8 : K <= 32 ? 4.2 : 5.5;
+  return B >= 2 && (double)((B + HMM_W - 1) / HMM_W * HMM_W) <= r * (double)B;
 }
 
 // x[l K] in lane l where bit l of `on` is set, else 0 (the entry k of the group's rows of a frame, x = rows + k).
@@ -111,8 +111,8 @@ static inline int64_t hmm_vit_argmax(const double* __restrict__ x, int64_t strid
 // the column entries picked from the rows of lA16 (log A, rows of 16, padded) by a permutation, the maximum as a
 // tree, then the lowest i that reaches it (the same i as hmm_vit_argmax: the sums are the same, none is NaN).
 template <int KK>
-__attribute__((always_inline)) static inline hmm_v8l hmm_vit_back(const hmm_v8d* __restrict__ prev, int64_t K, const double* __restrict__ lA16,
-                                   hmm_v8l arg) {
+__attribute__((always_inline)) static inline hmm_v8l hmm_vit_back(const hmm_v8d* __restrict__ prev, int64_t K,
+                                                                  const double* __restrict__ lA16, hmm_v8l arg) {
   hmm_v8d v[KK];
   for (int i = 0; i < KK; ++i) {
     if (i >= K) {
@@ -134,13 +134,13 @@ __attribute__((always_inline)) static inline hmm_v8l hmm_vit_back(const hmm_v8d*
 }
 
 // The sequences [b0, b0 + n) of group g: their paths and scores.  lA, lAT, lf: log A, its transpose and log f in
-// double, lA16 (K <= 16) log A in rows of 16; D: T K vectors; E: HMM_VIT_CHUNK K vectors.  Returns false, with the outputs incomplete, if a valid frame has a NaN or
-// +inf log-emission.
-static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double* lAT, const double* lf, const double* lA16, int64_t g, hmm_v8d* D,
-                              hmm_v8d* E, int32_t* path, Float* score) {
-  const int64_t T = p.T, B = p.B, K = p.K, b0 = g * HMM_VIT_W, n = std::min<int64_t>(HMM_VIT_W, B - b0);
-  int64_t len[HMM_VIT_W], t_end = 0;
-  for (int64_t l = 0; l < HMM_VIT_W; ++l) {
+// double, lA16 (K <= 16) log A in rows of 16; D: T K vectors; E: HMM_VIT_CHUNK K vectors.  Returns false, with the
+// outputs incomplete, if a valid frame has a NaN or +inf log-emission.
+static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double* lAT, const double* lf,
+                              const double* lA16, int64_t g, hmm_v8d* D, hmm_v8d* E, int32_t* path, Float* score) {
+  const int64_t T = p.T, B = p.B, K = p.K, b0 = g * HMM_W, n = std::min<int64_t>(HMM_W, B - b0);
+  int64_t len[HMM_W], t_end = 0;
+  for (int64_t l = 0; l < HMM_W; ++l) {
     len[l] = l < n ? p.seq_len[b0 + l] : 0;
     t_end = std::max(t_end, len[l]);
   }
@@ -153,8 +153,16 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
     for (int64_t t = t0; t < t1; ++t) {
       const Float* rows = p.le + (t * B + b0) * K;  // the group's rows of frame t, one after the other
       unsigned char on = 0;
-      for (int64_t l = 0; l < HMM_VIT_W; ++l) on |= (unsigned char)(t < len[l]) << l;
-      for (int64_t k = 0; k < K; ++k) E[(t - t0) * K + k] = hmm_vit_column(rows + k, K, on);
+      for (int64_t l = 0; l < HMM_W; ++l) on |= (unsigned char)(t < len[l]) << l;
+      hmm_v8d* Et = E + (t - t0) * K;
+      int64_t k0 = 0;
+      if (on == 0xff)  // eight states of the eight rows at a time, transposed
+        for (; k0 + 8 <= K; k0 += 8) {
+          hmm_v8d r[8];
+          for (int l = 0; l < 8; ++l) r[l] = hmm_load8(rows + l * K + k0);
+          hmm_transpose8(r, Et + k0);
+        }
+      for (int64_t k = k0; k < K; ++k) Et[k] = hmm_vit_column(rows + k, K, on);
     }
     for (int64_t i = 0; i < (t1 - t0) * K; ++i) ok &= E[i] < inf;
     for (int64_t t = t0; t < t1; ++t) {
@@ -166,7 +174,7 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
         hmm_vit_step(Dt - K, K, lA, Et, Dt);
     }
   }
-  for (int64_t l = 0; l < HMM_VIT_W; ++l)
+  for (int64_t l = 0; l < HMM_W; ++l)
     if (!ok[l]) return false;
   hmm_v8l arg = {}, live = {};  // the path's state per lane; lanes with a path
   for (int64_t l = 0; l < n; ++l) {
@@ -176,7 +184,7 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
       continue;
     }
     double best;
-    arg[l] = hmm_vit_argmax((const double*)(D + (len[l] - 1) * K) + l, HMM_VIT_W, lf, K, &best);
+    arg[l] = hmm_vit_argmax((const double*)(D + (len[l] - 1) * K) + l, HMM_W, lf, K, &best);
     live[l] = best > -INFINITY ? -1 : 0;
     score[b] = (Float)best;
   }
@@ -193,7 +201,7 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
     } else {
       for (int64_t l = 0; l < n; ++l) {
         double v;
-        if (on[l]) arg[l] = hmm_vit_argmax((const double*)prev + l, HMM_VIT_W, lAT + arg[l] * K, K, &v);
+        if (on[l]) arg[l] = hmm_vit_argmax((const double*)prev + l, HMM_W, lAT + arg[l] * K, K, &v);
       }
     }
   }
@@ -217,9 +225,9 @@ static bool hmm_viterbi_lanes_fw(Ndarray** inputs, Ndarray*** outputs) {
   for (int64_t k = 0; k < K; ++k) lf[k] = (double)p.lf[k];
   for (int64_t i = 0; i < K; ++i)
     for (int64_t j = 0; j < K; ++j) lA[i * K + j] = lAT[j * K + i] = (double)p.lA[i * K + j];
-  const int64_t groups = (B + HMM_VIT_W - 1) / HMM_VIT_W;
+  const int64_t groups = (B + HMM_W - 1) / HMM_W;
   const int parts = (int)std::min<int64_t>(hmm_cpu_parts(T, B, K), groups);
-  const int64_t per_part = (T + HMM_VIT_CHUNK) * K * HMM_VIT_W;  // D and E
+  const int64_t per_part = (T + HMM_VIT_CHUNK) * K * HMM_W;  // D and E
   double* work = hmm_aligned<double>(scratch, parts * per_part);
   int32_t* path = Ndarray_DEV_DATA_int32(*outputs[0]);
   Float* score = Ndarray_DEV_DATA(*outputs[1]);
