@@ -103,6 +103,15 @@ static inline hmm_v8d hmm_lane_sum(const hmm_v8d* __restrict__ x, int64_t K, con
   return (s0 + s1) + (s2 + s3);
 }
 
+// Whether any lane of m is nonzero (a tree of shuffles: no lane goes through memory).
+static inline bool hmm_any8(hmm_v8l m) {
+  const hmm_v8l half = {4, 5, 6, 7, 0, 1, 2, 3}, quarter = {2, 3, 0, 1, 6, 7, 4, 5}, pair = {1, 0, 3, 2, 5, 4, 7, 6};
+  m |= __builtin_shuffle(m, half);
+  m |= __builtin_shuffle(m, quarter);
+  m |= __builtin_shuffle(m, pair);
+  return m[0] != 0;
+}
+
 // out[c] lane l = rows[l] lane c for c < 8: an 8 x 8 transpose in three rounds of two-vector shuffles.
 static inline void hmm_transpose8(const hmm_v8d* __restrict__ r, hmm_v8d* __restrict__ out) {
   const hmm_v8l lo1 = {0, 8, 2, 10, 4, 12, 6, 14}, hi1 = {1, 9, 3, 11, 5, 13, 7, 15};
@@ -170,22 +179,27 @@ static void hmm_lane_emissions(const HmmModel& p, const HmmGroup& G, int64_t t0,
                                double* __restrict__ raw, hmm_v8d* __restrict__ E, hmm_v8d* __restrict__ shift,
                                FsaCheck* check) {
   const int64_t B = p.B, K = p.K;
+  hmm_v8l live = {};  // lanes of the group's sequences, not dead
+  bool all_live = G.n == HMM_W;
+  int64_t shortest = G.n == HMM_W ? G.len[0] : 0;  // while t < shortest, every live lane is on a valid frame
+  for (int64_t l = 0; l < G.n; ++l) {
+    live[l] = dead[l] ? 0 : -1;
+    all_live &= !dead[l];
+    shortest = std::min<int64_t>(shortest, G.len[l]);
+  }
   for (int64_t t = t0; t < t1; ++t) {
-    bool active[HMM_W], all = true;
-    for (int64_t l = 0; l < HMM_W; ++l) {
-      active[l] = l < G.n && t < G.len[l] && !dead[l];
-      all &= active[l];
-    }
+    const hmm_v8l active = live & (t < G.len);
     const Float* rows = p.le + (t * B + G.b0) * K;  // the group's rows of frame t, one after the other
     int64_t k0 = 0;
-    if (all)  // eight rows of eight entries at a time, transposed
+    if (all_live && t < shortest)  // every lane active: eight rows of eight entries at a time, transposed
       for (; k0 + 8 <= K; k0 += 8) {
         hmm_v8d r[8];
         for (int l = 0; l < 8; ++l) r[l] = hmm_load8(rows + l * K + k0);
         hmm_transpose8(r, (hmm_v8d*)raw + k0);
       }
-    for (int64_t l = 0; l < HMM_W; ++l)
-      for (int64_t k = k0; k < K; ++k) raw[k * HMM_W + l] = active[l] ? (double)rows[l * K + k] : 0.0;
+    if (k0 < K)
+      for (int64_t l = 0; l < HMM_W; ++l)
+        for (int64_t k = k0; k < K; ++k) raw[k * HMM_W + l] = active[l] ? (double)rows[l * K + k] : 0.0;
     // poison: sum of x * 0, NaN in lanes with a NaN or an infinity
     hmm_v8d mx = hmm_bc8(-INFINITY), mx1 = mx, poison = {}, poison1 = {};
     int64_t k = 0;
@@ -203,20 +217,21 @@ static void hmm_lane_emissions(const HmmModel& p, const HmmGroup& G, int64_t t0,
     }
     mx = mx1 > mx ? mx1 : mx;
     poison += poison1;
-    for (int64_t l = 0; l < HMM_W; ++l) {
-      if (!active[l] || poison[l] == 0.0) continue;
-      double m;
-      const int64_t b = G.b0 + l;
-      auto report = [&](FsaCheck* c, int64_t k) { fsa_fail(c, FSA_CHECK_SCORE_INFINITE, t, b, k, INFINITY); };
-      if (hmm_checked_max(p.le + (t * B + b) * K, K, &m, check, report)) {
-        dead[l] = 1;
-        m = NAN;
+    if (hmm_any8(active & (poison != 0.0)))
+      for (int64_t l = 0; l < HMM_W; ++l) {
+        if (!active[l] || poison[l] == 0.0) continue;
+        double m;
+        const int64_t b = G.b0 + l;
+        auto report = [&](FsaCheck* c, int64_t k) { fsa_fail(c, FSA_CHECK_SCORE_INFINITE, t, b, k, INFINITY); };
+        if (hmm_checked_max(p.le + (t * B + b) * K, K, &m, check, report)) {
+          dead[l] = 1;
+          live[l] = 0;
+          all_live = false;
+          m = NAN;
+        }
+        mx[l] = m;
       }
-      mx[l] = m;
-    }
-    hmm_v8l keep = mx > -INFINITY;  // false for NaN and -inf
-    for (int64_t l = 0; l < HMM_W; ++l)
-      if (!active[l]) keep[l] = 0;
+    const hmm_v8l keep = (mx > -INFINITY) & active;  // false for NaN and -inf
     hmm_v8d* __restrict__ Et = E + (t - t0) * K;
     for (int64_t k = 0; k < K; ++k)
       Et[k] = (hmm_v8d)((hmm_v8l)hmm_exp8(hmm_load8(raw + k * HMM_W) - mx) & keep);
@@ -269,10 +284,11 @@ static void hmm_lane_outer(const hmm_v8d* X, const hmm_v8d* V, int64_t ld, int64
 }
 
 // The lanes `act` of x[0..K) as the rows of frame t of group G's sequences: rows[l K + k] = x[k] lane l, with
-// rows = out + (t B + b0) K (K entries per sequence, the group's sequences one after the other); eight states of all
-// eight lanes at a time through hmm_transpose8 when every lane is in `act`.
+// rows = out + (t B + b0) K (K entries per sequence, the group's sequences one after the other; R: Float or double);
+// eight states of all eight lanes at a time through hmm_transpose8 when every lane is in `act`.
+template <typename R>
 static inline void hmm_lane_store_rows(const HmmGroup& G, hmm_v8l act, const hmm_v8d* __restrict__ x, int64_t K,
-                                       Float* rows) {
+                                       R* rows) {
   bool all = true;
   for (int64_t l = 0; l < HMM_W; ++l) all &= act[l] != 0;
   int64_t k0 = 0;
@@ -282,8 +298,9 @@ static inline void hmm_lane_store_rows(const HmmGroup& G, hmm_v8l act, const hmm
       hmm_transpose8(x + k0, r8);
       for (int l = 0; l < 8; ++l) hmm_store8(rows + l * K + k0, r8[l]);
     }
-  for (int64_t l = 0; l < G.n; ++l)
-    if (act[l])
-      for (int64_t k = k0; k < K; ++k) rows[l * K + k] = (Float)x[k][l];
+  if (k0 < K)
+    for (int64_t l = 0; l < G.n; ++l)
+      if (act[l])
+        for (int64_t k = k0; k < K; ++k) rows[l * K + k] = (R)x[k][l];
 }
 #endif  // !CUDA

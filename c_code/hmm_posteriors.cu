@@ -21,11 +21,13 @@
 #include "hmm_exp8.h"
 #include "hmm_infer.cu"
 #include "hmm_kept.h"
+#include "hmm_lanes_base.h"
 #include "hmm_vectors_small.h"
 
 struct HmmPostState {
   double *alpha, *c, *m;  // hidden outputs of the forward op (HmmPosteriorsValuesOp: the library's memory)
   double* status;         // the same: the sequence's status (double, like hmm.cu's)
+  bool filter_read;       // whether alpha, c and m are read after the call (by the gradient op), or only status
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
@@ -269,6 +271,149 @@ static bool hmm_posteriors_small(Ndarray** inputs, const HmmPostState& st, Float
 }
 #endif
 
+#if !CUDA
+// ---------------------------------------------------------------- sequences in vector lanes, on the CPU
+// Where the batch fills groups of 8 sequences well enough (hmm_use_lanes), each group runs with one vector of eight
+// doubles per state, lane l holding sequence b0 + l (hmm_lanes_base.h).  Forward: u_t = (u_{t-1} A) E_t sigma_t
+// (u_0 = pi E_0 sigma_0), with E_t = exp(log e_t - M_t), M_t the largest log-density of the frame, and sigma_t the
+// power of two that brings the sum s_t of (u_{t-1} A) E_t into [1, 2); u_t and E_t kept (T, K, 8) per group.
+// Backward, from each lane's last frame (v = f there): z_t = u_t . v_t, gamma_t = u_t v_t / z_t, and for t > 0 the
+// pair marginals u_{t-1}(i) A(i, j) w_t(j) sigma_t / z_t with w_t = E_t v_t, buffered for HMM_LANE_STEPS steps and
+// added lane-wise into U = xi / A; then v_{t-1} = A w_t scaled by the power of two that brings its sum into [1, 2).
+// The scalings cancel (gamma and the pair marginals are normalised per frame), so these are the sequential pass's
+// values to rounding, unless something underflows here that it keeps (nothing overflows: sums stay below 2 K):
+// a lane whose s_t or sum of A w_t falls below 2^-200, or z_t below 2^-400 (possible where an unreachable state
+// holds the frame's largest log-density, or the final weights), is recomputed by the sequential pass.  For the
+// gradient op the forward also writes the filter in hmm_infer.cu's terms: alpha_t = u_t / s'_t, s'_t = s_t sigma_t
+// its sum, c_t = s_t / s'_{t-1} (c_0 = s_0), m_t = M_t.
+
+#define HMM_POST_CHUNK 16  // frames whose emission rows are computed ahead of the forward recursion
+
+// A group's memory: u, E (T, K, 8), sigma, M (T, 8), the emissions' scratch (K, 8), the buffered steps X, V
+// (K, HMM_LANE_STEPS, 8 each), U (K, K, 8) and v, w, gamma (K, 8 each).
+static inline int64_t hmm_post_lane_doubles(int64_t T, int64_t K) {
+  return (T * (2 * K + 2) + K + 2 * K * HMM_LANE_STEPS + K * K + 3 * K) * HMM_W;
+}
+
+// Group g's marginals into gamma, counts into xi_out and the filter into st (if st.filter_read), for the lanes whose
+// sequences have the status HMM_SCALED; a sequence with a NaN on a valid frame gets p.status[b] = HMM_NAN (its
+// lane stops there), those to recompute by the sequential pass redo[b] = 1.
+// mem: hmm_post_lane_doubles(T, K) doubles on a cache line.
+static void hmm_post_lane_group(const HmmInferParams& p, const HmmPostState& st, int64_t g, double* mem, Float* gamma,
+                                Float* xi_out, char* redo, FsaCheck* check) {
+  const int64_t T = p.T, B = p.B, K = p.K;
+  const HmmGroup G = hmm_group(p, g);
+  hmm_v8d* uL = (hmm_v8d*)mem;
+  hmm_v8d* EL = uL + T * K;
+  hmm_v8d* sigma = EL + T * K;
+  hmm_v8d* M = sigma + T;
+  double* raw = (double*)(M + T);
+  hmm_v8d* Xb = (hmm_v8d*)raw + K;  // K rows of HMM_LANE_STEPS vectors
+  hmm_v8d* Vb = Xb + K * HMM_LANE_STEPS;
+  hmm_v8d* U = Vb + K * HMM_LANE_STEPS;
+  hmm_v8d* v = U + K * K;
+  hmm_v8d* w = v + K;
+  hmm_v8d* gam = w + K;
+  hmm_v8l on = {};  // lanes of sequences with a frame and, so far, the status HMM_SCALED
+  char dead[HMM_W];
+  for (int64_t l = 0; l < HMM_W; ++l) {
+    on[l] = l < G.n && p.status[G.b0 + l] == HMM_SCALED && G.len[l] > 0 ? -1 : 0;
+    dead[l] = !on[l];
+  }
+  hmm_v8l good = on;  // lanes computed here so far
+  const hmm_v8d lo = hmm_bc8(0x1p-200), zlo = hmm_bc8(0x1p-400);
+  hmm_v8d s_prev = {};  // s'_{t-1}
+  for (int64_t t0 = 0; t0 < G.t_end; t0 += HMM_POST_CHUNK) {
+    const int64_t t1 = std::min<int64_t>(t0 + HMM_POST_CHUNK, G.t_end);
+    hmm_lane_emissions(p, G, t0, t1, dead, raw, EL + t0 * K, M + t0, check);
+    for (int64_t t = t0; t < t1; ++t) {
+      hmm_v8d* __restrict__ ut = uL + t * K;
+      const hmm_v8d* __restrict__ Et = EL + t * K;
+      if (t == 0)
+        for (int64_t k = 0; k < K; ++k) ut[k] = hmm_bc8(p.pi[k]);
+      else
+        hmm_lane_matvec(uL + (t - 1) * K, K, p.A, ut);
+      for (int64_t k = 0; k < K; ++k) ut[k] *= Et[k];
+      const hmm_v8d s = hmm_lane_sum(ut, K);
+      const hmm_v8l act = good & (t < G.len), ok = act & (s >= lo);
+      good &= ~act | ok;
+      const hmm_v8d scale = (hmm_v8d)((hmm_v8l)hmm_inverse_power_of_two8(s) & ok);
+      for (int64_t k = 0; k < K; ++k) ut[k] *= scale;
+      sigma[t] = scale;
+      if (st.filter_read) {
+        const hmm_v8d s_now = s * scale, inv = (hmm_v8d)((hmm_v8l)(1.0 / s_now) & ok), c = t == 0 ? s : s / s_prev;
+        s_prev = s_now;
+        for (int64_t k = 0; k < K; ++k) gam[k] = ut[k] * inv;
+        hmm_lane_store_rows(G, ok, gam, K, st.alpha + (t * B + G.b0) * K);
+        for (int64_t l = 0; l < G.n; ++l)
+          if (ok[l]) {
+            st.c[t * B + G.b0 + l] = c[l];
+            st.m[t * B + G.b0 + l] = M[t][l];
+          }
+      }
+    }
+  }
+  for (int64_t k = 0; k < K * K; ++k) U[k] = hmm_v8d{};
+  int64_t n_steps = 0;
+  auto add_steps = [&]() {
+    hmm_lane_outer(Xb, Vb, HMM_LANE_STEPS, n_steps, K, [&](int64_t i, int64_t j, hmm_v8d acc) { U[i * K + j] += acc; });
+    n_steps = 0;
+  };
+  for (int64_t k = 0; k < K; ++k) v[k] = hmm_v8d{};
+  for (int64_t t = G.t_end - 1; t >= 0; --t) {
+    const hmm_v8l start = good & (t == G.len - 1);
+    for (int64_t k = 0; k < K; ++k) v[k] = start ? hmm_bc8(p.f[k]) : v[k];
+    const hmm_v8d* __restrict__ ut = uL + t * K;
+    const hmm_v8d z = hmm_lane_sum(ut, K, v);
+    hmm_v8l act = good & (t < G.len);
+    good &= ~act | (z >= zlo);
+    act &= z >= zlo;
+    const hmm_v8d r = (hmm_v8d)((hmm_v8l)(1.0 / z) & act);
+    for (int64_t k = 0; k < K; ++k) gam[k] = ut[k] * v[k] * r;
+    hmm_lane_store_rows(G, act, gam, K, gamma + (t * B + G.b0) * K);
+    if (t == 0) break;
+    const hmm_v8d* __restrict__ Et = EL + t * K;
+    const hmm_v8d* __restrict__ up = uL + (t - 1) * K;
+    const hmm_v8d x = r * sigma[t];
+    for (int64_t k = 0; k < K; ++k) {
+      w[k] = Et[k] * v[k];
+      Vb[k * HMM_LANE_STEPS + n_steps] = w[k];
+      Xb[k * HMM_LANE_STEPS + n_steps] = up[k] * x;
+    }
+    if (++n_steps == HMM_LANE_STEPS) add_steps();
+    hmm_lane_matvec(w, K, p.AT, v);
+    const hmm_v8d sv = hmm_lane_sum(v, K);
+    good &= ~act | (sv >= lo);
+    const hmm_v8d scale = hmm_inverse_power_of_two8(sv);
+    for (int64_t k = 0; k < K; ++k) v[k] *= scale;
+  }
+  if (n_steps > 0) add_steps();
+  for (int64_t l = 0; l < G.n; ++l) {
+    const int64_t b = G.b0 + l;
+    if (!on[l]) continue;
+    if (dead[l]) {  // hmm_lane_emissions met a NaN on a valid frame
+      p.status[b] = HMM_NAN;
+    } else if (good[l]) {
+      Float* xo = xi_out + b * K * K;
+      for (int64_t i = 0; i < K * K; ++i) xo[i] = (Float)(U[i][l] * p.A[i]);
+    } else {
+      redo[b] = 1;
+    }
+  }
+}
+#endif
+
+#if !CUDA
+// The sequential pass over the sequences [b0, b1) (status set, xi zeroed): time outer, batch inner (the sequences'
+// independent recursions overlap in the pipeline), then the counts.
+static void hmm_post_sequential(const HmmInferParams& p, const HmmPostState& st, const HmmPostWork& w, Float* gamma,
+                                Float* xi_out, int64_t b0, int64_t b1) {
+  hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_post_fwd_step(p, st, w, t, b); });
+  hmm_time_outer(p.T, b0, b1, true, [&](int64_t t, int64_t b) { hmm_post_bwd_step(p, st, w, t, b, gamma); });
+  for (int64_t b = b0; b < b1; ++b) hmm_post_finish(p, st, w, b, gamma, xi_out);
+}
+#endif
+
 // Forward op: the filter, then the backward pass writing gamma and xi.  The CPU runs time outer and batch inner
 // (the sequences' independent recursions overlap in the pipeline) over the sequences [b0, b1) of one part of the
 // batch (hmm_run_parts: one per CPU thread for large problems); CUDA one thread per sequence.
@@ -298,18 +443,71 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
       return;
     }
   }
-  hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_post_fwd_step(p, st, w, t, b); });
-  hmm_time_outer(p.T, b0, b1, true, [&](int64_t t, int64_t b) { hmm_post_bwd_step(p, st, w, t, b, gamma); });
-  for (int64_t b = b0; b < b1; ++b) hmm_post_finish(p, st, w, b, gamma, xi_out);
+  hmm_post_sequential(p, st, w, gamma, xi_out, b0, b1);
 #endif
 }
+
+#if !CUDA
+// hmm_posteriors_run on the CPU with the sequences in lanes, where hmm_use_lanes(B, K) and no parameter is NaN
+// (returns false otherwise, having done nothing but the checks of hmm_model_setup).  Without hmm_infer_setup's scan
+// of the emissions: hmm_lane_emissions finds NaN and +inf on the valid frames beside its own pass (the rest of a
+// sequence after a NaN is searched for +inf separately), and +inf raises after the pass.  The groups split over the
+// parts; the sequences a group leaves to the sequential pass run right after it, on the same thread.
+static bool hmm_posteriors_lanes(Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xi_out) {
+  const int64_t B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
+  if (!hmm_use_lanes(B, K)) return false;
+  HmmScratch scratch;
+  HmmInferParams p;
+  static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, "hmm_posteriors");
+  if (p.consts[3] != 0.0) return false;
+  p.Kp = (K + 3) / 4 * 4;  // the sequential pass's padded matrices (hmm_infer_setup's)
+  double* Ap = scratch.get<double>(K * p.Kp);
+  double* ATp = scratch.get<double>(K * p.Kp);
+  start_dev_kernel(hmm_infer_pad, (p, Ap, ATp));
+  p.Ap = Ap;
+  p.ATp = ATp;
+  p.status = scratch.get<int32_t>(B);
+  for (int64_t b = 0; b < B; ++b) p.status[b] = HMM_SCALED;
+  const HmmPostWork w = {scratch.get<double>(B * (3 * p.Kp + K * K)), B, p.Kp, K, (double*)0};
+  const int64_t groups = (B + HMM_W - 1) / HMM_W;
+  const int parts = (int)std::min<int64_t>(hmm_cpu_parts(p.T, B, K), groups);
+  const int64_t per_part = (hmm_post_lane_doubles(p.T, K) + 7) / 8 * 8;
+  double* mem = hmm_kept_doubles<1>(scratch, parts * per_part);
+  char* redo = scratch.get<char>(B);
+  memset(redo, 0, B);
+  hmm_run_parts(scratch, parts, groups, p.check, [&](int q, int64_t g0, int64_t g1, FsaCheck* check) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t b0 = g * HMM_W, b1 = std::min<int64_t>(b0 + HMM_W, B);
+      FsaCheck first;
+      memset(&first, 0, sizeof(first));
+      hmm_post_lane_group(p, st, g, mem + q * per_part, gamma, xi_out, redo, &first);
+      for (int64_t b = b0; b < b1; ++b) {
+        st.status[b] = p.status[b];
+        if (redo[b]) {
+          for (int64_t j = 0; j < K * K; ++j) w.xi(b)[j] = 0.0;
+          hmm_post_sequential(p, st, w, gamma, xi_out, b, b + 1);
+        } else if (st.status[b] == HMM_NAN) {
+          hmm_post_finish(p, st, w, b, gamma, xi_out);
+          for (int64_t t = 0; t < p.seq_len[b]; ++t)  // a +inf after the NaN still raises
+            for (int64_t k = 0; k < K; ++k)
+              if ((double)p.le[(t * B + b) * K + k] == INFINITY)
+                fsa_fail(&first, FSA_CHECK_SCORE_INFINITE, t, b, k, INFINITY);
+        }
+      }
+      hmm_keep_first_failure(check, first);
+    }
+  });
+  hmm_infer_raise(p.check, hmm_model_terms("hmm_posteriors", p.T, B, K));
+  return true;
+}
+#endif
 
 // The forward pass of both forward ops: the marginals gamma (T,B,K) and the counts xi (B,K,K) from the inputs
 // log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B); st: the hidden arrays
 // (double) alpha (T,B,K), c (T,B), m (T,B), status (B).
 static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xi) {
 #if !CUDA
-  if (hmm_posteriors_small(inputs, st, gamma, xi)) return;
+  if (hmm_posteriors_small(inputs, st, gamma, xi) || hmm_posteriors_lanes(inputs, st, gamma, xi)) return;
 #endif
   HmmInferCall call("hmm_posteriors", inputs, n_inputs, 5, 0, 0);
   const HmmInferParams& p = call.p;
@@ -327,7 +525,7 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 6);
   const HmmPostState st = {(double*)(*outputs[2])->data, (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
-                           (double*)(*outputs[5])->data};
+                           (double*)(*outputs[5])->data, true};
   hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
 }
 
@@ -338,7 +536,7 @@ static void hmm_posteriors_values_fw(int n_inputs, Ndarray** inputs, int n_outpu
   const int64_t TB = Ndarray_DIMS(inputs[0])[0] * Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
   ptn::Scratch scratch;
   double* mem = hmm_kept_doubles<0>(scratch, TB * (K + 2) + Ndarray_DIMS(inputs[0])[1]);
-  const HmmPostState st = {mem, mem + TB * K, mem + TB * (K + 1), mem + TB * (K + 2)};
+  const HmmPostState st = {mem, mem + TB * K, mem + TB * (K + 1), mem + TB * (K + 2), false};
   hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
 }
 
@@ -469,6 +667,7 @@ static void hmm_posteriors_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   st.c = (double*)inputs[6]->data;
   st.m = (double*)inputs[7]->data;
   st.status = (double*)inputs[8]->data;
+  st.filter_read = true;
   double* acc = scratch.get<double>(K * K + 2 * K);
   Ndarray_memset(acc, 0, (K * K + 2 * K) * sizeof(double));
   int32_t* any_nan = scratch.get<int32_t>(1);
