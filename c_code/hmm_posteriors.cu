@@ -273,7 +273,7 @@ static bool hmm_posteriors_small(Ndarray** inputs, const HmmPostState& st, Float
 
 #if !CUDA
 // ---------------------------------------------------------------- sequences in vector lanes, on the CPU
-// Where the batch fills groups of 8 sequences well enough (hmm_use_lanes), each group runs with one vector of eight
+// Where the batch has enough sequences (hmm_post_use_lanes), each group of 8 runs with one vector of eight
 // doubles per state, lane l holding sequence b0 + l (hmm_lanes_base.h).  Forward: u_t = (u_{t-1} A) E_t sigma_t
 // (u_0 = pi E_0 sigma_0), with E_t = exp(log e_t - M_t), M_t the largest log-density of the frame, and sigma_t the
 // power of two that brings the sum s_t of (u_{t-1} A) E_t into [1, 2); u_t and E_t kept (T, K, 8) per group.
@@ -448,14 +448,22 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
 }
 
 #if !CUDA
-// hmm_posteriors_run on the CPU with the sequences in lanes, where hmm_use_lanes(B, K) and no parameter is NaN
+// Whether the posteriors of a batch of B sequences run in lanes.  A group costs the same whatever number of its lanes
+// hold a sequence; a sequence in the sequential pass (time outer, batch inner) costs r times its share of a full
+// group, measured (T = 1000, B = 8, one thread, CPU time, same process, load ~7) r = 3.3, 3.4, 2.8, 3.7, 3.6, 3.2,
+// 3.1, 2.4, 2.7 at K = 2, 3, 4, 6, 8, 12, 16, 24, 32, and 2.4 - 3.4 up to K = 256 (shorter T): the lanes win when
+// the batch rounded up to groups of 8 is at most 2.4 B, for every B >= 4, and measured also for B = 3 (1.06 - 1.21x
+// faster at K = 4, 16, 32), not for B = 2 (1.11x faster at K = 4, 0.79x at K = 16).
+static inline bool hmm_post_use_lanes(int64_t B) { return B >= 3; }
+
+// hmm_posteriors_run on the CPU with the sequences in lanes, where hmm_post_use_lanes(B) and no parameter is NaN
 // (returns false otherwise, having done nothing but the checks of hmm_model_setup).  Without hmm_infer_setup's scan
 // of the emissions: hmm_lane_emissions finds NaN and +inf on the valid frames beside its own pass (the rest of a
 // sequence after a NaN is searched for +inf separately), and +inf raises after the pass.  The groups split over the
 // parts; the sequences a group leaves to the sequential pass run right after it, on the same thread.
 static bool hmm_posteriors_lanes(Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xi_out) {
   const int64_t B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
-  if (!hmm_use_lanes(B, K)) return false;
+  if (!hmm_post_use_lanes(B)) return false;
   HmmScratch scratch;
   HmmInferParams p;
   static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, "hmm_posteriors");

@@ -853,3 +853,149 @@ def test_log_likelihood_lanes_long_and_extreme():
     valid = mask_of(lens, T) > 0
     np.testing.assert_allclose(d_e.sum(-1)[valid], 1.0, atol=1e-9)
     assert np.all(d_e[~valid] == 0)
+
+
+# ------------------------------------------------------------------ hmm_posteriors: sequences in vector lanes
+def posteriors_with_gradient(dtype, mode):
+    """hmm_posteriors' marginals and counts (HmmPosteriorsValuesOp after the rewrite, every mode but FAST_COMPILE),
+    and a function of the same graph with the gradient of sum(G * marginals) + sum(H * counts) w.r.t. the four
+    inputs (HmmPosteriorsOp, reading the filter its forward pass wrote)."""
+    xs, G, H = symbols(dtype), pt.tensor3(dtype=dtype), pt.tensor3(dtype=dtype)
+    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
+    values = pytensor.function(xs, [gamma, xi], mode=mode)
+    cost = (gamma * G).sum() + (xi * H).sum()
+    grads = pytensor.function([*xs, G, H], [gamma, xi, *pytensor.grad(cost, xs[:4])], mode=mode)
+    return values, grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_posteriors_lanes_any_batch(mode, dtype):
+    """B = 2..24 and K = 1..33 (c_code/hmm_posteriors.cu: B >= 3 in groups of eight sequences in vector lanes, full,
+    partial and several, K = 16, 17, 33 transposed eight states at a time and the rest; B = 2 time outer and batch
+    inner), ragged lengths with empty sequences and T_b = 1, against the numpy log-space forward-backward; marginals
+    summing to 1 on valid frames and 0 on padded ones; both ops give the same marginals and counts, the same bits on
+    every call, and the same sequence gets the same numbers in any group and lane."""
+    values, grads = posteriors_with_gradient(dtype, mode)
+    rng = np.random.default_rng(74)
+    rtol, atol = (1e-4, 2e-5) if dtype == "float32" else (1e-10, 1e-11)
+    for B, K in [(2, 16), (3, 4), (4, 3), (5, 17), (7, 16), (8, 16), (9, 1), (12, 8), (16, 5), (17, 16), (24, 17),
+                 (8, 33)]:
+        T = int(rng.integers(6, 14))
+        le, lA, lpi, lf = model(rng, T, B, K, 3.0)
+        lens = rng.integers(0, T + 1, size=B)
+        lens[0], lens[-1] = T, 1
+        args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T))
+        gamma, xi = values(*args)
+        le64, lA64, lpi64, lf64 = (np.asarray(a, np.float64) for a in args[:4])
+        want_gamma, want_xi = ref_fsa.hmm_posteriors(le64, lA64, lpi64, lf64, lens)
+        np.testing.assert_allclose(gamma, want_gamma, rtol=rtol, atol=atol, err_msg=f"B={B} K={K}")
+        np.testing.assert_allclose(xi, want_xi, rtol=rtol, atol=atol, err_msg=f"B={B} K={K}")
+        valid = mask_of(lens, T) > 0
+        np.testing.assert_allclose(gamma.sum(-1)[valid], 1.0, atol=10 * np.finfo(dtype).eps)
+        assert np.all(gamma[~valid] == 0)
+        for a, b in zip((gamma, xi), values(*args)):
+            np.testing.assert_array_equal(a, b)
+        G, H = cast(dtype, rng.normal(size=(T, B, K)), rng.normal(size=(B, K, K)))
+        both = grads(*args, G, H)
+        np.testing.assert_array_equal(both[0], gamma)
+        np.testing.assert_array_equal(both[1], xi)
+        # the first sequence again, last in a batch of copies of another sequence (another group and lane)
+        if B >= 3:
+            order = [1] * (B - 1) + [0]
+            moved = values(args[0][:, order], *args[1:4], args[4][:, order])
+            np.testing.assert_array_equal(moved[0][:, -1], gamma[:, 0])
+            np.testing.assert_array_equal(moved[1][-1], xi[0])
+
+
+def test_posteriors_lanes_gradient(mode):
+    """The gradient op reads the filter the lane path wrote: the gradients of a batch of 10 (two groups, ragged, an
+    empty sequence) equal the sum of those of its sequences computed one at a time (B = 1, K = 5: the sequential
+    pass), and match central finite differences of the enumeration reference on a tiny batch (B = 3, lanes)."""
+    values, grads = posteriors_with_gradient("float64", mode)
+    rng = np.random.default_rng(75)
+    T, B, K = 9, 10, 5
+    le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+    lens = rng.integers(1, T + 1, size=B)
+    lens[3], lens[7] = 0, T
+    G, H = rng.normal(size=(T, B, K)), rng.normal(size=(B, K, K))
+    got = grads(le, lA, lpi, lf, mask_of(lens, T), G, H)
+    want = [np.zeros_like(g) for g in got[2:]]
+    for b in range(B):
+        one = grads(le[:, b:b + 1], lA, lpi, lf, mask_of(lens[b:b + 1], T), G[:, b:b + 1], H[b:b + 1])
+        np.testing.assert_allclose(got[0][:, b], one[0][:, 0], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(got[1][b], one[1][0], rtol=1e-12, atol=1e-13)
+        want[0][:, b] = one[2][:, 0]
+        for w, g in zip(want[1:], one[3:]):
+            w += g
+    for name, g, w in zip(["log_emissions", "log_transitions", "log_initial", "log_final"], got[2:], want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=name)
+    T, B, K = 4, 3, 3
+    le, lA, lpi, lf = model(rng, T, B, K, 1.5)
+    lens = [4, 2, 3]
+    G, H = rng.normal(size=(T, B, K)), rng.normal(size=(B, K, K))
+    got = grads(le, lA, lpi, lf, mask_of(lens, T), G, H)[2:]
+    fun = _posterior_functional(G, H, lens)
+    want = [ref.finite_difference(lambda v: fun(v, lA, lpi, lf), le),
+            ref.finite_difference(lambda v: fun(le, v, lpi, lf), lA),
+            ref.finite_difference(lambda v: fun(le, lA, v, lf), lpi),
+            ref.finite_difference(lambda v: fun(le, lA, lpi, v), lf)]
+    for name, g, w in zip(["log_emissions", "log_transitions", "log_initial", "log_final"], got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_posteriors_lanes_special_cases(mode):
+    """The lane path's fallbacks and special values within one group: the frame's largest log-density at an
+    unreachable state (E underflows for every reachable one: recomputed by the sequential pass, exact), final
+    weights on a state the emissions make e^-600 times less likely (z_t underflows: recomputed), log-densities of
+    +-2000 at T = 300, no path (zeros), a NaN on a valid frame (NaN for that sequence only), NaN on a padded frame
+    (ignored), an empty sequence; +inf raises, also after a NaN of the same sequence."""
+    rng = np.random.default_rng(76)
+    T, B, K = 300, 8, 3
+    le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+    lA[:, 2] = -np.inf                       # state 2 is reachable at t = 0 only
+    le[40, 0] = [0.0, -5.0, 1000.0]          # ... and holds frame 40's largest log-density
+    le[:, 1] = le[:, 1] * 1000               # +-2000 and more
+    lf2 = np.array([0.0, -np.inf, -np.inf])  # sequence 2 must end in state 0 ...
+    le[149, 2] = [-600.0, 0.0, 0.0]          # ... whose last emission is e^-600 times the others'
+    le[7, 3] = -np.inf                       # no path
+    le[200:, 5] = np.nan                     # padded frames of sequence 5
+    lens = np.array([300, 300, 150, 300, 0, 200, 300, 1])
+    values, _ = posteriors_with_gradient("float64", mode)
+
+    def reference(le, lf):
+        g, x = ref_fsa.hmm_posteriors(le, lA, lpi, lf, lens)
+        sums = g.sum(-1, keepdims=True)
+        counts = np.maximum(lens - 1.0, 0)[:, None, None]
+        total = x.sum((1, 2), keepdims=True)
+        return g / np.where(sums > 0, sums, 1.0), x * counts / np.where(total > 0, total, 1.0)
+
+    gamma, xi = values(le, lA, lpi, lf, mask_of(lens, T))
+    with np.errstate(invalid="ignore"):  # log p = -inf for the sequence without a path
+        want_gamma, want_xi = reference(le, lf)
+    ok = [0, 1, 5, 6, 7]
+    np.testing.assert_allclose(gamma[:, ok], want_gamma[:, ok], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(xi[ok], want_xi[ok], rtol=1e-9, atol=1e-9)
+    assert np.all(gamma[:, 3] == 0) and np.all(xi[3] == 0) and np.all(gamma[:, 4] == 0) and np.all(xi[4] == 0)
+    assert gamma[40, 0, 2] == 0 and np.isfinite(want_gamma[:, ok]).all()
+    gamma2, xi2 = values(le[:, 2:3].repeat(4, 1), lA, lpi, lf2, mask_of([150] * 4, T))
+    want_gamma2, want_xi2 = ref_fsa.hmm_posteriors(le[:, 2:3], lA, lpi, lf2, np.array([150]))
+    sums = want_gamma2.sum(-1, keepdims=True)
+    np.testing.assert_allclose(gamma2[:, 3], (want_gamma2 / np.where(sums > 0, sums, 1.0))[:, 0], rtol=1e-9,
+                               atol=1e-12)
+    np.testing.assert_allclose(xi2[3], want_xi2[0] * 149.0 / want_xi2.sum(), rtol=1e-9, atol=1e-9)
+    assert gamma2[149, 3, 0] == 1.0
+    nan = le.copy()
+    nan[100, 6, 1] = np.nan
+    gamma3, xi3 = values(nan, lA, lpi, lf, mask_of(lens, T))
+    assert np.isnan(gamma3[:, 6]).all() and np.isnan(xi3[6]).all()
+    keep = [0, 1, 2, 3, 4, 5, 7]
+    np.testing.assert_array_equal(gamma3[:, keep], gamma[:, keep])
+    np.testing.assert_array_equal(xi3[keep], xi[keep])
+    inf = nan.copy()
+    inf[250, 6, 0] = np.inf  # after the NaN of the same sequence
+    with pytest.raises(ValueError, match=r"hmm_posteriors: log_emissions\[250, 6, 0\] = inf is infinitely likely"):
+        values(inf, lA, lpi, lf, mask_of(lens, T))
+    inf = le.copy()
+    inf[20, 1, 2] = np.inf
+    with pytest.raises(ValueError, match=r"hmm_posteriors: log_emissions\[20, 1, 2\] = inf is infinitely likely"):
+        values(inf, lA, lpi, lf, mask_of(lens, T))
