@@ -7,6 +7,8 @@ running it and ``{"case": case_id, "category": ..., "status": "ok" | "fail", "me
 stderr stay free for whatever the kernels or PyTensor print).  Requests:
 
 * ``{"kind": "catalogue", "function": name, "mode": mode}``: the bad-input cases of one catalogue function;
+* ``{"kind": "catalogue_cuda_emulation", "function": name}``: the same cases in FAST_COMPILE with every op's CUDA
+  path emulated (tests/test_cuda_emulation.py; a worker that takes such a request should take no other kind);
 * ``{"kind": "spec", "spec": {...}}``: one generated NativeOp spec (see ``fuzz_specs.cases_for``);
 
 either with ``"skip": [case ids]`` (cases that crashed an earlier worker).
@@ -14,6 +16,7 @@ either with ``"skip": [case ids]`` (cases that crashed an earlier worker).
 The kernel cache must be a test cache given in ``$PTNATIVE_CACHE_DIR``; the worker refuses to start otherwise.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -43,21 +46,26 @@ def main():
         request = json.loads(line)
         try:
             if request["kind"] == "catalogue":
-                cases = fuzz_cases.cases_for(request["function"], request["mode"])
+                cases = contextlib.nullcontext(fuzz_cases.cases_for(request["function"], request["mode"]))
+            elif request["kind"] == "catalogue_cuda_emulation":
+                from tests import test_cuda_emulation
+
+                cases = test_cuda_emulation.fuzz_cases_on_the_emulated_cuda_path(request["function"])
             else:
-                cases = fuzz_specs.cases_for(request["spec"])
+                cases = contextlib.nullcontext(fuzz_specs.cases_for(request["spec"]))
             skip = set(request.get("skip", ()))
-            for case_id, category, thunk in cases:
-                if case_id in skip:
-                    continue
-                emit({"begin": case_id})
-                try:
-                    thunk()
-                    emit({"case": case_id, "category": category, "status": "ok"})
-                except Exception as e:  # noqa: BLE001 - every failure is reported to the parent
-                    emit({"case": case_id, "category": category, "status": "fail",
-                          "message": f"{type(e).__name__}: {e}"[:2000],
-                          "traceback": traceback.format_exc()[-3000:]})
+            with cases as case_list:
+                for case_id, category, thunk in case_list:
+                    if case_id in skip:
+                        continue
+                    emit({"begin": case_id})
+                    try:
+                        thunk()
+                        emit({"case": case_id, "category": category, "status": "ok"})
+                    except Exception as e:  # noqa: BLE001 - every failure is reported to the parent
+                        emit({"case": case_id, "category": category, "status": "fail",
+                              "message": f"{type(e).__name__}: {e}"[:2000],
+                              "traceback": traceback.format_exc()[-3000:]})
         except Exception:  # noqa: BLE001 - a broken request is reported, the worker goes on
             emit({"error": traceback.format_exc()[-4000:]})
         emit({"done": True})

@@ -329,15 +329,17 @@ def test_cuda_path_errors_are_the_cpu_ones(name, build, values, message, monkeyp
 
 # ------------------------------------------------------------------ the fuzz suite's bad inputs on the CUDA path
 # Every catalogue function's cases from tests/fuzz_cases.py (NaN and inf, empty batch, zero lengths, out-of-range
-# labels and lengths, shape mismatches, strided and negative-stride views), each function in a child process (a
-# crash fails its test only), with every op emulated: the same documented results and clear errors as on the CPU.
+# labels and lengths, shape mismatches, strided and negative-stride views), with every op emulated: the same
+# documented results and clear errors as on the CPU.  They run in a fuzz worker of their own (tests/fuzz_runner.py,
+# one child process for the module, every op made in it emulated): a case that crashes the child is a failed case
+# and the rest of the function's cases run in a fresh child.
 FUZZ_SKIP_CATEGORIES = {"leak"}  # resident memory over thousands of calls: a property of the host path
 
 
-def _fuzz_child(function):  # pragma: no cover - runs in the child
-    import json
-    import sys
-
+@contextmanager
+def fuzz_cases_on_the_emulated_cuda_path(function):  # pragma: no cover - runs in the fuzz worker
+    """(in the fuzz worker) ``function``'s fuzz cases in FAST_COMPILE, built and run while every catalogue op is
+    emulated, with "unchanged" outputs compared to rounding (atomic sums)."""
     from tests import fuzz_cases
 
     monkeypatch = pytest.MonkeyPatch()
@@ -351,18 +353,12 @@ def _fuzz_child(function):  # pragma: no cover - runs in the child
             rtol, atol = (1e-5, 1e-6) if single else (1e-11, 1e-13)
         exact_equal(got, want, what, exact=False, rtol=rtol, atol=atol)
 
-    monkeypatch.setattr(fuzz_cases, "equal", equal)
-    results = []
-    with emulated_catalogue(monkeypatch):
-        for case_id, category, thunk in fuzz_cases.cases_for(function, MODE):
-            if category in FUZZ_SKIP_CATEGORIES:
-                continue
-            try:
-                thunk()
-                results.append((case_id, "ok", ""))
-            except Exception as e:  # noqa: BLE001 - reported to the parent
-                results.append((case_id, "fail", f"{type(e).__name__}: {e}"[:1500]))
-    sys.stdout.write("\nFUZZ-RESULTS " + json.dumps(results) + "\n")
+    try:
+        monkeypatch.setattr(fuzz_cases, "equal", equal)
+        with emulated_catalogue(monkeypatch):
+            yield [c for c in fuzz_cases.cases_for(function, MODE) if c[1] not in FUZZ_SKIP_CATEGORIES]
+    finally:
+        monkeypatch.undo()
 
 
 def _fuzz_functions():
@@ -371,18 +367,20 @@ def _fuzz_functions():
     return [f for f in fuzz_cases.FUNCTIONS if f != "memory_leak"]
 
 
-@pytest.mark.parametrize("function", _fuzz_functions())
-def test_fuzz_cases_on_the_cuda_path(function):
-    import json
-    import subprocess
-    import sys
+@pytest.fixture(scope="module")
+def emulation_worker():
+    from .fuzz_runner import Worker
 
-    root = Path(__file__).resolve().parent.parent
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from tests.test_cuda_emulation import _fuzz_child; " \
-           f"_fuzz_child({function!r})"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1500, cwd=root)
-    marker = [line for line in proc.stdout.splitlines() if line.startswith("FUZZ-RESULTS ")]
-    assert proc.returncode == 0 and marker, f"child exited with {proc.returncode}:\n{proc.stderr[-3000:]}"
-    results = json.loads(marker[-1][len("FUZZ-RESULTS "):])
-    failed = [f"{case}: {message}" for case, status, message in results if status != "ok"]
+    w = Worker()
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("function", _fuzz_functions())
+def test_fuzz_cases_on_the_cuda_path(emulation_worker, function):
+    from .fuzz_runner import run_isolated
+
+    results = run_isolated(emulation_worker, {"kind": "catalogue_cuda_emulation", "function": function},
+                           timeout=1500)
+    failed = [f"[{r['status']}] {r['case']}: {r['message']}" for r in results if r["status"] != "ok"]
     assert results and not failed, f"{function}: {len(failed)} of {len(results)} cases failed:\n" + "\n".join(failed)
