@@ -82,9 +82,15 @@ static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0,
   ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
 }
 
-// The forward pass of NativeLstm2 (b = null) and NativeLstm2Layer (b added to each visited frame's X[t] before its
-// recurrent product).  inputs: W, y0, c0, i, start, step; outputs Y, C, H [X's buffer], d.
-static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
+// NativeLstm2Layer's input projection: H = x (T, B, n_in) . W_in (n_in, 4n) before the recurrence.
+struct Lstm2Input {
+  Ndarray *x, *W_in;
+};
+
+// The forward pass of NativeLstm2 (b = null, proj = null) and NativeLstm2Layer (H = proj's x . W_in over all frames,
+// then b added to each visited frame's H[t] before its recurrent product).  inputs: W, y0, c0, i, start, step;
+// outputs Y, C, H [X's buffer], d.
+static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndarray*** outputs) {
   Ndarray *W = in[0], *y0 = in[1], *c0 = in[2], *i = in[3];
   Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
   check_lstm2_shapes(H, W, y0, c0, i);
@@ -93,11 +99,15 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
   const LstmCall call = lstm_call(i, y0, in[4], in[5], false);
   const LstmFrames& fr = call.fr;
   const int64_t n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame, step = fr.step;
-  if (fr.count == 0) return lstm_final_state(d, C, c0, call);
+  const int64_t T = Ndarray_DIMS(i)[0], g = 4 * n_cells, n_in = proj ? Ndarray_DIMS(proj->x)[2] : 0;
+  if (fr.count == 0 && !proj) return lstm_final_state(d, C, c0, call);
   ptn::Scratch scratch;
   Float* y_carry = scratch.get<Float>(frame);
   Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
 #if CUDA
+  if (proj)
+    lstm_gemm(Ndarray_DEV_DATA(proj->x), false, Ndarray_DEV_DATA(proj->W_in), false, Ndarray_DEV_DATA(H), T * n_batch,
+              g, n_in, 0.0);
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
     if (bias) start_dev_kernel(lstm_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
@@ -107,8 +117,13 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
                                       data_ptr(C, t), n_batch, n_cells));
   }
 #else
-  LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, 4 * n_cells);
-  lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
+  // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.
+  LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, g);
+  LstmPacked packed_W_in = proj ? lstm_pack(Ndarray_DEV_DATA(proj->W_in), false, n_in, g) : LstmPacked();
+  lstm_cpu_rows(n_batch, n_cells, std::max<int64_t>(fr.count, proj ? T : 0), [&](int64_t r0, int64_t r1) {
+    if (proj)
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(proj->x) + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g,
+                              LstmRowBlocks{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g}, nullptr, true);
     for (int64_t k = 0; k < fr.count; ++k) {
       int64_t t = fr.at(k);
       Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
@@ -128,7 +143,7 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, Ndarray*** outputs) {
 static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
   assert_cmp(n_outputs, ==, 4);
-  lstm2_forward(inputs + 1, nullptr, outputs);
+  lstm2_forward(inputs + 1, nullptr, nullptr, outputs);
 }
 
 // What NativeLstm2Layer's backward pass computes besides NativeLstm2's: the input projection's gradients.
@@ -158,8 +173,10 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     if (!visited[t]) Ndarray_memset(data_ptr(DX, t), 0, 4 * frame * sizeof(Float));
   if (fr.count == 0) return;
   // P (T*B rows of ld = n_in + n): [x[t] (0 on padded rows) | Yp[t]], Yp[t] the recurrent input of visited frame t
-  // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one GEMM over all
-  // frames and both weights (n_in = 0 without the layer: DW alone).
+  // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one product over all
+  // frames and both weights (n_in = 0 without the layer: DW alone).  On the CPU no product goes to BLAS: the row
+  // parts compute their rows' x . W_in (forward) and dx = DX . W_in^T, the recurrent products, and then, split by
+  // columns, the weight gradients (lstm_packed.h).
   const Float* mask = Ndarray_DEV_DATA(i);
   const int64_t n_in = layer ? Ndarray_DIMS(layer->x)[2] : 0, ld = n_in + n_cells;
   ptn::Scratch scratch;
@@ -189,8 +206,19 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells, g, 1.0);
   }
   if (layer) start_dev_kernel(lstm2_column_sums, (Ndarray_DEV_DATA(DX), T * n_batch, g, db_out));
+  const Float* DXd = Ndarray_DEV_DATA(DX);
+  if (!layer) {
+    lstm_gemm(P, true, DXd, false, Ndarray_DEV_DATA(DW), n_cells, g, T * n_batch, 0.0);
+  } else {
+    Float* DWs = scratch.get<Float>(ld * g);  // [DW_in; DW]
+    lstm_gemm(P, true, DXd, false, DWs, ld, g, T * n_batch, 0.0);
+    Ndarray_memcpy(Ndarray_DEV_DATA(layer->DW_in), DWs, n_in * g * sizeof(Float));
+    Ndarray_memcpy(Ndarray_DEV_DATA(DW), DWs + n_in * g, n_cells * g * sizeof(Float));
+    lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
+  }
 #else
   LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
+  LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
   // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
   // sums are added in part order (the same result for a given thread count).
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
@@ -217,19 +245,16 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
       if (db) lstm_add_rows(dx, r1 - r0, g, db);
       lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
     }
+    if (layer)  // dx = DX . W_in^T, the part's rows of every frame
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Ndarray_DEV_DATA(layer->Dx) + r0 * n_in,
+                              LstmRowBlocks{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in}, nullptr, true);
   });
   if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
+  // [DW_in; DW] += P^T . DX over all frames (DW_in, DW start at 0), the columns split over the parts: each element is
+  // the same sum whatever the thread count.
+  lstm_weight_grad(P, ld, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g, layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr,
+                   n_in, Ndarray_DEV_DATA(DW), parts, scratch.get<Float>(lstm_weight_grad_work(ld, g, parts)));
 #endif
-  const Float* DXd = Ndarray_DEV_DATA(DX);
-  if (!layer) {
-    lstm_gemm(P, true, DXd, false, Ndarray_DEV_DATA(DW), n_cells, g, T * n_batch, 0.0);
-  } else {
-    Float* DWs = scratch.get<Float>(ld * g);  // [DW_in; DW]
-    lstm_gemm(P, true, DXd, false, DWs, ld, g, T * n_batch, 0.0);
-    Ndarray_memcpy(Ndarray_DEV_DATA(layer->DW_in), DWs, n_in * g * sizeof(Float));
-    Ndarray_memcpy(Ndarray_DEV_DATA(DW), DWs + n_in * g, n_cells * g * sizeof(Float));
-    lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
-  }
   HANDLE_LAST_ERROR();
 }
 
@@ -256,10 +281,9 @@ static void native_lstm2_layer_fw(int n_inputs, Ndarray** inputs, int n_outputs,
   Ndarray *x = inputs[0], *W_in = inputs[1], *H = *outputs[2];
   check_lstm2_shapes(H, inputs[2], inputs[4], inputs[5], inputs[6]);
   check_lstm2_layer_shapes(x, W_in, H);
-  lstm_gemm(Ndarray_DEV_DATA(x), false, Ndarray_DEV_DATA(W_in), false, Ndarray_DEV_DATA(H),
-            Ndarray_DIMS(H)[0] * Ndarray_DIMS(H)[1], Ndarray_DIMS(H)[2], Ndarray_DIMS(x)[2], 0.0);
   Ndarray* in[6] = {inputs[2], inputs[4], inputs[5], inputs[6], inputs[7], inputs[8]};
-  lstm2_forward(in, inputs[3], outputs);
+  const Lstm2Input proj = {x, W_in};
+  lstm2_forward(in, inputs[3], &proj, outputs);
 }
 
 // inputs: x, W_in, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd;

@@ -83,12 +83,11 @@ static void lowmem_gates_in(Ndarray* X, Ndarray* W, const Float* bias, int64_t t
 //   backward, per chunk: the same gates again for all its frames at once ([X | y_prev] are all known then; the
 //   same packed products, so the same bits as forward), then frame by frame the cell backward, the bias gradient
 //   (in double, per part), dL/dy_prev = G . W_h^T and dL/dX[t] = G . W_x^T (packed), where G are the frame's
-//   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (one
-//   BLAS GEMM).
+//   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (the
+//   packed lstm_weight_grad, its columns split over the threads).
 // What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp], of the pre-activations and of G
 // (LOWMEM_CHUNK_ROWS x (n_in + 9n) values; forward: n_in + 4n) and the packed weights (forward W, backward W and
-// W^T), whatever T.  The forward calls
-// no BLAS and joins its threads once; the backward joins once and calls BLAS once per chunk.
+// W^T), whatever T.  Neither pass calls BLAS; the forward joins its threads once, the backward twice per chunk.
 constexpr int64_t LOWMEM_CHUNK_ROWS = 768;
 
 struct LowmemChunk {
@@ -225,28 +224,31 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(parts * g, 0.0);
+  Float* dw_work = scratch.get<Float>(lstm_weight_grad_work(ld, g, parts));
   Ndarray_memset(dh, 0, call.frame * sizeof(Float));
   const int64_t per_chunk = lowmem_frames_per_chunk(call);
+  // the chunk's gates, exactly as in the forward pass, then its frames backward
+  auto chunk_backward = [&](const LowmemChunk& ch, int p, int64_t r0, int64_t r1, Float* pp, Float* hp, Float* gp) {
+    const int64_t nr = r1 - r0, at = r0 * n_cells;
+    lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
+    lstm_packed_gemm(pp, ld, packed_Wx, hp, g, (ch.k1 - ch.k0) * nr, bias, true);
+    lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, (ch.k1 - ch.k0) * nr);
+    for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
+      int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
+      lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
+                      data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
+      lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
+      lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
+      lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
+    }
+  };
   for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
     LowmemChunk ch = lowmem_chunk(call, k0);
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
-      const int64_t nr = r1 - r0, at = r0 * n_cells;
       const int64_t row = lowmem_part_row(ch, r0);
-      Float *pp = P + row * ld, *hp = H + row * g, *gp = G + row * g;
-      // the chunk's gates, exactly as in the forward pass
-      lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
-      lstm_packed_gemm(pp, ld, packed_Wx, hp, g, (ch.k1 - ch.k0) * nr, bias, true);
-      lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, (ch.k1 - ch.k0) * nr);
-      for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
-        int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
-        lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
-                        data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
-        lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
-        lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
-        lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
-      }
+      chunk_backward(ch, p, r0, r1, P + row * ld, H + row * g, G + row * g);
     });
-    lstm_gemm(P, true, G, false, DWd, ld, g, ch.rows, 1.0);  // [DW_x; DW_h] += [X | Yp]^T . G
+    lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, dw_work);  // [DW_x; DW_h] += [X | Yp]^T . G
   }
   lstm_sum_parts(db_parts, parts, g, dbd);
 #endif

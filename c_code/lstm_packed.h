@@ -1,5 +1,7 @@
-// The CPU's recurrent GEMM of the LSTM kernels: W packed once per op call, a register-tiled FMA kernel, and
-// the batch rows split over threads (lstm_cpu_rows).  Nothing here on CUDA (cuBLAS does the products there).
+// The CPU's GEMMs of the LSTM kernels: W packed once per op call, a register-tiled FMA kernel, and the batch rows
+// split over threads (lstm_cpu_rows); the weight gradients (A^T . B over many rows) with both operands packed in
+// blocks, split over threads by columns.  No BLAS call: BLAS's threads would wait for each other and spin against
+// the row parts.  Nothing here on CUDA (cuBLAS does the products there).
 #if !CUDA
 // ---------------------------------------------------------------- CPU recurrent GEMM
 // The per-frame products y_prev . W (B x n x 4n) are too small for BLAS to thread well, and BLAS packs W again
@@ -48,18 +50,23 @@ static inline lstm_vec lstm_load(const Float* p) {
   return v;
 }
 
-// C[r][0..nc) += A[r][0..k) . panel for the MR rows r (A rows at stride lda, C rows at stride ldc); with a bias
-// (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].  With `overwrite`, C's
-// old values are not read: C = A . panel, or bias + A . panel.
+// k rows of a panel fill 32 KB, which stays in the L1 cache (48 KB on this generation) while the row tiles of a
+// product take it in turn; longer products run in blocks of this many k rows (the later blocks add to C).
+constexpr int64_t LSTM_KC = 32768 / (LSTM_NR * (int64_t)sizeof(Float));
+
+// C[r][0..nc) += A[r][0..k) . panel for the MR rows r, A's element (r, kk) at A[r * ars + kk * aks] (a row-major A:
+// ars = lda, aks = 1; a transposed or packed one: ars = 1, aks = its row stride), C's rows at stride ldc.  With a
+// bias (the panel's nc entries, else null), C[r][c] = (C[r][c] + bias[c]) + (A . panel)[r][c].  With `overwrite`,
+// C's old values are not read: C = A . panel, or bias + A . panel.
 template <int MR>
-static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float* __restrict__ panel, Float* C,
-                             int64_t ldc, int64_t nc, const Float* bias, bool overwrite) {
+static inline void lstm_tile(int64_t k, const Float* A, int64_t ars, int64_t aks, const Float* __restrict__ panel,
+                             Float* C, int64_t ldc, int64_t nc, const Float* bias, bool overwrite) {
   lstm_vec acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = lstm_vec{};
-  for (int64_t kk = 0; kk < k; ++kk) {
+  for (int64_t kk = 0; kk < k; ++kk, A += aks) {
     lstm_vec b0 = lstm_load(panel + kk * LSTM_NR), b1 = lstm_load(panel + kk * LSTM_NR + LSTM_VL);
     for (int r = 0; r < MR; ++r) {
-      Float s = A[r * lda + kk];
+      Float s = A[r * ars];
       acc[r][0] += s * b0;
       acc[r][1] += s * b1;
     }
@@ -88,25 +95,115 @@ static inline void lstm_tile(int64_t k, const Float* A, int64_t lda, const Float
   }
 }
 
-// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B), op(B) packed by lstm_pack, in tiles of
-// near-equal row counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) serves
-// all of them in turn.  With `bias` (P.n entries), C = (C + bias) + A . op(B), the bias added to every row in the
-// same pass (the order of a separate add before the product, without the pass over C).  With `overwrite`, C's
-// old values are not read (as if they were 0): C = A . op(B), or bias + A . op(B).
+typedef void (*lstm_tile_fn)(int64_t, const Float*, int64_t, int64_t, const Float*, Float*, int64_t, int64_t,
+                             const Float*, bool);
+static lstm_tile_fn lstm_tile_for(int64_t rows) {
+  static const lstm_tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
+                                       lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
+  static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
+  return tiles[rows];
+}
+
+// Row blocks of a product: block f's rows are m rows of A from A + f * a_step (rows lda apart) and of C from
+// C + f * c_step (rows ldc apart); e.g. one part's batch rows of every frame.
+struct LstmRowBlocks {
+  int64_t m, count;
+  int64_t lda, a_step, ldc, c_step;
+};
+
+// C_f (m x P.n) += A_f (m x P.k) . op(B) for the row blocks f (see LstmRowBlocks), op(B) packed by lstm_pack, in
+// row tiles of near-equal counts up to LSTM_MR (16 rows: 8 8 with AVX-512, 5 5 6 without); each panel of op(B) (k
+// in blocks of LSTM_KC rows) serves the tiles of a group of row blocks whose A rows fit the L2 cache.  With `bias`
+// (P.n entries), C = (C + bias) + A . op(B), the bias added in the same pass (the order of a separate add before
+// the product).  With `overwrite`, C's old values are not read (as if they were 0).  Each element is the sum over
+// k in order within each block of LSTM_KC, the blocks added to C in order: the same bits whatever m or the blocks.
+static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* C, const LstmRowBlocks& rb,
+                                    const Float* bias = nullptr, bool overwrite = false) {
+  if (rb.m <= 0 || rb.count <= 0 || P.n <= 0) return;
+  const int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (rb.m + LSTM_MR - 1) / LSTM_MR;
+  const int64_t kc = std::max<int64_t>(1, std::min<int64_t>(LSTM_KC, P.k));
+  // row blocks per group: their A rows of one k block within ~256 KB
+  const int64_t group = std::max<int64_t>(1, (int64_t)(262144 / sizeof(Float)) / std::max<int64_t>(1, rb.m * kc));
+  if (P.k == 0) {  // an empty product: C = C + bias, or bias, or 0
+    for (int64_t f = 0; f < rb.count; ++f)
+      for (int64_t r = 0; r < rb.m; ++r) {
+        Float* c = C + f * rb.c_step + r * rb.ldc;
+        for (int64_t j = 0; j < P.n; ++j) c[j] = (overwrite ? Float(0) : c[j]) + (bias ? bias[j] : Float(0));
+      }
+    return;
+  }
+  for (int64_t g0 = 0; g0 < rb.count; g0 += group) {
+    const int64_t g1 = std::min(rb.count, g0 + group);
+    for (int64_t k0 = 0; k0 < P.k; k0 += kc) {
+      const int64_t kn = std::min(kc, P.k - k0);
+      const bool first = k0 == 0;
+      for (int64_t p = 0; p < panels; ++p) {
+        const Float* panel = P.data.data() + (p * P.k + k0) * LSTM_NR;
+        const int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
+        const Float* pb = first && bias ? bias + p * LSTM_NR : nullptr;
+        for (int64_t f = g0; f < g1; ++f)
+          for (int64_t t = 0; t < n_tiles; ++t) {
+            int64_t r0 = t * rb.m / n_tiles, r1 = (t + 1) * rb.m / n_tiles;
+            lstm_tile_for(r1 - r0)(kn, A + f * rb.a_step + r0 * rb.lda + k0, rb.lda, 1, panel,
+                                   C + f * rb.c_step + r0 * rb.ldc + p * LSTM_NR, rb.ldc, nc, pb, first && overwrite);
+          }
+      }
+    }
+  }
+}
+
+// C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B): one row block of lstm_packed_gemm_blocks.
 static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m,
                              const Float* bias = nullptr, bool overwrite = false) {
-  typedef void (*tile_fn)(int64_t, const Float*, int64_t, const Float*, Float*, int64_t, int64_t, const Float*, bool);
-  static const tile_fn tiles[] = {0, lstm_tile<1>, lstm_tile<2>, lstm_tile<3>, lstm_tile<4>, lstm_tile<5>,
-                                  lstm_tile<6>, lstm_tile<7>, lstm_tile<8>};
-  static_assert(LSTM_MR <= 8, "the tile table lists one entry per row count");
-  int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (m + LSTM_MR - 1) / LSTM_MR;
-  for (int64_t p = 0; p < panels; ++p) {
-    const Float* panel = P.data.data() + p * P.k * LSTM_NR;
-    int64_t nc = std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      int64_t r0 = t * m / n_tiles, r1 = (t + 1) * m / n_tiles;
-      tiles[r1 - r0](P.k, A + r0 * lda, lda, panel, C + r0 * ldc + p * LSTM_NR, ldc, nc,
-                     bias ? bias + p * LSTM_NR : nullptr, overwrite);
+  lstm_packed_gemm_blocks(A, P, C, LstmRowBlocks{m, 1, lda, 0, ldc, 0}, bias, overwrite);
+}
+
+// Weight gradients: C (M x N) += A^T . B, summed over the rows of the row blocks f (A_f: m rows of M values from
+// A + f * rb.a_step, rows rb.lda apart; B_f: m rows of N values from B + f * rb.c_step, rows rb.ldc apart), in
+// blocks of LSTM_KC rows: a block's rows of B are packed into panels and its rows of A into tiles of LSTM_MR columns
+// (`work`: lstm_gemm_tn_work(M, N) values), and every panel serves all the tiles.  C's rows below m_lo go to C_lo
+// (row r at C_lo + r * ldc), the others to C_hi (row r at C_hi + (r - m_lo) * ldc): both weights of a layer,
+// [W_in; W], in one pass.  Each element is its sum over the rows in order within each block, the blocks added to C
+// in order.  Parts of the threads can share the work by columns: B, C_lo and C_hi offset by the same column, N the
+// part's columns.
+static int64_t lstm_gemm_tn_work(int64_t M, int64_t N) {
+  return LSTM_KC * ((M + LSTM_MR - 1) / LSTM_MR * LSTM_MR + (N + LSTM_NR - 1) / LSTM_NR * LSTM_NR);
+}
+
+static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlocks& rb, int64_t M, int64_t N,
+                                Float* C_lo, int64_t m_lo, Float* C_hi, int64_t ldc, Float* work) {
+  const int64_t K = rb.m * rb.count, tiles = (M + LSTM_MR - 1) / LSTM_MR, panels = (N + LSTM_NR - 1) / LSTM_NR;
+  if (K <= 0 || M <= 0 || N <= 0) return;
+  Float *Ap = work, *Bp = work + LSTM_KC * tiles * LSTM_MR;
+  const int64_t full_tiles = M / LSTM_MR, full_panels = N / LSTM_NR;
+  for (int64_t k0 = 0; k0 < K; k0 += LSTM_KC) {
+    const int64_t kn = std::min<int64_t>(LSTM_KC, K - k0);
+    for (int64_t kk = 0; kk < kn; ++kk) {  // pack row k0 + kk of A and of B
+      const int64_t f = (k0 + kk) / rb.m, r = (k0 + kk) % rb.m;
+      const Float* a = A + f * rb.a_step + r * rb.lda;
+      const Float* b = B + f * rb.c_step + r * rb.ldc;
+      for (int64_t i = 0; i < full_tiles; ++i) memcpy(Ap + (i * kn + kk) * LSTM_MR, a + i * LSTM_MR, LSTM_MR * sizeof(Float));
+      for (int64_t i = full_tiles; i < tiles; ++i)
+        for (int64_t c = 0; c < LSTM_MR; ++c)
+          Ap[(i * kn + kk) * LSTM_MR + c] = i * LSTM_MR + c < M ? a[i * LSTM_MR + c] : Float(0);
+      for (int64_t p = 0; p < full_panels; ++p) memcpy(Bp + (p * kn + kk) * LSTM_NR, b + p * LSTM_NR, LSTM_NR * sizeof(Float));
+      for (int64_t p = full_panels; p < panels; ++p)
+        for (int64_t c = 0; c < LSTM_NR; ++c)
+          Bp[(p * kn + kk) * LSTM_NR + c] = p * LSTM_NR + c < N ? b[p * LSTM_NR + c] : Float(0);
+    }
+    for (int64_t p = 0; p < panels; ++p) {
+      const Float* panel = Bp + p * kn * LSTM_NR;
+      const int64_t nc = std::min<int64_t>(LSTM_NR, N - p * LSTM_NR);
+      for (int64_t i = 0; i < tiles; ++i) {
+        const int64_t r0 = i * LSTM_MR, r1 = std::min<int64_t>(M, r0 + LSTM_MR);
+        // a tile that straddles m_lo is run as two
+        const int64_t cut = r0 < m_lo && m_lo < r1 ? m_lo : r1;
+        for (int64_t a0 = r0, a1 = cut; a0 < r1; a0 = a1, a1 = r1) {
+          Float* c = a0 < m_lo ? C_lo + a0 * ldc : C_hi + (a0 - m_lo) * ldc;
+          lstm_tile_for(a1 - a0)(kn, Ap + i * kn * LSTM_MR + (a0 - r0), 1, LSTM_MR, panel, c + p * LSTM_NR, ldc, nc,
+                                 nullptr, false);
+        }
+      }
     }
   }
 }
@@ -163,5 +260,27 @@ template <typename F>
 static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
   lstm_cpu_row_parts(n_batch, lstm_cpu_parts(n_batch, n_cells, n_frames),
                      [&](int, int64_t r0, int64_t r1) { body(r0, r1); });
+}
+
+// [C_lo; C_hi] (M x N, rows N apart; C_lo's first m_lo rows, C_hi's the rest) += A^T . B over K rows (A: K x M,
+// rows lda apart; B: K x N, rows ldb apart), by lstm_gemm_tn_blocks with the columns split over `parts` threads
+// (lstm_cpu_row_parts; `work`: lstm_weight_grad_work values).  Each element is the same sum whatever `parts`.
+static int64_t lstm_weight_grad_columns(int64_t N, int parts) {
+  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
+  return (panels + parts - 1) / parts * LSTM_NR;
+}
+
+static int64_t lstm_weight_grad_work(int64_t M, int64_t N, int parts) {
+  return parts * lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
+}
+
+static void lstm_weight_grad(const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K, int64_t M, int64_t N,
+                             Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work) {
+  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR, part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
+  lstm_cpu_row_parts(panels, parts, [&](int p, int64_t p0, int64_t p1) {
+    const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
+    lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
+                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work);
+  });
 }
 #endif
