@@ -151,8 +151,9 @@ struct HmmSmallChain {
   void store(double* out) const { hmm_store_lanes<4>(out, x); }
 };
 
-// Sequence b of a model without NaN parameters (T_b > 0): gamma, alpha, c, m (st) and U = xi / A into xi (K x K),
-// returning true; false if the checks above fail (what it wrote is then to be overwritten).  buf: 15 T_b doubles.
+// Sequence b of a model without NaN parameters (T_b > 0): gamma, the filter alpha, c, m (st, if st.filter_read)
+// and U = xi / A into xi (K x K), returning true; false if the checks above fail (what it wrote is then to be
+// overwritten).  buf: 15 T_b doubles.
 // Frame t's outputs need u_t and v_t, which the chains reach at steps t and T_b - 1 - t: the second half of the
 // steps writes the outputs of the frames both chains have passed (two per step), beside the chains.
 template <int K>
@@ -168,7 +169,7 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     const hmm_v4d le = hmm_lanes<K>(p.le + tb * K, -INFINITY);
     ok &= le < inf;
     const double M = hmm_lane_max<K>(le);
-    st.m[tb] = M;
+    if (st.filter_read) st.m[tb] = M;
     const hmm_v4d x = le - hmm_splat(M);
     hmm_store_lanes<K>(E + K * t, M > -INFINITY ? (x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(-INFINITY));
   }
@@ -227,12 +228,11 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     fine &= (z >= lo) & (z <= hi);
     const double r = 1.0 / (s * z), rz = s * r;
     hmm_store_lanes<K>(gamma + tb * K, ab * rz);
-    hmm_store_lanes<K>(st.alpha + tb * K, ut * (z * r));
-    if (t == 0) {
-      st.c[tb] = s;
-      return;
+    if (st.filter_read) {
+      hmm_store_lanes<K>(st.alpha + tb * K, ut * (z * r));
+      st.c[tb] = t == 0 ? s : s * scale[t] / S[t - 1];
     }
-    st.c[tb] = s * scale[t] / S[t - 1];
+    if (t == 0) return;
     const hmm_v4d x = hmm_lanes<4>(U + 4 * (t - 1)) * hmm_splat(rz * sigma[t]), w = hmm_lanes<K>(E + K * t) * vt;
     for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(x[k]) * w;
   };
