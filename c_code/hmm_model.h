@@ -68,8 +68,9 @@ struct HmmParamReport {
 };
 
 // A, pi, f: shifted exps; consts = [log-shift of A, of pi, of f, 1 if any of them has a NaN].  AT = A transposed.
+// Without `exps` only the checks and consts (A, AT, pi, f untouched: the ops that work in log space).
 DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Float* lf, double* A, double* AT,
-                         double* pi, double* f, double* consts, FsaCheck* check) {
+                         double* pi, double* f, double* consts, FsaCheck* check, bool exps) {
   GRID_LOOP(i, 1) {
     const Float* src[3] = {lA, lpi, lf};
     double* dst[3] = {A, pi, f};
@@ -78,11 +79,12 @@ DEF_KERNEL void hmm_prep(int64_t K, const Float* lA, const Float* lpi, const Flo
     for (int q = 0; q < 3; ++q) {
       double m;
       if (hmm_checked_max(src[q], n[q], &m, check, HmmParamReport{q})) consts[3] = 1.0;
-      hmm_exp_row(src[q], n[q], m, dst[q]);
+      if (exps) hmm_exp_row(src[q], n[q], m, dst[q]);
       consts[q] = m > -INFINITY ? m : 0.0;
     }
-    for (int64_t a = 0; a < K; ++a)
-      for (int64_t b = 0; b < K; ++b) AT[b * K + a] = A[a * K + b];
+    if (exps)
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < K; ++b) AT[b * K + a] = A[a * K + b];
   }
 }
 
@@ -160,8 +162,9 @@ static void hmm_check_shape(const FsaTerms& terms, const Ndarray* a, const char*
 }
 
 // Inputs 0-4 are log_emissions (T, B, K), log_transitions (K, K), log_initial (K,), log_final (K,), mask (T, B):
-// shapes checked, lengths, the parameters' shifted exps; failures raise in the terms of `fn`.
-static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const char* fn) {
+// shapes checked, lengths, the parameters' shifted exps (without `exps`: A, AT, pi, f null, consts set); failures
+// raise in the terms of `fn`.  One block of scratch memory for all of it.
+static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const char* fn, bool exps = true) {
   Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
   HmmModel p;
   p.T = Ndarray_DIMS(le)[0];
@@ -176,13 +179,14 @@ static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const c
   p.lA = Ndarray_DEV_DATA(lA);
   p.lpi = Ndarray_DEV_DATA(lpi);
   p.lf = Ndarray_DEV_DATA(lf);
-  int32_t* seq_len = scratch.get<int32_t>(p.B);
-  double* A = scratch.get<double>(p.K * p.K);
-  double* AT = scratch.get<double>(p.K * p.K);
-  double* pi = scratch.get<double>(p.K);
-  double* f = scratch.get<double>(p.K);
-  double* consts = scratch.get<double>(4);
-  p.check = scratch.get<FsaCheck>(1);
+  const int64_t check_doubles = (int64_t)((sizeof(FsaCheck) + sizeof(double) - 1) / sizeof(double));
+  double* A = scratch.get<double>(2 * p.K * p.K + 2 * p.K + 4 + check_doubles + (p.B + 1) / 2);
+  double* AT = A + p.K * p.K;
+  double* pi = AT + p.K * p.K;
+  double* f = pi + p.K;
+  double* consts = f + p.K;
+  p.check = (FsaCheck*)(consts + 4);
+  int32_t* seq_len = (int32_t*)(consts + 4 + check_doubles);
   Ndarray_memset(p.check, 0, sizeof(FsaCheck));
 #if !CUDA
   if (p.B == 1)
@@ -190,13 +194,13 @@ static HmmModel hmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const c
   else
 #endif
     start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
-  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts, p.check));
+  start_dev_kernel(hmm_prep, (p.K, p.lA, p.lpi, p.lf, A, AT, pi, f, consts, p.check, exps));
   fsa_raise_check(p.check, terms);
   p.seq_len = seq_len;
-  p.A = A;
-  p.AT = AT;
-  p.pi = pi;
-  p.f = f;
+  p.A = exps ? A : nullptr;
+  p.AT = exps ? AT : nullptr;
+  p.pi = exps ? pi : nullptr;
+  p.f = exps ? f : nullptr;
   p.consts = consts;
   return p;
 }

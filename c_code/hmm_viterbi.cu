@@ -220,7 +220,7 @@ static bool hmm_viterbi_small_fw(Ndarray** inputs, Ndarray*** outputs) {
   if (Ndarray_DIMS(inputs[0])[1] != 1 || Ndarray_DIMS(inputs[0])[2] > 4) return false;
   HmmScratch scratch;
   HmmInferParams p;
-  static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, "hmm_viterbi");
+  static_cast<HmmModel&>(p) = hmm_model_setup(scratch, inputs, "hmm_viterbi", false);
   int32_t* path = Ndarray_DEV_DATA_int32(*outputs[0]);
   Float* score = Ndarray_DEV_DATA(*outputs[1]);
   const int64_t len = p.seq_len[0];

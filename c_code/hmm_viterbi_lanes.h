@@ -215,7 +215,7 @@ static bool hmm_viterbi_lanes_fw(Ndarray** inputs, Ndarray*** outputs) {
   const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
   if (T == 0 || K == 0 || !hmm_viterbi_use_lanes(B, K)) return false;
   HmmScratch scratch;
-  const HmmModel p = hmm_model_setup(scratch, inputs, "hmm_viterbi");
+  const HmmModel p = hmm_model_setup(scratch, inputs, "hmm_viterbi", false);
   if (p.consts[3] != 0.0) return false;
   double* lA = scratch.get<double>(2 * K * K + K + 16 * 16);
   double* lAT = lA + K * K;

@@ -179,3 +179,40 @@ def test_threads_give_the_same_result():
     want_path, want_score = ref.viterbi(le, lA, lpi, lf, lens)
     np.testing.assert_array_equal(one[0], want_path)
     np.testing.assert_array_equal(one[1], want_score)
+
+
+@pytest.mark.parametrize("B", [1, 9])
+def test_parameter_checks_on_the_register_and_lane_paths(B):
+    """B = 1 with K = 3 (one sequence in registers) and B = 9 (lanes): +inf in a parameter is a ValueError naming
+    hmm_viterbi and the argument; a NaN one makes every non-empty sequence's score NaN and its path -1."""
+    rng = np.random.default_rng(700 + B)
+    T, K = 6, 3
+    le, lA, lpi, lf = model(rng, T, B, K)
+    lens = [6] if B == 1 else [6, 0, 3, 6, 1, 6, 2, 6, 5]
+    f = viterbi_fn("float64")
+    for name, arr, at in [("log_transitions", lA, (2, 1)), ("log_initial", lpi, (1,)), ("log_final", lf, (2,))]:
+        bad = arr.copy()
+        bad[at] = np.inf
+        args = [le, lA, lpi, lf, mask_of(lens, T)]
+        args[{"log_transitions": 1, "log_initial": 2, "log_final": 3}[name]] = bad
+        flat = np.ravel_multi_index(at, arr.shape)
+        with pytest.raises(ValueError, match=rf"hmm_viterbi: {name}\.flat\[{flat}\] = inf"):
+            f(*args)
+        bad[at] = np.nan
+        path, score = f(*args)
+        np.testing.assert_array_equal(np.isnan(score), np.asarray(lens) > 0)
+        np.testing.assert_array_equal(score[np.asarray(lens) == 0], 0.0)
+        np.testing.assert_array_equal(path, -1)
+
+
+def test_jax_mode_lanes():
+    """A batch in lanes through PyTensor's JAX mode, against the numpy reference."""
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(800)
+    T, B, K = 40, 11, 6
+    le, lA, lpi, lf = model(rng, T, B, K, 2.0)
+    lens = ragged(rng, B, T)
+    want_path, want_score = ref.viterbi(le, lA, lpi, lf, lens)
+    path, score = viterbi_fn("float64", "JAX")(le, lA, lpi, lf, mask_of(lens, T))
+    np.testing.assert_array_equal(path, want_path)
+    np.testing.assert_allclose(score, want_score, rtol=1e-12)
