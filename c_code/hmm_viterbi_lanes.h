@@ -9,7 +9,8 @@
 //
 // Frames past a sequence's length, and lanes without a sequence, compute on zeros and are never read.  A NaN or
 // +inf log-emission on a valid frame (or a NaN parameter) makes hmm_viterbi_lanes_fw decline: the general path
-// then reports it (a ValueError for +inf, NaN for the sequence).  Memory: (T + 16) K 8 doubles per thread.
+// then reports it (a ValueError for +inf, NaN for the sequence).  Memory: (T + 16) K 8 doubles per thread
+// (the general path runs where that is above 64 MB and twice its own backpointers).
 
 #include "hmm_lanes_base.h"
 
@@ -214,6 +215,12 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
 static bool hmm_viterbi_lanes_fw(Ndarray** inputs, Ndarray*** outputs) {
   const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
   if (T == 0 || K == 0 || !hmm_viterbi_use_lanes(B, K)) return false;
+  // the deltas take 64 bytes per frame and state (per thread); the general path's backpointers 4 B per frame, state
+  // and sequence: beyond 64 MB, no more than twice those
+  const int64_t groups = (B + HMM_W - 1) / HMM_W;
+  const int parts = (int)std::min<int64_t>(hmm_cpu_parts(T, B, K), groups);
+  const double lane_bytes = 64.0 * (double)(T + HMM_VIT_CHUNK) * K * parts;
+  if (lane_bytes > (double)(1 << 26) && lane_bytes > 8.0 * T * B * K) return false;
   HmmScratch scratch;
   const HmmModel p = hmm_model_setup(scratch, inputs, "hmm_viterbi", false);
   if (p.consts[3] != 0.0) return false;
@@ -225,8 +232,6 @@ static bool hmm_viterbi_lanes_fw(Ndarray** inputs, Ndarray*** outputs) {
   for (int64_t k = 0; k < K; ++k) lf[k] = (double)p.lf[k];
   for (int64_t i = 0; i < K; ++i)
     for (int64_t j = 0; j < K; ++j) lA[i * K + j] = lAT[j * K + i] = (double)p.lA[i * K + j];
-  const int64_t groups = (B + HMM_W - 1) / HMM_W;
-  const int parts = (int)std::min<int64_t>(hmm_cpu_parts(T, B, K), groups);
   const int64_t per_part = (T + HMM_VIT_CHUNK) * K * HMM_W;  // D and E
   double* work = hmm_aligned<double>(scratch, parts * per_part);
   int32_t* path = Ndarray_DEV_DATA_int32(*outputs[0]);
