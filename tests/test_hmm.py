@@ -948,7 +948,8 @@ def test_posteriors_lanes_special_cases(mode):
     unreachable state (E underflows for every reachable one: recomputed by the sequential pass, exact), final
     weights on a state the emissions make e^-600 times less likely (z_t underflows: recomputed), log-densities of
     +-2000 at T = 300, no path (zeros), a NaN on a valid frame (NaN for that sequence only), NaN on a padded frame
-    (ignored), an empty sequence; +inf raises, also after a NaN of the same sequence."""
+    (ignored), an empty sequence, T = 0 and a batch of empty sequences; +inf raises, also after a NaN of the same
+    sequence."""
     rng = np.random.default_rng(76)
     T, B, K = 300, 8, 3
     le, lA, lpi, lf = model(rng, T, B, K, 2.0)
@@ -999,3 +1000,7 @@ def test_posteriors_lanes_special_cases(mode):
     inf[20, 1, 2] = np.inf
     with pytest.raises(ValueError, match=r"hmm_posteriors: log_emissions\[20, 1, 2\] = inf is infinitely likely"):
         values(inf, lA, lpi, lf, mask_of(lens, T))
+    for shape in [(0, 5, K), (4, 9, K)]:  # T = 0, and every sequence empty
+        empty = values(np.zeros(shape), lA, lpi, lf, np.zeros(shape[:2]))
+        assert empty[0].shape == shape and empty[1].shape == (shape[1], K, K)
+        assert np.all(empty[0] == 0) and np.all(empty[1] == 0)
