@@ -7,38 +7,19 @@ import os
 from unittest import mock
 
 import numpy as np
-import pytensor
-import pytensor.tensor as pt
 import pytest
 
 from ptnative.ops import hmm
 
 from .conftest import tol
 from .reference import hmm as ref
+from .test_hmm import cast, compiled, mask_of, model
 
 DTYPES = ["float32", "float64"]
 
 
-def mask_of(lens, T):
-    return (np.arange(T)[:, None] < np.asarray(lens)[None, :]).astype(np.float64)
-
-
-def model(rng, T, B, K, scale=1.0):
-    le = rng.normal(size=(T, B, K)) * scale
-    lA = np.log(rng.dirichlet(np.ones(K), size=K))
-    lpi = np.log(rng.dirichlet(np.ones(K)))
-    lf = rng.normal(size=K) * 0.3
-    return le, lA, lpi, lf
-
-
-def cast(dtype, *arrays):
-    return [np.asarray(a).astype(dtype) for a in arrays]
-
-
 def viterbi_fn(dtype, mode=None):
-    xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype),
-          pt.matrix(dtype=dtype)]
-    return pytensor.function(xs, list(hmm.hmm_viterbi(*xs[:4], mask=xs[4])), mode=mode)
+    return compiled(hmm.hmm_viterbi, dtype, mode)
 
 
 def ragged(rng, B, T):
