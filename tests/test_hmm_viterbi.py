@@ -146,7 +146,7 @@ def test_empty_batches(shape):
 def test_threads_give_the_same_result():
     """T B K^2 >= 1e7: the groups split over threads; the result is that of one thread, bit for bit."""
     rng = np.random.default_rng(600)
-    T, B, K = 1300, 30, 16
+    T, B, K = 1400, 30, 16  # T B K^2 = 1.08e7: 3 parts of the 4 groups at 3 threads
     le, lA, lpi, lf = model(rng, T, B, K, 2.0)
     lens = ragged(rng, B, T)
     f = viterbi_fn("float64")
