@@ -126,6 +126,22 @@ def test_jax_grad_equals_pytensor_grad(name, dtype):
         k += len(grads)
 
 
+@pytest.mark.parametrize("name", [p.values[0] for p in case_params(with_gradient=True) if p.values[1] == "float64"])
+def test_jax_grad_traced_again_after_a_first_trace(name):
+    """The same gradient function traced twice (``jit``, then ``jit(vmap)`` on a stack of two value sets), as a
+    vectorised sampler re-traces a model's gradient: the pullback graph built in the first trace and kept for the
+    next holds no value of the first (before: ``UnexpectedTracerError`` for TwoDLSTM)."""
+    inputs, values, outputs, costs = build(name, "float64")
+    cost, positions, _ = costs[0]
+    f = jaxify(inputs, [cost])
+    grad = jax.grad(lambda *xs: f(*xs)[0], argnums=positions)
+    want = jax.jit(grad)(*values)
+    got = jax.jit(jax.vmap(grad))(*(np.stack([v, v]) for v in values))
+    for gj, wj, pos in zip(got, want, positions):
+        for k in range(2):
+            assert_close(gj[k], wj, "float64", f"{name}: d cost / d {inputs[pos]} of stacked set {k}")
+
+
 @pytest.mark.parametrize("name,dtype", case_params(with_gradient=False))
 def test_jax_grad_of_ops_without_gradient_inputs_is_zero(name, dtype):
     """Ops whose inputs are all disconnected (ints, automata, masks): JAX runs them under ``jit`` and gives zero

@@ -227,7 +227,10 @@ def differentiable(op, node, forward):
         live = tuple(not _is_zero(c) for c in cotangents)
         key = (live, perturbed)
         if key not in pullbacks:
-            pullbacks[key] = pullback_function(op, node, live, perturbed)
+            # Built while JAX traces the backward pass, kept for later traces: constants that jax_funcify makes
+            # with jax.numpy must be concrete arrays, not tracers of this trace (they would leak into the next).
+            with jax.ensure_compile_time_eval():
+                pullbacks[key] = pullback_function(op, node, live, perturbed)
         fn, positions = pullbacks[key]
         result = [None] * len(values)
         if fn is not None:
