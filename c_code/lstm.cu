@@ -132,7 +132,7 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
                      (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + r0 * n_cells,
                      data_ptr(Y, t) + r0 * n_cells, data_ptr(C, t) + r0 * n_cells, r1 - r0, n_cells);
     }
-  });
+  }, ptn::PartsOn::own_threads);
 #endif
   HANDLE_LAST_ERROR();
   lstm_final_state(d, C, c0, call);
@@ -248,7 +248,7 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     if (layer)  // dx = DX . W_in^T, the part's rows of every frame
       lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Ndarray_DEV_DATA(layer->Dx) + r0 * n_in,
                               LstmRowBlocks{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in}, nullptr, true);
-  });
+  }, ptn::PartsOn::own_threads);
   if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
   // [DW_in; DW] += P^T . DX over all frames (DW_in, DW start at 0), the columns split over the parts: each element is
   // the same sum whatever the thread count.

@@ -83,11 +83,11 @@ static void lowmem_gates_in(Ndarray* X, Ndarray* W, const Float* bias, int64_t t
 //   backward, per chunk: the same gates again for all its frames at once ([X | y_prev] are all known then; the
 //   same packed products, so the same bits as forward), then frame by frame the cell backward, the bias gradient
 //   (in double, per part), dL/dy_prev = G . W_h^T and dL/dX[t] = G . W_x^T (packed), where G are the frame's
-//   pre-activation gradients; after the parts join, [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (the
-//   packed lstm_weight_grad, its columns split over the threads).
+//   pre-activation gradients, and [DW_x; DW_h] += [X | Yp]^T . G over the chunk's rows (packed, see below).
 // What is stored: Y and C (the outputs); the scratch is one chunk of [X | Yp], of the pre-activations and of G
 // (LOWMEM_CHUNK_ROWS x (n_in + 9n) values; forward: n_in + 4n) and the packed weights (forward W, backward W and
-// W^T), whatever T.  Neither pass calls BLAS; the forward joins its threads once, the backward twice per chunk.
+// W^T), whatever T, and (backward) each further thread's own [DW_x; DW_h] when that is no larger.  Neither pass calls
+// BLAS; each joins its threads once (the backward twice per chunk where the threads' own DW would not fit).
 constexpr int64_t LOWMEM_CHUNK_ROWS = 768;
 
 struct LowmemChunk {
@@ -172,7 +172,7 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
                           n_cells);
         }
       }
-    });
+    }, ptn::PartsOn::own_threads);
   }
 #endif
   HANDLE_LAST_ERROR();
@@ -224,7 +224,6 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(parts * g, 0.0);
-  Float* dw_work = scratch.get<Float>(lstm_weight_grad_work(ld, g, parts));
   Ndarray_memset(dh, 0, call.frame * sizeof(Float));
   const int64_t per_chunk = lowmem_frames_per_chunk(call);
   // the chunk's gates, exactly as in the forward pass, then its frames backward
@@ -242,13 +241,36 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
       lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
     }
   };
-  for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
-    LowmemChunk ch = lowmem_chunk(call, k0);
+  // The weight gradient: where the parts' own matrices take no more than the chunk buffers, each part adds its rows'
+  // [X | Yp]^T . G of every chunk into its own (part 0 into DW), and they are added in part order after the one join
+  // (the threads never wait between chunks; the same result for a given thread count); else after each chunk's join
+  // one product over the chunk's rows, its columns split over the threads.
+  if ((parts - 1) * ld * g <= chunk_rows * (ld + 2 * g)) {
+    Float* dw_parts = scratch.get<Float>((parts - 1) * ld * g);
+    Float* work = scratch.get<Float>(parts * lstm_gemm_tn_work(ld, g));
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
-      const int64_t row = lowmem_part_row(ch, r0);
-      chunk_backward(ch, p, r0, r1, P + row * ld, H + row * g, G + row * g);
-    });
-    lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, dw_work);  // [DW_x; DW_h] += [X | Yp]^T . G
+      Float *pp = P + per_chunk * r0 * ld, *hp = H + per_chunk * r0 * g, *gp = G + per_chunk * r0 * g;
+      Float* dw = p == 0 ? DWd : dw_parts + (p - 1) * ld * g;
+      if (p > 0) memset(dw, 0, ld * g * sizeof(Float));
+      for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+        LowmemChunk ch = lowmem_chunk(call, k0);
+        chunk_backward(ch, p, r0, r1, pp, hp, gp);
+        lstm_gemm_tn_blocks(pp, gp, LstmRowBlocks{(ch.k1 - ch.k0) * (r1 - r0), 1, ld, 0, g, 0}, ld, g, dw, ld,
+                            nullptr, g, work + p * lstm_gemm_tn_work(ld, g));
+      }
+    }, ptn::PartsOn::own_threads);
+    for (int p = 1; p < parts; ++p)
+      for (int64_t e = 0; e < ld * g; ++e) DWd[e] += dw_parts[(p - 1) * ld * g + e];
+  } else {
+    Float* work = scratch.get<Float>(lstm_weight_grad_work(ld, g, parts));
+    for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+      LowmemChunk ch = lowmem_chunk(call, k0);
+      lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
+        const int64_t row = lowmem_part_row(ch, r0);
+        chunk_backward(ch, p, r0, r1, P + row * ld, H + row * g, G + row * g);
+      }, ptn::PartsOn::own_threads);
+      lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, work);  // [DW_x; DW_h] += [X | Yp]^T . G
+    }
   }
   lstm_sum_parts(db_parts, parts, g, dbd);
 #endif

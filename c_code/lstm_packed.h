@@ -163,9 +163,9 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
 // blocks of LSTM_KC rows: a block's rows of B are packed into panels and its rows of A into tiles of LSTM_MR columns
 // (`work`: lstm_gemm_tn_work(M, N) values), and every panel serves all the tiles.  C's rows below m_lo go to C_lo
 // (row r at C_lo + r * ldc), the others to C_hi (row r at C_hi + (r - m_lo) * ldc): both weights of a layer,
-// [W_in; W], in one pass.  Each element is its sum over the rows in order within each block, the blocks added to C
-// in order.  Parts of the threads can share the work by columns: B, C_lo and C_hi offset by the same column, N the
-// part's columns.
+// [W_in; W], in one pass.  Each element is its sum over the rows in order within each block, the blocks (of equal
+// size, at most LSTM_KC rows) added to C in order.  Parts of the threads can share the work by columns: B, C_lo and
+// C_hi offset by the same column, N the part's columns.
 static int64_t lstm_gemm_tn_work(int64_t M, int64_t N) {
   return LSTM_KC * ((M + LSTM_MR - 1) / LSTM_MR * LSTM_MR + (N + LSTM_NR - 1) / LSTM_NR * LSTM_NR);
 }
@@ -176,17 +176,20 @@ static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlo
   if (K <= 0 || M <= 0 || N <= 0) return;
   Float *Ap = work, *Bp = work + LSTM_KC * tiles * LSTM_MR;
   const int64_t full_tiles = M / LSTM_MR, full_panels = N / LSTM_NR;
-  for (int64_t k0 = 0; k0 < K; k0 += LSTM_KC) {
-    const int64_t kn = std::min<int64_t>(LSTM_KC, K - k0);
+  const int64_t kc = (K + (K + LSTM_KC - 1) / LSTM_KC - 1) / ((K + LSTM_KC - 1) / LSTM_KC);  // equal blocks <= KC
+  for (int64_t k0 = 0; k0 < K; k0 += kc) {
+    const int64_t kn = std::min<int64_t>(kc, K - k0);
     for (int64_t kk = 0; kk < kn; ++kk) {  // pack row k0 + kk of A and of B
       const int64_t f = (k0 + kk) / rb.m, r = (k0 + kk) % rb.m;
       const Float* a = A + f * rb.a_step + r * rb.lda;
       const Float* b = B + f * rb.c_step + r * rb.ldc;
-      for (int64_t i = 0; i < full_tiles; ++i) memcpy(Ap + (i * kn + kk) * LSTM_MR, a + i * LSTM_MR, LSTM_MR * sizeof(Float));
+      for (int64_t i = 0; i < full_tiles; ++i)
+        memcpy(Ap + (i * kn + kk) * LSTM_MR, a + i * LSTM_MR, LSTM_MR * sizeof(Float));
       for (int64_t i = full_tiles; i < tiles; ++i)
         for (int64_t c = 0; c < LSTM_MR; ++c)
           Ap[(i * kn + kk) * LSTM_MR + c] = i * LSTM_MR + c < M ? a[i * LSTM_MR + c] : Float(0);
-      for (int64_t p = 0; p < full_panels; ++p) memcpy(Bp + (p * kn + kk) * LSTM_NR, b + p * LSTM_NR, LSTM_NR * sizeof(Float));
+      for (int64_t p = 0; p < full_panels; ++p)
+        memcpy(Bp + (p * kn + kk) * LSTM_NR, b + p * LSTM_NR, LSTM_NR * sizeof(Float));
       for (int64_t p = full_panels; p < panels; ++p)
         for (int64_t c = 0; c < LSTM_NR; ++c)
           Bp[(p * kn + kk) * LSTM_NR + c] = p * LSTM_NR + c < N ? b[p * LSTM_NR + c] : Float(0);
@@ -247,19 +250,23 @@ static int lstm_cpu_parts(int64_t n_batch, int64_t n_cells, int64_t n_frames) {
   return fma < 4e6 ? 1 : (int)std::max<int64_t>(1, std::min<int64_t>(ptn::cpu_threads(), blocks));
 }
 
-// body(p, r0, r1) for the parts p = 0 .. parts-1 (parts = lstm_cpu_parts(n_batch, n_cells, n_frames)).
+// body(p, r0, r1) for the parts p = 0 .. parts-1 (parts = lstm_cpu_parts(n_batch, n_cells, n_frames)), on
+// OpenBLAS's workers where the kernel calls BLAS between its parts (LstmGenericBase, TwoDLSTM: right after a BLAS
+// call its workers spin and would take the cores from threads of our own), else (`on`: PartsOn::own_threads; the
+// kernels that call no BLAS on the CPU) on threads of our own, which leave no pool worker spinning after the parts.
 template <typename F>
-static void lstm_cpu_row_parts(int64_t n_batch, int parts, F&& body) {
+static void lstm_cpu_row_parts(int64_t n_batch, int parts, F&& body, ptn::PartsOn on = ptn::PartsOn::blas_workers) {
   ptn::parallel_parts(parts, [&](int p) {
     LstmDenormalsAreZero daz;  // on the part's own thread: MXCSR is per thread
     body(p, p * n_batch / parts, (p + 1) * n_batch / parts);
-  }, ptn::PartsOn::blas_workers);  // BLAS runs between the frames' parts
+  }, on);
 }
 
 template <typename F>
-static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body) {
+static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&& body,
+                          ptn::PartsOn on = ptn::PartsOn::blas_workers) {
   lstm_cpu_row_parts(n_batch, lstm_cpu_parts(n_batch, n_cells, n_frames),
-                     [&](int, int64_t r0, int64_t r1) { body(r0, r1); });
+                     [&](int, int64_t r0, int64_t r1) { body(r0, r1); }, on);
 }
 
 // [C_lo; C_hi] (M x N, rows N apart; C_lo's first m_lo rows, C_hi's the rest) += A^T . B over K rows (A: K x M,
@@ -276,11 +283,12 @@ static int64_t lstm_weight_grad_work(int64_t M, int64_t N, int parts) {
 
 static void lstm_weight_grad(const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K, int64_t M, int64_t N,
                              Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work) {
-  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR, part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
+  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
+  const int64_t part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
   lstm_cpu_row_parts(panels, parts, [&](int p, int64_t p0, int64_t p1) {
     const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
     lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
                         C_hi ? C_hi + c0 : nullptr, N, work + p * part_work);
-  });
+  }, ptn::PartsOn::own_threads);
 }
 #endif

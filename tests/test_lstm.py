@@ -238,7 +238,8 @@ def assert_close(got, ref, dtype, what, scale=10):
 def test_native_lstm2_denormal_inputs_count_as_zero(monkeypatch, threads):
     """The CPU recurrence reads denormal operands as zero (docs/lstm.md, Performance): a float32 X of 1e-39 where
     another X holds 0 gives bit-identical outputs.  Afterwards the caller's floating-point mode is back, on its
-    own thread (numpy keeps a denormal) and on BLAS's workers, which ran the row parts (sgemm sums denormals)."""
+    own thread (numpy keeps a denormal) and on BLAS's workers (sgemm sums denormals; the row parts run on threads of
+    their own now, on the workers in the kernels that call BLAS between parts)."""
     from scipy.linalg import blas as scipy_blas
 
     monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
@@ -405,13 +406,16 @@ def lowmem_graph(X, W, b, y0, c0, i, start, step):
 @pytest.mark.parametrize("threads", ["1", "2", "3"])  # 2: on OpenBLAS's pool on a 2-core machine; 3: own threads
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
-def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step):
-    """A size that takes LstmLowMem's row-split CPU path with several chunks of frames (2 or 3 here; batch not a
-    multiple of the register tile, n_in and 4n not multiples of the packed panels, ragged mask with a hole)
+@pytest.mark.parametrize("size", [(24, 100, 20, 36), (3, 12, 40, 200)], ids=["chunks", "wide"])
+def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step, size):
+    """Sizes that take LstmLowMem's row-split CPU path (>= 4e6 multiply-adds): "chunks" with several chunks of frames
+    (2 or 3 here; 768 // 100 = 7 frames per chunk at most; each thread sums its own weight gradient over all chunks),
+    "wide" with weights larger than the chunk buffers (the weight gradient after each chunk, split by columns); batch
+    not a multiple of the register tile, n_in and 4n not multiples of the packed panels, ragged mask with a hole;
     against the recurrence unrolled in PyTensor and differentiated by it; the same bits on a second call.  (More
     than ~30 frames would break FAST_COMPILE's sums of the per-frame gradient terms: numpy ufuncs take 32 operands.)"""
     monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
-    T, B, n_in, n = 24, 100, 20, 36  # >= 4e6 multiply-adds; 1024 // 100 = 10 frames per chunk at most
+    T, B, n_in, n = size
     dat = lowmem_data(T, B, n_in, n, seed=11)
     dat["W"] *= 0.4
     vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
