@@ -31,7 +31,7 @@ struct HmmPostState {
 };
 
 // The forward op's work per sequence b: pred, beta, v (Kp each) in work + b * 3 Kp; xi (K x K, double) after the
-// B * 3 Kp of those.  small: 15 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
+// B * 3 Kp of those.  small: 16 T per sequence for the CPU's one-sequence path (null where no part is one sequence).
 struct HmmPostWork {
   double* work;
   int64_t B, Kp, K;
@@ -135,43 +135,91 @@ static inline double hmm_small_pow2(int64_t e) {
   return x;
 }
 
+// Four lanes from x[0..4).
+template <typename T>
+static inline hmm_v4d hmm_small_load(const T* x) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    hmm_v4d v;
+    memcpy(&v, x, sizeof(v));
+    return v;
+  }
+  return hmm_lanes<4>(x);
+}
+
+// The sum of lanes [0, K) (for K = 3 the same value as hmm_hsum where lane 3 is 0).
+template <int K>
+static inline double hmm_small_sum(hmm_v4d x) {
+  return K == 4 ? hmm_hsum(x) : K == 3 ? (x[0] + x[1]) + x[2] : K == 2 ? x[0] + x[1] : x[0];
+}
+
+// x[0..K) from lanes [0, K) of v: one masked store where the CPU has them for four doubles.
+template <int K, typename T>
+static inline void hmm_small_store(T* x, hmm_v4d v) {
+#ifdef __AVX512VL__
+  if constexpr (sizeof(T) == sizeof(double) && K < 4) {
+    __builtin_ia32_storeupd256_mask((double*)x, v, (unsigned char)((1 << K) - 1));
+    return;
+  }
+#endif
+  hmm_store_lanes<K>(x, v);
+}
+
 // One state vector of the chains, x (lanes [0, K) of four), with its steps x = x . (A o e) (forward: column j of
 // A times e_j) and x = (A o e) x (backward), hmm_vecmat over the rows of A o e or A^T o e.  (States in scalar
 // registers, without the broadcasts of lanes on the chain, measured no faster: the loop is not latency-bound.)
+// For K < 4 the backward step also gives its sum, in lane 3 (the column sums of A there), and the lanes past K
+// of the e given to the steps may hold any finite value: the forward's lanes past K stay 0 (those of A's rows
+// are), the backward's past K are its sum or 0 and never feed the next step.
 template <int K>
 struct HmmSmallChain {
   hmm_v4d A[4], AT[4], x;
   HmmSmallChain(const HmmModel& p, hmm_v4d x0) : x(x0) {
     hmm_small_rows<K>(p.A, A);
     hmm_small_rows<K>(p.AT, AT);
+    if (K < 4)
+      for (int j = 0; j < K; ++j) AT[j][3] = hmm_hsum(AT[j]);
   }
   void forward(hmm_v4d e) { x = hmm_vecmat<K>(x, A) * e; }
   void backward(hmm_v4d e) { x = hmm_vecmat<K>(x * e, AT); }
-  double sum() const { return hmm_hsum(x); }
+  double sum() const { return hmm_small_sum<K>(x); }
+  double backward_sum() const { return K < 4 ? x[3] : hmm_hsum(x); }
   void store(double* out) const { hmm_store_lanes<4>(out, x); }
+};
+
+// What the chains keep of frame t: u_t, v_t (four lanes each), s_t = sum u_t and sigma_t.
+struct HmmSmallFrame {
+  double u[4], v[4], s, sigma, pad[2];
 };
 
 // Sequence b of a model without NaN parameters (T_b > 0): gamma, the filter alpha, c, m (st, if st.filter_read)
 // and U = xi / A into xi (K x K), returning true; false if the checks above fail (what it wrote is then to be
-// overwritten).  buf: 15 T_b doubles.
+// overwritten).  buf: 16 T_b doubles.
 // Frame t's outputs need u_t and v_t, which the chains reach at steps t and T_b - 1 - t: the second half of the
 // steps writes the outputs of the frames both chains have passed (two per step), beside the chains.
 template <int K>
 static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b, Float* gamma, double* xi,
                            double* buf) {
   const int64_t B = p.B, len = p.seq_len[b];
-  double *E = buf, *U = buf + 4 * len, *V = buf + 8 * len, *sigma = buf + 12 * len, *scale = buf + 13 * len,
-         *S = buf + 14 * len;
-  const hmm_v4d inf = hmm_splat(INFINITY);
+  double* E = buf;
+  HmmSmallFrame* R = (HmmSmallFrame*)(buf + 4 * len);
+  const hmm_v4d inf = hmm_splat(INFINITY), minf = hmm_splat(-INFINITY);
+  const hmm_v4l first_k = hmm_v4l{0, 1, 2, 3} < K;
   hmm_v4l ok = hmm_v4l{} == 0;
-  for (int64_t t = 0; t < len; ++t) {  // E_t's exponents (K a frame), then their exps in one vectorised loop
+  // E_t's exponents (K a frame: four lanes stored, the next frame's store overwriting those past K), then their
+  // exps in one vectorised loop; the emissions read four lanes at a time where the array has them
+  const int64_t last_full = p.T * B * K - 4;
+  for (int64_t t = 0; t < len; ++t) {
     const int64_t tb = t * B + b;
-    const hmm_v4d le = hmm_lanes<K>(p.le + tb * K, -INFINITY);
+    const Float* lt = p.le + tb * K;
+    const hmm_v4d le = tb * K <= last_full ? (first_k ? hmm_small_load(lt) : minf) : hmm_lanes<K>(lt, -INFINITY);
     ok &= le < inf;
-    const double M = hmm_lane_max<K>(le);
-    if (st.filter_read) st.m[tb] = M;
-    const hmm_v4d x = le - hmm_splat(M);
-    hmm_store_lanes<K>(E + K * t, M > -INFINITY ? (x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(-INFINITY));
+    // M, the frame's largest, in every lane (those past K are -inf); le - M is <= 0, and -inf where le is (where
+    // M = -inf too: le minus the lowest finite double)
+    const hmm_v4d m1 = hmm_max4(le, __builtin_shuffle(le, hmm_v4l{1, 0, 3, 2}));
+    const hmm_v4d M = hmm_max4(m1, __builtin_shuffle(m1, hmm_v4l{2, 3, 0, 1}));
+    if (st.filter_read) st.m[tb] = M[0];
+    const hmm_v4d y = le - hmm_max4(M, hmm_splat(-0x1.fffffffffffffp1023));
+    memcpy(E + K * t, &y, sizeof(y));
   }
   for (int k = 0; k < 4; ++k)
     if (!ok[k]) return false;
@@ -186,13 +234,14 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     x = hmm_exp8(x);
     memcpy(E + n8, &x, (n - n8) * sizeof(double));
   }
+  if (K < 4) E[n] = 0.0;  // read by the last frame's four lanes
   // the two chains: forward frame i, backward frame len - 1 - i
-  HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_lanes<K>(E)), v(p, hmm_lanes<K>(p.f));
-  u.store(U);
-  v.store(V + 4 * (len - 1));
-  sigma[0] = scale[0] = 1.0;
-  S[0] = u.sum();
-  int64_t eu[2] = {hmm_small_exponent(S[0]), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
+  HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_small_load(E)), v(p, hmm_lanes<K>(p.f));
+  u.store(R[0].u);
+  v.store(R[len - 1].v);
+  R[0].sigma = 1.0;
+  R[0].s = u.sum();
+  int64_t eu[2] = {hmm_small_exponent(R[0].s), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
   int64_t lowest = eu[0] < ev[0] ? eu[0] : ev[0];
   int64_t g = -eu[0], h = -ev[0];  // log2 sigma_i, log2 rho_i (for i = 1: 1 / 2^ex(sum of frame 0))
   auto step = [&](int64_t i) {
@@ -202,39 +251,40 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     }
     const int64_t t = len - 1 - i;
     const double sg = hmm_small_pow2(g);
-    u.forward(hmm_lanes<K>(E + K * i) * hmm_splat(sg));
-    v.backward(hmm_lanes<K>(E + K * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
-    u.store(U + 4 * i);
-    v.store(V + 4 * t);
-    sigma[i] = sg;
-    scale[i] = hmm_small_pow2(-g);
+    u.forward(hmm_small_load(E + K * i) * hmm_splat(sg));
+    v.backward(hmm_small_load(E + K * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
+    u.store(R[i].u);
+    v.store(R[t].v);
+    R[i].sigma = sg;
     const double su = u.sum();
-    S[i] = su;
+    R[i].s = su;
     eu[1] = eu[0];
     eu[0] = hmm_small_exponent(su);
     ev[1] = ev[0];
-    ev[0] = hmm_small_exponent(v.sum());
+    ev[0] = hmm_small_exponent(v.backward_sum());
     const int64_t l = eu[0] < ev[0] ? eu[0] : ev[0];
     lowest = l < lowest ? l : lowest;
   };
-  // frame t's outputs (u_t . v_t within 2^-400..2^400, else the last check fails)
-  const double lo = 0x1p-400, hi = 0x1p400;
-  bool fine = true;
+  // frame t's outputs (u_t . v_t, finite and >= 0, within 2^-400..2^400, else the last check fails)
+  double zmin = 0x1p400, zmax = 0x1p-400;
   hmm_v4d Ur[4] = {};
   auto output = [&](int64_t t) {
     const int64_t tb = t * B + b;
-    const hmm_v4d ut = hmm_lanes<4>(U + 4 * t), vt = hmm_lanes<4>(V + 4 * t), ab = ut * vt;
-    const double s = S[t], z = hmm_hsum(ab);
-    fine &= (z >= lo) & (z <= hi);
+    const HmmSmallFrame& f = R[t];
+    const hmm_v4d ut = hmm_small_load(f.u), vt = hmm_small_load(f.v), ab = ut * vt;
+    const double s = f.s, z = hmm_small_sum<K>(ab);
+    zmin = z < zmin ? z : zmin;
+    zmax = z > zmax ? z : zmax;
     const double r = 1.0 / (s * z), rz = s * r;
-    hmm_store_lanes<K>(gamma + tb * K, ab * rz);
+    hmm_small_store<K>(gamma + tb * K, ab * rz);
     if (st.filter_read) {
-      hmm_store_lanes<K>(st.alpha + tb * K, ut * (z * r));
-      st.c[tb] = t == 0 ? s : s * scale[t] / S[t - 1];
+      hmm_small_store<K>(st.alpha + tb * K, ut * (z * r));
+      st.c[tb] = t == 0 ? s : s * (1.0 / f.sigma) / R[t - 1].s;
     }
     if (t == 0) return;
-    const hmm_v4d x = hmm_lanes<4>(U + 4 * (t - 1)) * hmm_splat(rz * sigma[t]), w = hmm_lanes<K>(E + K * t) * vt;
-    for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(x[k]) * w;
+    const double* up = R[t - 1].u;  // its lanes broadcast from memory
+    const hmm_v4d w = hmm_small_load(E + K * t) * vt * hmm_splat(rz * f.sigma);
+    for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(up[k]) * w;
   };
   int64_t i = 1;
   for (; 2 * i < len - 1; ++i) step(i);
@@ -244,7 +294,7 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     if (2 * i != len - 1) output(len - 1 - i);
   }
   if (len == 1) output(0);
-  if (!fine || lowest < -200) return false;
+  if (!(zmin >= 0x1p-400 && zmax <= 0x1p400) || lowest < -200) return false;
   for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, Ur[k]);
   return true;
 }
@@ -261,7 +311,7 @@ static bool hmm_posteriors_small(Ndarray** inputs, const HmmPostState& st, Float
   const int64_t len = p.seq_len[0], K = p.K;
   st.status[0] = HMM_SCALED;
   if (len == 0) return true;  // zeros
-  double* buf = hmm_kept_doubles<1>(scratch, 15 * len);
+  double* buf = hmm_kept_doubles<1>(scratch, 16 * len);
   double xi[16];
   bool done = false;
   hmm_with_k(K, [&](auto k) { done = hmm_post_small<decltype(k)::value>(p, st, 0, gamma, xi, buf); });
@@ -436,7 +486,7 @@ DEF_KERNEL void hmm_post_kernel(HmmInferParams p, HmmPostState st, HmmPostWork w
   if (w.small && b1 - b0 == 1 && p.seq_len[b0] > 0 && st.status[b0] == HMM_SCALED) {  // one sequence, few states
     bool done = false;
     hmm_with_k(p.K, [&](auto k) {
-      done = hmm_post_small<decltype(k)::value>(p, st, b0, gamma, w.xi(b0), w.small + 15 * p.T * b0);
+      done = hmm_post_small<decltype(k)::value>(p, st, b0, gamma, w.xi(b0), w.small + 16 * p.T * b0);
     });
     if (done) {
       hmm_post_finish(p, st, w, b0, gamma, xi_out);
@@ -522,7 +572,7 @@ static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostStat
   if (p.B == 0) return;
   HmmPostWork w = {call.scratch.get<double>(p.B * (3 * p.Kp + p.K * p.K)), p.B, p.Kp, p.K, (double*)0};
 #if !CUDA
-  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = hmm_kept_doubles<1>(call.scratch, 15 * p.T * p.B);
+  if (p.Kp == 4 && hmm_cpu_parts(p.T, p.B, p.K) == p.B) w.small = hmm_kept_doubles<1>(call.scratch, 16 * p.T * p.B);
 #endif
   HMM_OVER_BATCH(call, hmm_post_kernel, p, st, w, gamma, xi);
   HANDLE_LAST_ERROR();
