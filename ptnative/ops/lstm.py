@@ -441,8 +441,10 @@ class LstmShapeCheck(COp):
     def connection_pattern(self, node):
         return [[k == j for j in range(len(node.outputs))] for k in range(len(node.inputs))]
 
-    def L_op(self, inputs, outputs, cotangents):
+    def pullback(self, inputs, outputs, cotangents):
         return list(cotangents)
+
+    L_op = pullback  # PyTensor 2.38 calls L_op, 3 calls pullback
 
     def do_constant_folding(self, fgraph, node):
         return False
