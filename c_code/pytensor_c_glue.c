@@ -2,17 +2,21 @@
  *
  * The kernel is not compiled into PyTensor's module.  It lives in the library that ptnative builds itself, with
  * its own compiler and flags (ptnative/build.py); this module only wraps PyTensor's arrays (contiguous copies,
- * size checks, output allocation, exactly as the Python driver does) and calls the library's entry point, whose
- * address it asks ptnative for when the module is imported.  So no flag in pytensor.config.gcc__cxxflags (PyMC's
- * -fno-exceptions, a user's -ffast-math) can reach a kernel, and nothing here throws or needs a C++ runtime.
+ * size checks, output allocation, exactly as the Python driver does) and calls the library's entry point.  So no
+ * flag in pytensor.config.gcc__cxxflags (PyMC's -fno-exceptions, a user's -ffast-math) can reach a kernel, and
+ * nothing here throws or needs a C++ runtime.
+ *
+ * Nothing in the text depends on the op: what a node calls and how (the entry point and the argument plan) is a
+ * ptn_glue_layout that the node's params (a Python object from ptnative.backends.c.params) lead to when the
+ * module's struct is initialised.  So nodes of different ops with the same input and output types share one
+ * compiled module (PyTensor reuses a module whose source text it has compiled before).
  *
  * ptnative/backends/c.py fills the sections below (each starts with a "//@section <name>" line) with plain
  * substitutions (ptnative.source.fill_glue):
  *   @NAME@        the node's name in the module (an identifier from PyTensor)
  *   @MAX_NDIM@, @STATUS_VALUE@   ptnative.source.MAX_NDIM and STATUS_VALUE
- *   @SYMBOL@, @LABEL@, @CHECK_MESSAGE@   C string literals made by ptnative.source.c_string_literal
- *   @N_IN@, @N_OUT@, @N@, @N_CHECKS@   counts; the other @...@ are brace-enclosed int tables
- *   @INPUTS@, @OUTPUTS@, @FAIL@   PyTensor's names of the node's variables and its failure code
+ *   @N_IN@, @N_OUT@, @N@   the node's counts of inputs, outputs and both
+ *   @PARAMS@, @INPUTS@, @OUTPUTS@, @FAIL@   PyTensor's names of the node's params and variables, its failure code
  */
 
 //@section support_code
@@ -26,8 +30,9 @@
 /* int <symbol>(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) */
 typedef int (*ptn_glue_entry_t)(void**, const int64_t*, const int64_t*, char*, int64_t);
 
-/* What calling one node needs to know about its op, made from the spec. */
+/* What calling one node needs to know about its op, made from the spec; ptnative.backends.c.Layout mirrors it. */
 typedef struct {
+  ptn_glue_entry_t entry;      /* the kernel library's entry point */
   const char* label;           /* "NativeOp 'name'", the start of every message */
   int n_in, n_out;
   const int* ndim;             /* per array: the inputs, then the outputs */
@@ -43,20 +48,20 @@ typedef struct {
   const char* const* check_message;
 } ptn_glue_layout;
 
-/* The address of `symbol`'s entry point in ptnative's library: ptnative.backends.c.entry_address builds the
- * library if needed, loads it through ptnative.build (with its checks) and sets its BLAS.  NULL with a Python
- * exception set when that fails. */
-static ptn_glue_entry_t ptn_glue_entry(const char* symbol) {
+/* The layout that a node's params stand for: ptnative.backends.c.layout_address builds the op's library if
+ * needed, loads it through ptnative.build (with its checks), sets its BLAS and keeps the layout for the rest of
+ * the process.  NULL with a Python exception set when that fails. */
+static const ptn_glue_layout* ptn_glue_layout_of(PyObject* params) {
   PyObject* module = PyImport_ImportModule("ptnative.backends.c");
-  PyObject* address = module ? PyObject_CallMethod(module, "entry_address", "s", symbol) : NULL;
-  void* fn = NULL;
+  PyObject* address = module ? PyObject_CallMethod(module, "layout_address", "(O)", params) : NULL;
+  void* layout = NULL;
   Py_XDECREF(module);
   if (!address) return NULL;
-  fn = PyLong_AsVoidPtr(address);
+  layout = PyLong_AsVoidPtr(address);
   Py_DECREF(address);
-  if (!fn && !PyErr_Occurred())
-    PyErr_Format(PyExc_ImportError, "ptnative: no entry point for %s", symbol);
-  return (ptn_glue_entry_t)fn;
+  if (!layout && !PyErr_Occurred())
+    PyErr_SetString(PyExc_ImportError, "ptnative: a NativeOp node has no layout");
+  return (const ptn_glue_layout*)layout;
 }
 
 /* ptnative.errors.KernelValueError for a failed check (PTN_GLUE_STATUS_VALUE), else KernelRuntimeError, as the
@@ -76,8 +81,8 @@ static PyObject* ptn_glue_error_class(int status) {
 
 /* Make inputs contiguous where needed, check fixed sizes, allocate the outputs, call the entry point.
  * 0, or -1 with a Python exception set.  `in` may be replaced by the copies in `tmp`, which the caller releases. */
-static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArrayObject** in, PyArrayObject** tmp,
-                        PyArrayObject*** out, void** data, int64_t* shapes, int64_t* strides) {
+static int ptn_glue_run(const ptn_glue_layout* op, PyArrayObject** in, PyArrayObject** tmp, PyArrayObject*** out,
+                        void** data, int64_t* shapes, int64_t* strides) {
   char err[2048];
   int i, j, k, d, nd, status;
   PyObject* error_class;
@@ -132,7 +137,7 @@ static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArr
       strides[j * PTN_GLUE_MAX_NDIM + d] = d < nd ? (int64_t)PyArray_STRIDES(a)[d] : 0;
     }
   }
-  status = entry(data, shapes, strides, err, (int64_t)sizeof(err));
+  status = op->entry(data, shapes, strides, err, (int64_t)sizeof(err));
   if (status == 0) return 0;
   err[sizeof(err) - 1] = 0;
   error_class = ptn_glue_error_class(status);
@@ -142,25 +147,12 @@ static int ptn_glue_run(const ptn_glue_layout* op, ptn_glue_entry_t entry, PyArr
 }
 #endif
 
-//@section support_code_apply
-static ptn_glue_entry_t @NAME@_entry = NULL;
-static const int @NAME@_ndim[] = @NDIM@;
-static const int @NAME@_contiguous[] = @CONTIGUOUS@;
-static const int @NAME@_source_of[] = @SOURCE_OF@;
-static const int @NAME@_destroys[] = @DESTROYS@;
-static const int @NAME@_typenum[] = @TYPENUM@;
-static const int64_t @NAME@_out_dims[] = @OUT_DIMS@;
-static const int @NAME@_check_input[] = @CHECK_INPUT@;
-static const int @NAME@_check_dim[] = @CHECK_DIM@;
-static const int64_t @NAME@_check_size[] = @CHECK_SIZE@;
-static const char* const @NAME@_check_message[] = @CHECK_MESSAGE@;
-static const ptn_glue_layout @NAME@_layout = {
-  @LABEL@, @N_IN@, @N_OUT@, @NAME@_ndim, @NAME@_contiguous, @NAME@_source_of, @NAME@_destroys, @NAME@_typenum,
-  @NAME@_out_dims, @N_CHECKS@, @NAME@_check_input, @NAME@_check_dim, @NAME@_check_size, @NAME@_check_message};
+//@section support_code_struct
+const ptn_glue_layout* @NAME@_layout;
 
-//@section init_code_apply
-@NAME@_entry = ptn_glue_entry(@SYMBOL@);
-if (!@NAME@_entry) return NULL;
+//@section init_code_struct
+@NAME@_layout = ptn_glue_layout_of(@PARAMS@);
+if (!@NAME@_layout) { @FAIL@ }
 
 //@section code
 {
@@ -171,8 +163,7 @@ if (!@NAME@_entry) return NULL;
   int64_t ptn_shapes[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
   int64_t ptn_strides[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
   int ptn_i;
-  int ptn_status = ptn_glue_run(&@NAME@_layout, @NAME@_entry, ptn_in, ptn_tmp, ptn_out, ptn_data, ptn_shapes,
-                                ptn_strides);
+  int ptn_status = ptn_glue_run(@NAME@_layout, ptn_in, ptn_tmp, ptn_out, ptn_data, ptn_shapes, ptn_strides);
   for (ptn_i = 0; ptn_i < @N_IN@; ++ptn_i) Py_XDECREF(ptn_tmp[ptn_i]);
   if (ptn_status != 0) { @FAIL@ }
 }

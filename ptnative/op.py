@@ -11,6 +11,7 @@ from pytensor.configdefaults import config
 from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.link.c.op import COp
+from pytensor.link.c.type import generic
 from pytensor.tensor.type import TensorType
 
 from . import source
@@ -20,9 +21,9 @@ from .spec import FLOAT_GENERIC, NativeOpBase, array_dtype
 
 FLOAT_DTYPES = ("float32", "float64")
 
-#: The glues that PyTensor reaches through the op's own methods, by kind: ``"c"`` (PyTensor's C backend; the
-#: ``c_*`` methods hand over to its ``support_code``, ``support_code_apply``, ``init_code``, ``c_code`` and
-#: ``cache_version``) and ``"python"`` (``perform`` hands over to its ``perform``).  The modules of
+#: The glues that PyTensor reaches through the op's own methods, by kind: ``"c"`` (PyTensor's C backend;
+#: ``get_params`` and the ``c_*`` methods hand over to its ``params``, ``support_code``, ``support_code_struct``,
+#: ``init_code_struct``, ``c_code`` and ``cache_version``) and ``"python"`` (``perform`` hands over to its ``perform``).  The modules of
 #: :mod:`ptnative.backends` register themselves here when ptnative is imported (:func:`register_glue`); this module
 #: imports no backend.  The default (Numba) and JAX modes find their glue through PyTensor's own dispatch.
 GLUES: dict[str, Any] = {}
@@ -214,20 +215,26 @@ class NativeOp(COp, NativeOpBase):
     def perform(self, node, inputs, output_storage):
         _glue("python").perform(self, node, inputs, output_storage)
 
+    #: The C modes get the node's variant as a constant (see :func:`ptnative.backends.c.params`), not in the code.
+    params_type = generic
+
+    def get_params(self, node):
+        return _glue("c").params(self, node)
+
     def c_support_code(self, **kwargs):
         return _glue("c").support_code()
 
-    def c_support_code_apply(self, node, name):
-        return _glue("c").support_code_apply(self, node, name)
+    def c_support_code_struct(self, node, name):
+        return _glue("c").support_code_struct(name)
 
-    def c_init_code_apply(self, node, name):
-        return _glue("c").init_code(self, node, name)
+    def c_init_code_struct(self, node, name, sub):
+        return _glue("c").init_code_struct(name, sub)
 
     def c_code(self, node, name, inputs, outputs, sub):
-        return _glue("c").c_code(self, node, name, inputs, outputs, sub)
+        return _glue("c").c_code(node, name, inputs, outputs, sub)
 
     def c_code_cache_version_apply(self, node):
-        return _glue("c").cache_version(self, node)
+        return _glue("c").cache_version()
 
     def c_code_cache_version(self):
         return (source.GLUE_VERSION, *self.code_version)

@@ -52,7 +52,8 @@ def test_fill_glue_is_one_pass():
     assert fill_glue("a @X@ b @Y@", {"X": "@Y@", "Y": 1}) == "a @Y@ b 1"
     with pytest.raises(KeyError, match="@Z@ has no value"):
         fill_glue("@Z@", {})
-    assert set(glue_sections("pytensor_c_glue.c")) == {"support_code", "support_code_apply", "init_code_apply", "code"}
+    assert set(glue_sections("pytensor_c_glue.c")) == {"support_code", "support_code_struct",
+                                                          "init_code_struct", "code"}
     assert set(glue_sections("variant_unit.cc")) == {"unit"}
 
 
@@ -109,15 +110,41 @@ def test_generated_source_keeps_names_in_one_comment_line():
 
 
 def test_c_module_holds_no_kernel_code():
-    """PyTensor's module gets the trampoline only: no dialect header, no C++ exception handling, no kernel text."""
+    """PyTensor's module gets the trampoline only: no dialect header, no C++ exception handling, no kernel text,
+    nothing of the op at all (no name, no symbol): the node's params name the variant."""
     op = hostile_op("Tramp", "x")
     x = pt.vector()
     node = op(x).owner
-    code = op.c_support_code() + op.c_support_code_apply(node, "node_0") + op.c_init_code_apply(node, "node_0")
-    code += op.c_code(node, "node_0", ["V1"], ["V3"], {"fail": "{ goto fail; }"})
+    sub = {"fail": "{ goto fail; }", "params": "V5"}
+    code = op.c_support_code() + op.c_support_code_struct(node, "node_0") + op.c_init_code_struct(node, "node_0", sub)
+    code += op.c_code(node, "node_0", ["V1"], ["V3"], sub)
     assert "negative first element" not in code and "native_op.h" not in code
     assert not re.search(r"\b(try|catch|throw|namespace|template)\b", code)
-    assert c_string_literal(op.variant("float64").symbol) in code
+    assert "Tramp" not in code and "ptn_Tramp" not in code
+    assert op.get_params(node) == (op.variant("float64").symbol, ())
+
+
+def test_c_modules_are_shared_between_ops(tmp_path):
+    """Two ops with the same input and output types compile one PyTensor module per mode, not one each: the second
+    function's module is the first one's (PyTensor finds its text compiled), and each calls its own kernel."""
+    script = textwrap.dedent(f"""
+        import glob, numpy as np, pytensor, pytensor.tensor as pt, ptnative
+        def glue_modules():
+            return sum("ptn_glue_run" in open(m).read() for m in glob.glob("{tmp_path}/*/*/mod.cpp"))
+        x = pt.vector()
+        for mode in ("C", "CVM"):
+            for k in (2, 3):
+                op = ptnative.NativeOp(({{"name": "x", "ndim": 1}},), ({{"name": "y", "ndim": 1, "shape": ((0, 0),)}},),
+                    "/* {tmp_path.name} */ for (int64_t j = 0; j < Ndarray_DIMS(inputs[0])[0]; ++j) "
+                    f"Ndarray_DEV_DATA(*outputs[0])[j] = {{k}} * Ndarray_DEV_DATA(inputs[0])[j];", name=f"Times{{k}}")
+                f = pytensor.function([x], op(x), mode=mode)
+                assert list(f(np.ones(2))) == [k, k], (mode, k)
+                print(mode, k, glue_modules())
+    """)
+    env = dict(os.environ, PYTENSOR_FLAGS=f"base_compiledir={tmp_path}")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.split() == "C 2 1 C 3 1 CVM 2 2 CVM 3 2".split(), out.stdout
 
 
 _FLAGS_CHILD = r'''
@@ -149,7 +176,7 @@ def test_pymc_and_user_flags_do_not_reach_kernels():
 
 def test_unknown_symbol_is_an_import_error():
     with pytest.raises(ImportError, match="ptn_nothing_0123, which no NativeOp of this process has prepared"):
-        c_backend.entry_address("ptn_nothing_0123")
+        c_backend.layout_address(("ptn_nothing_0123", ()))
 
 
 def test_failure_at_module_import_is_a_python_exception(monkeypatch, tmp_path):

@@ -7,10 +7,10 @@ build and the Numba and Python drivers do.  So flags in ``pytensor.config.gcc__c
 fraction of a second.
 
 The module's C text is ``c_code/pytensor_c_glue.c`` (sections that start with ``//@section <name>``, filled by
-plain substitution).  At import the module asks :func:`entry_address` for the entry point's address.  PyTensor may
-import a module compiled by an earlier process without asking the op for its code, but it always computes the
-node's cache key in the current process first: :func:`cache_version` builds the library there and registers the
-variant under its symbol.
+plain substitution), the same for every op: the node's params (:func:`params`, a constant that PyTensor hands to
+the module) name the variant, and when the module's struct is initialised it asks :func:`layout_address` for the
+variant's :class:`Layout` (entry point and argument plan).  PyTensor reuses a module whose text and version it
+has compiled before, so nodes of different ops with the same input and output types share one module.
 """
 
 from __future__ import annotations
@@ -18,22 +18,35 @@ from __future__ import annotations
 import ctypes
 import sys
 import zlib
-from functools import cache
+
+import numpy as np
 
 from ..build import build, load
 from ..op import register_glue
-from ..source import (MAX_NDIM, STATUS_VALUE, Variant, c_array, c_string_literal, fill_glue, glue_sections,
-                      read_kernel_file)
+from ..source import MAX_NDIM, STATUS_VALUE, Variant, fill_glue, glue_sections, read_kernel_file
 
 GLUE_FILE = "pytensor_c_glue.c"
 #: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
-TRAMPOLINE_VERSION = 1
+TRAMPOLINE_VERSION = 2
 
-_NPY_TYPES = {"float32": "NPY_FLOAT32", "float64": "NPY_FLOAT64", "int32": "NPY_INT32", "int64": "NPY_INT64",
-              "uint8": "NPY_UINT8"}
+_INTS = ctypes.POINTER(ctypes.c_int)
+_INT64S = ctypes.POINTER(ctypes.c_int64)
 
-#: The variants whose C modules this process may import, by symbol (see :func:`prepare`).
+
+class Layout(ctypes.Structure):
+    """``ptn_glue_layout`` of ``c_code/pytensor_c_glue.c``: how the module calls one variant."""
+
+    _fields_ = [("entry", ctypes.c_void_p), ("label", ctypes.c_char_p), ("n_in", ctypes.c_int),
+                ("n_out", ctypes.c_int), ("ndim", _INTS), ("contiguous", _INTS), ("source_of", _INTS),
+                ("destroys", _INTS), ("typenum", _INTS), ("out_dims", _INT64S), ("n_checks", ctypes.c_int),
+                ("check_input", _INTS), ("check_dim", _INTS), ("check_size", _INT64S),
+                ("check_message", ctypes.POINTER(ctypes.c_char_p))]
+
+
+#: The variants whose layouts this process may hand out, by symbol (see :func:`params`).
 _prepared: dict[str, Variant] = {}
+#: The layouts handed out, by params; kept for the life of the process (modules hold their addresses).
+_layouts: dict[tuple[str, tuple[int, ...]], Layout] = {}
 
 
 def fill(section: str, fields: dict[str, object]) -> str:
@@ -41,54 +54,59 @@ def fill(section: str, fields: dict[str, object]) -> str:
     return fill_glue(glue_sections(GLUE_FILE)[section], fields)
 
 
-def prepare(op, node) -> Variant:
-    """Build the library of ``node``'s variant (if not cached) and let this process's C modules find it."""
+def params(op, node) -> tuple[str, tuple[int, ...]]:
+    """``node``'s params: ``(symbol, inplace)`` of its variant, whose library is built here (if not cached).
+    PyTensor asks for them whenever it compiles or reuses the node's module, before the module is loaded."""
     variant = op.node_variant(node)
     if variant.symbol not in _prepared:
         build(variant)
         _prepared[variant.symbol] = variant
-    return variant
+    return variant.symbol, tuple(op.inplace)
 
 
-def entry_address(symbol: str) -> int:
-    """The address of ``symbol``'s entry point, its library loaded through :func:`ptnative.build.load` (which
-    also sets its BLAS).  Called by the C module at import.  Raises ``ImportError`` for a symbol that no op of
-    this process has prepared, ``CompileError`` when the library cannot be built."""
-    variant = _prepared.get(symbol)
-    if variant is None:
-        raise ImportError(f"ptnative: a PyTensor C module asks for the kernel {symbol}, which no NativeOp of this "
-                          "process has prepared (compile the function again)")
-    return ctypes.cast(load(variant).run, ctypes.c_void_p).value
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
-@cache
-def layout_fields(variant: Variant, inplace: tuple[int, ...]) -> dict[str, object]:
-    """The glue's fields for ``variant`` called by an op destroying the inputs ``inplace``: its argument plan as C
-    tables (every field but the node's ``NAME``)."""
+def _array(ctype, values):
+    values = [int(v) for v in values]
+    return (ctype * max(len(values), 1))(*values)
+
+
+def _layout(variant: Variant, inplace: tuple[int, ...]) -> Layout:
     plan = variant.plan
     out_dims = []
     for shape in plan.out_shapes:
         dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in shape]
         out_dims += dims + [0] * (MAX_NDIM - len(dims))
     checks = plan.size_checks
-    return {
-        "MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE,
-        "SYMBOL": c_string_literal(variant.symbol), "LABEL": c_string_literal(plan.label),
-        "N_IN": plan.n_in, "N_OUT": plan.n_out, "N": plan.n_in + plan.n_out, "N_CHECKS": len(checks),
-        "NDIM": c_array(plan.ndims),
-        "CONTIGUOUS": c_array(plan.contiguous),
-        "SOURCE_OF": c_array(plan.source_of),
-        "DESTROYS": c_array(plan.destroys(inplace)),
-        "TYPENUM": c_array(_NPY_TYPES[dtype] for dtype in plan.out_dtypes),
-        "OUT_DIMS": c_array(out_dims),
-        "CHECK_INPUT": c_array(c.input for c in checks), "CHECK_DIM": c_array(c.dim for c in checks),
-        "CHECK_SIZE": c_array(c.size for c in checks),
-        "CHECK_MESSAGE": c_array(c_string_literal(c.message) for c in checks),
-    }
+    messages = (ctypes.c_char_p * max(len(checks), 1))(*[_utf8(c.message) for c in checks])
+    # The structure keeps every array and string it points to (ctypes' _objects).
+    return Layout(entry=ctypes.cast(load(variant).run, ctypes.c_void_p).value, label=_utf8(plan.label),
+                  n_in=plan.n_in, n_out=plan.n_out, ndim=_array(ctypes.c_int, plan.ndims),
+                  contiguous=_array(ctypes.c_int, plan.contiguous), source_of=_array(ctypes.c_int, plan.source_of),
+                  destroys=_array(ctypes.c_int, plan.destroys(inplace)),
+                  typenum=_array(ctypes.c_int, (np.dtype(d).num for d in plan.out_dtypes)),
+                  out_dims=_array(ctypes.c_int64, out_dims), n_checks=len(checks),
+                  check_input=_array(ctypes.c_int, (c.input for c in checks)),
+                  check_dim=_array(ctypes.c_int, (c.dim for c in checks)),
+                  check_size=_array(ctypes.c_int64, (c.size for c in checks)), check_message=messages)
 
 
-def _fields(op, node, name: str) -> dict[str, object]:
-    return dict(layout_fields(prepare(op, node), op.inplace), NAME=name)
+def layout_address(node_params: tuple[str, tuple[int, ...]]) -> int:
+    """The address of the :class:`Layout` for ``node_params`` (see :func:`params`); its library is loaded through
+    :func:`ptnative.build.load` (which also sets its BLAS).  Called by the C module when its struct is
+    initialised.  Raises ``ImportError`` for params that no op of this process has made, ``CompileError`` when
+    the library cannot be built."""
+    layout = _layouts.get(node_params)
+    if layout is None:
+        symbol, inplace = node_params
+        variant = _prepared.get(symbol)
+        if variant is None:
+            raise ImportError(f"ptnative: a PyTensor C module asks for the kernel {symbol}, which no NativeOp of "
+                              "this process has prepared (compile the function again)")
+        layout = _layouts[node_params] = _layout(variant, inplace)
+    return ctypes.addressof(layout)
 
 
 def support_code() -> str:
@@ -96,29 +114,27 @@ def support_code() -> str:
     return fill("support_code", {"MAX_NDIM": MAX_NDIM, "STATUS_VALUE": STATUS_VALUE})
 
 
-def support_code_apply(op, node, name: str) -> str:
-    """This node's tables and entry-point slot."""
-    return fill("support_code_apply", _fields(op, node, name))
+def support_code_struct(name: str) -> str:
+    """The struct member holding the node's layout."""
+    return fill("support_code_struct", {"NAME": name})
 
 
-def init_code(op, node, name: str) -> str:
-    """At the module's import: fetch the entry point (an import error when that fails)."""
-    return fill("init_code_apply", _fields(op, node, name))
+def init_code_struct(name: str, sub: dict) -> str:
+    """When the module's struct is initialised: find the node's layout (a Python exception when that fails)."""
+    return fill("init_code_struct", {"NAME": name, "PARAMS": sub["params"], "FAIL": sub["fail"]})
 
 
-def c_code(op, node, name: str, inputs: list[str], outputs: list[str], sub: dict) -> str:
+def c_code(node, name: str, inputs: list[str], outputs: list[str], sub: dict) -> str:
     """One call: wrap the arrays, allocate the outputs and call the entry point (see ``ptn_glue_run``)."""
-    fields = _fields(op, node, name)
-    fields.update(INPUTS="".join(f"{v}, " for v in inputs) + "NULL",
-                  OUTPUTS="".join(f"&{v}, " for v in outputs) + "NULL", FAIL=sub["fail"])
-    return fill("code", fields)
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    return fill("code", {"NAME": name, "N_IN": n_in, "N_OUT": n_out, "N": n_in + n_out,
+                         "INPUTS": "".join(f"{v}, " for v in inputs) + "NULL",
+                         "OUTPUTS": "".join(f"&{v}, " for v in outputs) + "NULL", "FAIL": sub["fail"]})
 
 
-def cache_version(op, node) -> tuple[int, ...]:
-    """The node's module version: the glue (file text and filling) and the variant.  Called for PyTensor's cache
-    key in every process that compiles or reuses the module, so the library is built and registered here."""
-    variant = prepare(op, node)
-    return (TRAMPOLINE_VERSION, zlib.crc32(read_kernel_file(GLUE_FILE).encode()), int(variant.digest, 16))
+def cache_version() -> tuple[int, ...]:
+    """The module's version: the glue's file text and filling (the variant is a params value, not code)."""
+    return TRAMPOLINE_VERSION, zlib.crc32(read_kernel_file(GLUE_FILE).encode())
 
 
 register_glue("c", sys.modules[__name__])
