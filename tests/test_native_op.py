@@ -488,3 +488,20 @@ def test_op_without_inputs(mode):
     y = op()
     assert y.type.shape == (4,) and y.dtype == pytensor.config.floatX
     np.testing.assert_array_equal(pytensor.function([], y, mode=mode)(), [0, 0.5, 1, 1.5])
+
+
+def test_c_module_versions_are_the_same_in_every_process():
+    """PyTensor keys its C modules by the ops' cache versions: a version that changed between processes (a str
+    hash) would compile every module again in each new process.  Two processes with different hash seeds agree."""
+    script = textwrap.dedent("""
+        import pytensor.tensor as pt
+        from ptnative import NativeOp
+        from ptnative.ops.lstm import LstmShapeCheck
+        op = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), "/* v */", name="V")
+        node = op(pt.vector()).owner
+        print(LstmShapeCheck().c_code_cache_version(), op.c_code_cache_version_apply(node), op.get_params(node))
+    """)
+    outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONHASHSEED=seed)) for seed in ("1", "2")]
+    assert all(o.returncode == 0 for o in outs), outs[0].stderr[-3000:] + outs[1].stderr[-3000:]
+    assert outs[0].stdout == outs[1].stdout and outs[0].stdout.strip()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile import optdb
@@ -463,7 +465,8 @@ class LstmShapeCheck(COp):
         return "\n".join(checks + views)
 
     def c_code_cache_version(self):
-        return (1, hash(_LAYER_SHAPE_RULES) & 0xFFFFFFFF)
+        # crc32, not hash(): str hashes differ between processes, and so would the module's cache key.
+        return (1, zlib.crc32(repr(_LAYER_SHAPE_RULES).encode()))
 
 
 def _numba_layer_shape_check():
