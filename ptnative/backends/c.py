@@ -105,7 +105,8 @@ def layout_address(node_params: tuple[str, tuple[int, ...]]) -> int:
         if variant is None:
             raise ImportError(f"ptnative: a PyTensor C module asks for the kernel {symbol}, which no NativeOp of "
                               "this process has prepared (compile the function again)")
-        layout = _layouts[node_params] = _layout(variant, inplace)
+        # setdefault: of two threads making the same layout at once, both hand out the one that is kept.
+        layout = _layouts.setdefault(node_params, _layout(variant, inplace))
     return ctypes.addressof(layout)
 
 
