@@ -42,9 +42,10 @@ log = logging.getLogger("ptnative.build")
 CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fno-trapping-math",
              "-fvisibility=hidden",
              "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
-#: A CPU translation unit holding this line is compiled at ``QUICK_BUILD_OPT`` instead of ``-O3`` (so under another
+#: A translation unit holding this line is compiled at ``QUICK_BUILD_OPT`` instead of ``-O3`` (so under another
 #: library name): for code whose speed does not matter but whose compile time does, such as the test suite's CUDA
-#: emulation (tests/test_cuda_emulation.py).
+#: emulation (tests/test_cuda_emulation.py) and its nvcc compile checks.  For nvcc, ``-O`` sets the host code's
+#: level only: cicc and ptxas optimise the device code as in every other build.
 QUICK_BUILD_MARK = "// ptnative: quick build"
 QUICK_BUILD_OPT = "-O0"
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
@@ -130,17 +131,21 @@ def cuda_archs() -> tuple[str, ...]:
 def compile_command(variant: Variant, src: Path, out: Path) -> list[str]:
     includes = [f"-I{d}" for d in variant.include_dirs]
     if variant.device == "cpu":
-        flags = CXX_FLAGS
-        if QUICK_BUILD_MARK in variant.source:
-            flags = [QUICK_BUILD_OPT if flag == "-O3" else flag for flag in flags]
-        return [cxx(), *flags, *includes, str(src), "-o", str(out)]
+        return [cxx(), *_opt_level(CXX_FLAGS, variant), *includes, str(src), "-o", str(out)]
     nv = nvcc()
     if nv is None:
         raise CompileError("nvcc was not found (set PTNATIVE_NVCC or CUDA_HOME, or put nvcc on PATH)")
     gencode = []
     for arch in cuda_archs():
         gencode += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-    return [nv, *NVCC_FLAGS, *includes, *gencode, str(src), "-o", str(out)]
+    return [nv, *_opt_level(NVCC_FLAGS, variant), *includes, *gencode, str(src), "-o", str(out)]
+
+
+def _opt_level(flags: list[str], variant: Variant) -> list[str]:
+    """``flags``, at ``QUICK_BUILD_OPT`` instead of ``-O3`` where the source holds ``QUICK_BUILD_MARK``."""
+    if QUICK_BUILD_MARK not in variant.source:
+        return flags
+    return [QUICK_BUILD_OPT if flag == "-O3" else flag for flag in flags]
 
 
 def library_path(variant: Variant) -> Path:

@@ -1,5 +1,6 @@
 """Shared test helpers: the modes every op must agree in, and the infer_shape check."""
 
+import dataclasses
 import os
 import tempfile
 
@@ -48,3 +49,18 @@ def check_infer_shape(inputs, outputs, values, op_class, mode=None):
 def tol(dtype):
     """(rtol, atol) for comparing against a float64 reference."""
     return (2e-4, 2e-5) if np.dtype(dtype) == np.float32 else (1e-10, 1e-12)
+
+
+def build_with_nvcc(variant):
+    """Compile a CUDA ``variant`` with nvcc through :func:`ptnative.build.build` (the cache, its lock and checks)
+    for the nvcc compile checks, and return the library's path (checked to be a non-empty file).  The source
+    carries ``QUICK_BUILD_MARK``, so nvcc compiles the host code at ``-O0`` instead of ``-O3`` (under a library
+    name of its own): cudafe++, cicc, ptxas and the host compiler still see and accept the whole translation unit,
+    the device code is optimised as in a user's build, and the host pass takes about a third of its ``-O3`` time
+    (docs/install.md, "What the tests share to save time")."""
+    from ptnative.build import QUICK_BUILD_MARK, build
+
+    assert variant.device == "cuda", variant.device
+    path = build(dataclasses.replace(variant, source=QUICK_BUILD_MARK + "\n" + variant.source))
+    assert path.exists() and path.stat().st_size > 0, path
+    return path

@@ -1,7 +1,9 @@
 """Device selection, and the CUDA build's host-array entry point without a GPU."""
 
+import dataclasses
 import shutil
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytensor
@@ -80,6 +82,24 @@ def test_cuda_library_reports_missing_gpu(monkeypatch):
         driver(np.ones((2, 3)), np.ones(3), np.array(1, dtype=np.int32))
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_checks_build_the_host_code_quickly(monkeypatch):
+    """The nvcc compile checks (conftest.build_with_nvcc) compile the host code at -O0, under a library name of
+    their own; every other flag is the user's build's, so the device code is compiled as users compile it."""
+    from ptnative.build import NVCC_FLAGS, QUICK_BUILD_MARK, compile_command, library_path
+    from ptnative.ops.sparse import SparseToDense
+
+    monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    real = SparseToDense.make_op().variant("float32", device="cuda")
+    quick = dataclasses.replace(real, source=QUICK_BUILD_MARK + "\n" + real.source)
+    real_cmd, quick_cmd = (compile_command(v, Path("SRC"), Path("OUT")) for v in (real, quick))
+    assert real_cmd[1:1 + len(NVCC_FLAGS)] == NVCC_FLAGS and "-O3" in real_cmd and "-O0" not in real_cmd
+    assert "-O0" in quick_cmd and "-O3" not in quick_cmd
+    assert [f for f in quick_cmd if f != "-O0"] == [f for f in real_cmd if f != "-O3"]
+    assert "-gencode" in quick_cmd and "arch=compute_90,code=sm_90" in quick_cmd
+    assert library_path(real) != library_path(quick)
+
+
 def test_cublas_candidates_follow_the_toolkit_and_the_override(monkeypatch, tmp_path):
     from ptnative.device import cublas_candidates, load_cublas
 
@@ -109,6 +129,9 @@ def test_cuda_variant_compiles_into_every_mode(mode_name, monkeypatch, device_se
     device_setting.device = "cuda"
     # A kernel text of its own, so that PyTensor compiles the C module here instead of loading a cached one.
     from .test_native_op import SCALE_SUPPORT
-    op = scale_op(c_extra_support_code={"001_scale": SCALE_SUPPORT, "002_fresh": f"// {uuid.uuid4()}"})
+    # Its nvcc build compiles the host code at -O0 (conftest.build_with_nvcc): a new library on every run.
+    from ptnative.build import QUICK_BUILD_MARK
+    op = scale_op(c_extra_support_code={"000_quick": QUICK_BUILD_MARK + "\n", "001_scale": SCALE_SUPPORT,
+                                        "002_fresh": f"// {uuid.uuid4()}"})
     with pytest.raises(RuntimeError, match="ScaleRows.*CUDA error"):
         run_scale(op, mode_name)

@@ -16,6 +16,7 @@ jax = pytest.importorskip("jax")
 import ptnative  # noqa: E402
 from ptnative.ops import LstmGenericBase  # noqa: E402
 
+from .conftest import build_with_nvcc  # noqa: E402
 from .test_lstm import lstm_data, symbolic  # noqa: E402
 from .test_native_op import scale_op  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_cuda_ffi_handler_compiles(monkeypatch):
 
     op = LstmGenericBase.make_op()
     variant = generate_ffi(op, "float32", "cuda", jax.ffi.include_dir())
-    assert ptnative.build.build(variant).exists()
+    build_with_nvcc(variant)
 
 
 def test_catalogue_functions_in_jax_mode():
