@@ -6,9 +6,10 @@
 
 #if !CUDA
 static inline int32_t hmm_one_mask_length(int64_t n_time, const Float* mask, FsaCheck* check) {
-  int64_t ones = 0, bad = 0;
-  for (int64_t t = 0; t < n_time; ++t) {
-    const Float m = mask[t], prev = mask[t > 0 ? t - 1 : 0];
+  if (n_time == 0) return 0;
+  int64_t ones = mask[0] == Float(1), bad = !(mask[0] == Float(0) || mask[0] == Float(1));
+  for (int64_t t = 1; t < n_time; ++t) {  // from 1: mask[t - 1] is then a plain load (g++ gathered it before)
+    const Float m = mask[t], prev = mask[t - 1];
     ones += m == Float(1);
     bad |= (int64_t)(!(m == Float(0) || m == Float(1))) | (int64_t)(m > prev);
   }

@@ -104,9 +104,9 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 // With the state vectors in registers (K known at compile time), the filter and the backward recursion run as two
 // independent chains that the processor overlaps, and each chain is one vector-matrix product per frame:
 //   u_t = sigma_t (u_{t-1} A) * E_t,   v_{t-1} = rho_t A (E_t * v_t)   (u_0 = pi * E_0, v_{T_b-1} = f),
-// with E_t = exp(log e_t - M_t), M_t = max_k log e_t(k), computed once per frame beforehand, and the products by
-// E_t sigma_t folded into the matrix's rows off the chain.  sigma_t and rho_t are powers of two chosen from sums two
-// frames back (exact scalings; no division and no normalisation on the chain): with
+// with E_t = exp(log e_t - M_t), M_t = max_k log e_t(k), computed once per frame beforehand, and E_t sigma_t one
+// vector off the chain (folding it into the matrix's rows measured slower).  sigma_t and rho_t are powers of two
+// chosen from sums two frames back (exact scalings; no division and no normalisation on the chain): with
 // sigma_t = 1 / (sigma_{t-1} 2^ex(s_{t-2})), s_t = sum u_t stays within a factor 2 of c_t c_{t-1} (the filter's
 // normalisers), and likewise for v.  The outputs of frame t come beside the chains' second half, once both have
 // passed t: u_t and v_t are alpha_t and beta_t up to factors, so gamma_t = u_t v_t / (u_t . v_t),
@@ -116,24 +116,9 @@ DEV_FUNC void hmm_post_finish(const HmmInferParams& p, const HmmPostState& st, c
 // These are the sequential pass's values to rounding (the scalings cancel: the pair marginals and gamma are
 // normalised per frame, and the hidden outputs alpha_t, c_t and m_t are one consistent scaled filter, for the
 // gradient op) unless something underflows here that the sequential pass keeps (nothing can overflow: s_t is at
-// most 2 K^2): so s_t and sum v_t must stay above 2^-200 (their binary exponents are tracked beside the chains)
+// most 2 K^2): so s_t and sum v_t must stay above 2^-200 (their smallest is tracked beside the chains)
 // and z_t within 2^-400..2^400 (checked with the outputs); else the caller runs the sequential pass, as also for a
 // NaN or +inf log-emission, which the first pass detects.
-
-// The binary exponent of s > 0 (s 2^-e is in [1, 2)).
-static inline int64_t hmm_small_exponent(double s) {
-  uint64_t bits;
-  memcpy(&bits, &s, sizeof(bits));
-  return (int64_t)((bits >> 52) & 0x7ff) - 1023;
-}
-
-// 2^e for |e| <= 1022 (garbage beyond, which only sequences that fail the checks can reach).
-static inline double hmm_small_pow2(int64_t e) {
-  const uint64_t bits = (uint64_t)(e + 1023) << 52;
-  double x;
-  memcpy(&x, &bits, sizeof(x));
-  return x;
-}
 
 // Four lanes from x[0..4).
 template <typename T>
@@ -146,11 +131,26 @@ static inline hmm_v4d hmm_small_load(const T* x) {
   return hmm_lanes<4>(x);
 }
 
-// The sum of lanes [0, K) (for K = 3 the same value as hmm_hsum where lane 3 is 0).
+// The sum of lanes [0, K) in every lane, for x whose lanes past K are 0: (x0 + x1) + (x2 + x3), the value of
+// hmm_hsum (for K = 3 that of (x0 + x1) + x2).  In every lane, so that what is computed from it (the scalings, the
+// checks) stays in vector registers: no moves to general registers and back, no broadcasts.
 template <int K>
-static inline double hmm_small_sum(hmm_v4d x) {
-  return K == 4 ? hmm_hsum(x) : K == 3 ? (x[0] + x[1]) + x[2] : K == 2 ? x[0] + x[1] : x[0];
+static inline hmm_v4d hmm_small_sum_all(hmm_v4d x) {
+  if (K == 1) return __builtin_shuffle(x, hmm_v4l{0, 0, 0, 0});
+  const hmm_v4d a = x + __builtin_shuffle(x, hmm_v4l{1, 0, 3, 2});
+  if (K == 2) return __builtin_shuffle(a, hmm_v4l{0, 0, 0, 0});
+  return a + __builtin_shuffle(a, hmm_v4l{2, 3, 0, 1});
 }
+
+// 1 / (p 2^ex(s)) lane-wise, p a power of two, s >= 0 (2^ex(s): the exponent bits of s alone; 0 for s = 0 and
+// subnormal s): exact (an inverse power of two by its exponent bits) where p 2^ex(s) is within 2^-1022..2^1023, and
+// finite beyond, which only sequences that fail hmm_post_small's checks reach.
+static inline hmm_v4d hmm_small_rescale(hmm_v4d p, hmm_v4d s) {
+  const hmm_v4d q = p * (hmm_v4d)((hmm_v4l)s & 0x7ff0000000000000LL);
+  return (hmm_v4d)(0x7fe0000000000000LL - (hmm_v4l)q);
+}
+
+static inline hmm_v4d hmm_min4(hmm_v4d a, hmm_v4d b) { return a < b ? a : b; }
 
 // x[0..K) from lanes [0, K) of v: one masked store where the CPU has them for four doubles.
 template <int K, typename T>
@@ -181,10 +181,46 @@ struct HmmSmallChain {
   }
   void forward(hmm_v4d e) { x = hmm_vecmat<K>(x, A) * e; }
   void backward(hmm_v4d e) { x = hmm_vecmat<K>(x * e, AT); }
-  double sum() const { return hmm_small_sum<K>(x); }
-  double backward_sum() const { return K < 4 ? x[3] : hmm_hsum(x); }
+  hmm_v4d backward_sum() const {  // in every lane
+    return K < 4 ? __builtin_shuffle(x, hmm_v4l{3, 3, 3, 3}) : hmm_small_sum_all<4>(x);
+  }
   void store(double* out) const { hmm_store_lanes<4>(out, x); }
 };
+
+// Lane f of L[k] = element f K + k of X[0..K), the K doubles of each of eight frames in a row (K <= 4): the frames'
+// entries by state, two-vector permutes only.
+template <int K>
+static inline void hmm_small_by_state(const hmm_v8d* X, hmm_v8d* L) {
+  for (int k = 0; k < K; ++k) {
+    hmm_v8l lo = {}, hi = {};
+    for (int f = 0; f < 8; ++f) {
+      const int g = f * K + k;
+      lo[f] = g % 16;  // from X[0], X[1] (g < 16), or X[2], X[3]
+      hi[f] = K == 3 ? (g < 16 ? f : g - 8) : f + 8 * (g >= 16);
+    }
+    if constexpr (K == 1) L[k] = X[0];
+    else if constexpr (K == 2) L[k] = __builtin_shuffle(X[0], X[1], lo);
+    else if constexpr (K == 3) L[k] = __builtin_shuffle(__builtin_shuffle(X[0], X[1], lo), X[2], hi);
+    else L[k] = __builtin_shuffle(__builtin_shuffle(X[0], X[1], lo), __builtin_shuffle(X[2], X[3], lo), hi);
+  }
+}
+
+// The inverse of hmm_small_by_state: X[j] = elements 8 j .. 8 j + 7 of the eight frames' K doubles each.
+template <int K>
+static inline void hmm_small_by_frame(const hmm_v8d* L, hmm_v8d* X) {
+  for (int j = 0; j < K; ++j) {
+    hmm_v8l lo = {}, hi = {};
+    for (int q = 0; q < 8; ++q) {
+      const int g = 8 * j + q, f = g / K, k = g % K;
+      lo[q] = f + 8 * (k & 1);  // lane f of L[k] from L[0], L[1] (k < 2), or L[2], L[3]
+      hi[q] = K == 3 ? (k < 2 ? q : 8 + f) : q + 8 * (k >= 2);
+    }
+    if constexpr (K == 1) X[j] = L[0];
+    else if constexpr (K == 2) X[j] = __builtin_shuffle(L[0], L[1], lo);
+    else if constexpr (K == 3) X[j] = __builtin_shuffle(__builtin_shuffle(L[0], L[1], lo), L[2], hi);
+    else X[j] = __builtin_shuffle(__builtin_shuffle(L[0], L[1], lo), __builtin_shuffle(L[2], L[3], lo), hi);
+  }
+}
 
 // What the chains keep of frame t: u_t, v_t (four lanes each), s_t = sum u_t and sigma_t.
 struct HmmSmallFrame {
@@ -205,10 +241,34 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   const hmm_v4d inf = hmm_splat(INFINITY), minf = hmm_splat(-INFINITY);
   const hmm_v4l first_k = hmm_v4l{0, 1, 2, 3} < K;
   hmm_v4l ok = hmm_v4l{} == 0;
-  // E_t's exponents (K a frame: four lanes stored, the next frame's store overwriting those past K), then their
-  // exps in one vectorised loop; the emissions read four lanes at a time where the array has them
+  // E_t = exp(log e_t - max(M_t, lowest double)), K a frame.  B = 1: eight frames at a time, by state (their
+  // entries in a row).  The other frames: the exponents (four lanes stored, the next frame's store overwriting
+  // those past K), then their exps in one vectorised loop; the emissions read four lanes at a time where the array
+  // has them.
+  int64_t t8 = 0;  // frames [0, t8) by eights
+  if (B == 1) {
+    hmm_v8l ok8 = hmm_v8l{} == 0;
+    const hmm_v8d inf8 = hmm_bc8(INFINITY), low8 = hmm_bc8(-0x1.fffffffffffffp1023);
+    for (; t8 + 8 <= len; t8 += 8) {
+      hmm_v8d X[K], L[K];
+      for (int j = 0; j < K; ++j) X[j] = hmm_load8(p.le + (t8 + b) * K + 8 * j);
+      hmm_small_by_state<K>(X, L);
+      hmm_v8d M = L[0];
+      for (int k = 0; k < K; ++k) {
+        ok8 &= L[k] < inf8;
+        M = L[k] > M ? L[k] : M;
+      }
+      if (st.filter_read) memcpy(st.m + t8 + b, &M, sizeof(M));
+      M = M > low8 ? M : low8;
+      for (int k = 0; k < K; ++k) L[k] = hmm_exp8(L[k] - M);
+      hmm_small_by_frame<K>(L, X);
+      memcpy(E + K * t8, X, sizeof(X));
+    }
+    for (int l = 0; l < 8; ++l)
+      if (!ok8[l]) return false;
+  }
   const int64_t last_full = p.T * B * K - 4;
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = t8; t < len; ++t) {
     const int64_t tb = t * B + b;
     const Float* lt = p.le + tb * K;
     const hmm_v4d le = tb * K <= last_full ? (first_k ? hmm_small_load(lt) : minf) : hmm_lanes<K>(lt, -INFINITY);
@@ -223,8 +283,8 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   }
   for (int k = 0; k < 4; ++k)
     if (!ok[k]) return false;
-  const int64_t n = K * len, n8 = n & ~(int64_t)7;
-  for (int64_t i = 0; i < n8; i += 8) {
+  const int64_t n = K * len, n8 = K * t8 + ((n - K * t8) & ~(int64_t)7);
+  for (int64_t i = K * t8; i < n8; i += 8) {
     const hmm_v8d x = hmm_exp8(hmm_load8(E + i));
     memcpy(E + i, &x, sizeof(x));
   }
@@ -240,41 +300,38 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   u.store(R[0].u);
   v.store(R[len - 1].v);
   R[0].sigma = 1.0;
-  R[0].s = u.sum();
-  int64_t eu[2] = {hmm_small_exponent(R[0].s), 0}, ev[2] = {hmm_small_exponent(v.sum()), 0};  // frames i-1, i-2
-  int64_t lowest = eu[0] < ev[0] ? eu[0] : ev[0];
-  int64_t g = -eu[0], h = -ev[0];  // log2 sigma_i, log2 rho_i (for i = 1: 1 / 2^ex(sum of frame 0))
+  hmm_v4d su = hmm_small_sum_all<K>(u.x), sv = hmm_small_sum_all<K>(v.x), su2 = su, sv2 = sv;  // frames i-1, i-2
+  R[0].s = su[0];
+  hmm_v4d lowest = hmm_min4(su, sv);  // of the sums s_t and sum v_t
+  hmm_v4d sg = hmm_small_rescale(hmm_splat(1.0), su), sr = hmm_small_rescale(hmm_splat(1.0), sv);  // sigma_1, rho_1
   auto step = [&](int64_t i) {
     if (i > 1) {
-      g = -(eu[1] + g);
-      h = -(ev[1] + h);
+      sg = hmm_small_rescale(sg, su2);
+      sr = hmm_small_rescale(sr, sv2);
     }
     const int64_t t = len - 1 - i;
-    const double sg = hmm_small_pow2(g);
-    u.forward(hmm_small_load(E + K * i) * hmm_splat(sg));
-    v.backward(hmm_small_load(E + K * (t + 1)) * hmm_splat(hmm_small_pow2(h)));
+    u.forward(hmm_small_load(E + K * i) * sg);
+    v.backward(hmm_small_load(E + K * (t + 1)) * sr);
     u.store(R[i].u);
     v.store(R[t].v);
-    R[i].sigma = sg;
-    const double su = u.sum();
-    R[i].s = su;
-    eu[1] = eu[0];
-    eu[0] = hmm_small_exponent(su);
-    ev[1] = ev[0];
-    ev[0] = hmm_small_exponent(v.backward_sum());
-    const int64_t l = eu[0] < ev[0] ? eu[0] : ev[0];
-    lowest = l < lowest ? l : lowest;
+    R[i].sigma = sg[0];
+    su2 = su;
+    sv2 = sv;
+    su = hmm_small_sum_all<K>(u.x);
+    sv = v.backward_sum();
+    R[i].s = su[0];
+    lowest = hmm_min4(lowest, hmm_min4(su, sv));
   };
   // frame t's outputs (u_t . v_t, finite and >= 0, within 2^-400..2^400, else the last check fails)
-  double zmin = 0x1p400, zmax = 0x1p-400;
+  hmm_v4d zmin = hmm_splat(0x1p400), zmax = hmm_splat(0x1p-400);
   hmm_v4d Ur[4] = {};
   auto output = [&](int64_t t) {
     const int64_t tb = t * B + b;
     const HmmSmallFrame& f = R[t];
-    const hmm_v4d ut = hmm_small_load(f.u), vt = hmm_small_load(f.v), ab = ut * vt;
-    const double s = f.s, z = hmm_small_sum<K>(ab);
-    zmin = z < zmin ? z : zmin;
-    zmax = z > zmax ? z : zmax;
+    const hmm_v4d ut = hmm_small_load(f.u), vt = hmm_small_load(f.v), ab = ut * vt, zs = hmm_small_sum_all<K>(ab);
+    const double s = f.s, z = zs[0];
+    zmin = hmm_min4(zs, zmin);
+    zmax = hmm_max4(zs, zmax);
     const double r = 1.0 / (s * z), rz = s * r;
     hmm_small_store<K>(gamma + tb * K, ab * rz);
     if (st.filter_read) {
@@ -294,7 +351,7 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     if (2 * i != len - 1) output(len - 1 - i);
   }
   if (len == 1) output(0);
-  if (!(zmin >= 0x1p-400 && zmax <= 0x1p400) || lowest < -200) return false;
+  if (!(zmin[0] >= 0x1p-400 && zmax[0] <= 0x1p400) || !(lowest[0] >= 0x1p-200)) return false;
   for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, Ur[k]);
   return true;
 }
@@ -596,6 +653,31 @@ static void hmm_posteriors_values_fw(int n_inputs, Ndarray** inputs, int n_outpu
   double* mem = hmm_kept_doubles<0>(scratch, TB * (K + 2) + Ndarray_DIMS(inputs[0])[1]);
   const HmmPostState st = {mem, mem + TB * K, mem + TB * (K + 1), mem + TB * (K + 2), false};
   hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
+}
+
+DEF_KERNEL void hmm_post_fill(Float* x, int64_t n, Float value) {
+  GRID_LOOP(i, n) x[i] = value;
+}
+
+// HmmPosteriorsDefaultsOp: HmmPosteriorsValuesOp on log_emissions (T,B,K), log_transitions, log_initial with the
+// defaults log_final = 0 (K) and mask = 1 (T,B), made here (contiguous, like the inputs they stand for).
+static void hmm_posteriors_defaults_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 3);
+  const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
+  ptn::Scratch scratch;
+  Float* mem = scratch.get<Float>(K + T * B);
+  start_dev_kernel(hmm_post_fill, (mem, K, (Float)0.0));
+  start_dev_kernel(hmm_post_fill, (mem + K, T * B, (Float)1.0));
+  Ndarray lf = *inputs[2], mask = *inputs[0];
+  lf.data = mem;
+  lf.dims[0] = K;
+  lf.strides[0] = sizeof(Float);
+  mask.data = mem + K;
+  mask.ndim = 2;
+  mask.strides[1] = sizeof(Float);
+  mask.strides[0] = B * (int64_t)sizeof(Float);
+  Ndarray* all[5] = {inputs[0], inputs[1], inputs[2], &lf, &mask};
+  hmm_posteriors_values_fw(5, all, n_outputs, outputs);
 }
 
 // ---------------------------------------------------------------- gradient

@@ -69,10 +69,11 @@ def driver_source(variant: Variant, inplace: tuple[int, ...] = (), tuple_return:
             dims = [str(s) if isinstance(s, int) else f"i{s[0]}.shape[{s[1]}]" for s in shape]
             run.append(f"    o{k} = np.empty(({''.join(d + ', ' for d in dims)}), dtype=np.{dtype})")  # zeroed by ext
     n = len(arrays)
-    run += [
-        f"    data = np.zeros({n}, dtype=np.int64)",
-        f"    shapes = np.zeros({n * MAX_NDIM}, dtype=np.int64)",
-        f"    strides = np.zeros({n * MAX_NDIM}, dtype=np.int64)",
+    run += [  # one block (one allocation) for the three arrays of the entry point
+        f"    block = np.zeros({n + 2 * n * MAX_NDIM}, dtype=np.int64)",
+        f"    data = block[:{n}]",
+        f"    shapes = block[{n}:{n + n * MAX_NDIM}]",
+        f"    strides = block[{n + n * MAX_NDIM}:]",
     ]
     for j, (a, ndim) in enumerate(zip(arrays, plan.ndims)):
         run.append(f"    data[{j}] = {a}.ctypes.data")

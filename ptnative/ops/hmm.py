@@ -102,13 +102,64 @@ class HmmPosteriorsValuesOp(NativeOpGenBase):
     op_class = _PosteriorsValuesOp
 
 
+class _PosteriorsDefaultsOp(NativeOp):
+    """HmmPosteriorsDefaultsOp's Op: its gradient is HmmPosteriorsValuesOp's on the same inputs with the default
+    ``log_final`` (zeros) and ``mask`` (ones)."""
+
+    def pullback(self, inputs, outputs, cotangents):
+        log_emissions, log_transitions, log_initial = inputs
+        full = _model("hmm_posteriors", log_emissions, log_transitions, log_initial, None, None)
+        values = HmmPosteriorsValuesOp.make_op(device=self.device, float_dtypes=self.float_dtypes)
+        node = values.make_node(*full)
+        return values.pullback(list(full), node.outputs, cotangents)[:3]
+
+
+class HmmPosteriorsDefaultsOp(NativeOpGenBase):
+    """:class:`HmmPosteriorsValuesOp` with ``log_final`` and ``mask`` at their defaults (no final weighting, every
+    frame valid), made in the kernel: the compiled graph then holds no node building those two arrays per call.
+
+    Inputs ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,); outputs as
+    :class:`HmmPosteriorsValuesOp`'s.  Not built by users: the rewrite ``_posteriors_without_hidden_outputs`` puts
+    it where :func:`hmm_posteriors` was called without ``log_final`` and ``mask`` and no gradient is taken.  Its
+    gradient is :class:`HmmPosteriorsOp`'s on the five inputs.
+    """
+
+    in_info = _hmm_inputs(False)[:3]
+    out_info = HmmPosteriorsOp.out_info[:2]
+    c_extra_support_code = _support("posteriors")
+    c_fw_code = "hmm_posteriors_defaults_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _PosteriorsDefaultsOp
+
+
+def _is_filled(fgraph, x, value, like):
+    """Whether ``x`` is ``Alloc(value, ...)`` whose shape the graph's shape feature knows to be that of ``like``
+    (``like``: [(variable, dim), ...], one per dimension of ``x``)."""
+    if x.owner is None or not isinstance(x.owner.op, pt.basic.Alloc) or x.ndim != len(like):
+        return False
+    try:
+        filled = pt.get_underlying_scalar_constant_value(x.owner.inputs[0])
+    except pt.exceptions.NotScalarConstantError:
+        return False
+    feature = getattr(fgraph, "shape_feature", None)
+    if filled != value or feature is None:
+        return False
+    return all(feature.same_shape(x, y, d, dy) for d, (y, dy) in enumerate(like))
+
+
 @node_rewriter([NativeOp])
 def _posteriors_without_hidden_outputs(fgraph, node):
     """An :class:`HmmPosteriorsOp` node none of whose hidden outputs is used (no gradient is taken) becomes an
-    :class:`HmmPosteriorsValuesOp` node on the same inputs."""
+    :class:`HmmPosteriorsValuesOp` node on the same inputs, or an :class:`HmmPosteriorsDefaultsOp` node where
+    ``log_final`` is zeros of ``log_initial``'s shape and ``mask`` ones of the emissions' (T, B) (the defaults)."""
     if node.op.name != HmmPosteriorsOp.__name__ or any(fgraph.clients.get(out) for out in node.outputs[2:]):
         return None
-    values = HmmPosteriorsValuesOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
+    le, _, lpi, lf, mask = node.inputs
+    spec = HmmPosteriorsValuesOp
+    if _is_filled(fgraph, lf, 0, [(lpi, 0)]) and _is_filled(fgraph, mask, 1, [(le, 0), (le, 1)]):
+        spec = HmmPosteriorsDefaultsOp
+    op = spec.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)
+    values = op(*node.inputs[:len(spec.in_info)])
     return dict(zip(node.outputs[:2], values))
 
 
@@ -264,5 +315,5 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
 for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
-__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_viterbi",
-           "hmm_posteriors", "hmm_sample_states"]
+__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp", "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp",
+           "HmmVaryingLikelihoodOp", "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]
