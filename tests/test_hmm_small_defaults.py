@@ -129,3 +129,35 @@ def test_defaults_op_differentiates_like_hmm_posteriors():
         for got, want in zip(f_after(le, lA, lpi), f_before(le, lA, lpi)):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
             assert np.abs(want).max() > 0
+
+
+def test_defaults_op_in_jax_mode():
+    """PyTensor's JAX mode runs HmmPosteriorsDefaultsOp too (ptnative's JAX backend): the same numbers as the
+    default mode, and jax.grad of the jaxified graph equals pytensor.grad of the original one."""
+    pytest.importorskip("jax")
+    import jax
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    from ptnative.backends.jax import register
+
+    register()
+    xs = three("float64")
+    gamma, xi = hmm.hmm_posteriors(*xs)
+    f_jax = pytensor.function(xs, [gamma, xi], mode="JAX")
+    assert names(f_jax) == ["HmmPosteriorsDefaultsOp"]
+    f = pytensor.function(xs, [gamma, xi])
+    rng = np.random.default_rng(414)
+    le, lA, lpi, _ = model(rng, 20, 3, 3, 2.0)
+    for got, want in zip(f_jax(le, lA, lpi), f(le, lA, lpi)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-14)
+    fgraph = FunctionGraph(inputs=list(xs), outputs=[gamma, xi], clone=True)
+    get_mode("JAX").optimizer.rewrite(fgraph)
+    assert [getattr(n.op, "name", None) for n in fgraph.toposort()] == ["HmmPosteriorsDefaultsOp"]
+    jaxified = jax_funcify(fgraph)
+    got = jax.grad(lambda *a: (jaxified(*a)[0][:, :, 0] ** 2).sum() + (jaxified(*a)[1] ** 2).sum(),
+                   argnums=(0, 1, 2))(le, lA, lpi)
+    want = pytensor.function(xs, pytensor.grad((gamma[:, :, 0] ** 2).sum() + (xi**2).sum(), xs),
+                             mode="FAST_COMPILE")(le, lA, lpi)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-9, atol=1e-12)
+        assert np.abs(w).max() > 0
