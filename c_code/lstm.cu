@@ -253,7 +253,7 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   // [DW_in; DW] += P^T . DX over all frames (DW_in, DW start at 0), the columns split over the parts: each element is
   // the same sum whatever the thread count.
   lstm_weight_grad(P, ld, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g, layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr,
-                   n_in, Ndarray_DEV_DATA(DW), parts, scratch.get<Float>(lstm_weight_grad_work(ld, g, parts)));
+                   n_in, Ndarray_DEV_DATA(DW), parts, LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data());
 #endif
   HANDLE_LAST_ERROR();
 }

@@ -238,16 +238,18 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
                       data_ptr(DC, t) + at, dh + at, dc + at, gp + f, nullptr, nr, n_cells);
       lstm_add_rows(gp + f, nr, g, db_parts.data() + p * g);
       lstm_packed_gemm(gp + f, g, packed_WhT, dh + at, n_cells, nr, nullptr, true);  // dL/dY[t_prev] = G . W_h^T
-      lstm_packed_gemm(gp + f, g, packed_WxT, data_ptr(DX, t) + r0 * n_in, n_in, nr, nullptr, true);  // G . W_x^T
     }
+    // dL/dX[t] = G . W_x^T for all the chunk's frames at once (per frame, W_x^T and W_h^T together did not stay in L2)
+    lstm_packed_gemm_blocks(gp, packed_WxT, data_ptr(DX, fr.at(ch.k0)) + r0 * n_in,
+                            LstmRowBlocks{nr, ch.k1 - ch.k0, g, nr * g, n_in, fr.step * n_batch * n_in}, nullptr, true);
   };
   // The weight gradient: where the parts' own matrices take no more than the chunk buffers, each part adds its rows'
   // [X | Yp]^T . G of every chunk into its own (part 0 into DW), and they are added in part order after the one join
   // (the threads never wait between chunks; the same result for a given thread count); else after each chunk's join
   // one product over the chunk's rows, its columns split over the threads.
   if ((parts - 1) * ld * g <= chunk_rows * (ld + 2 * g)) {
-    Float* dw_parts = scratch.get<Float>((parts - 1) * ld * g);
-    Float* work = scratch.get<Float>(parts * lstm_gemm_tn_work(ld, g));
+    LstmBuffer dw_buffer((parts - 1) * ld * g), work_buffer(parts * lstm_gemm_tn_work(ld, g));
+    Float *dw_parts = dw_buffer.data(), *work = work_buffer.data();
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
       Float *pp = P + per_chunk * r0 * ld, *hp = H + per_chunk * r0 * g, *gp = G + per_chunk * r0 * g;
       Float* dw = p == 0 ? DWd : dw_parts + (p - 1) * ld * g;
@@ -262,7 +264,8 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     for (int p = 1; p < parts; ++p)
       for (int64_t e = 0; e < ld * g; ++e) DWd[e] += dw_parts[(p - 1) * ld * g + e];
   } else {
-    Float* work = scratch.get<Float>(lstm_weight_grad_work(ld, g, parts));
+    LstmBuffer work_buffer(lstm_weight_grad_work(ld, g, parts));
+    Float* work = work_buffer.data();
     for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
       LowmemChunk ch = lowmem_chunk(call, k0);
       lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {

@@ -21,26 +21,105 @@ constexpr int LSTM_MR = 8;  // rows per register tile: 16 accumulators of the 32
 constexpr int LSTM_MR = 6;  // rows per register tile: 12 accumulators of the 16 vector registers
 #endif
 
+// Buffers whose size depends on the weights only (the packed weights, the weight gradients' packing space) are kept
+// by the thread that took them for its next call (up to LSTM_POOL_KEEP_BYTES together, per kernel library): fresh
+// memory costs a page fault per 4 KB page on first touch, which on the 2-core VM (~0.4 ms per MB) took longer than
+// packing the weights, on the caller's thread before the row parts start.
+constexpr size_t LSTM_POOL_KEEP_BYTES = size_t(16) << 20;
+
+struct LstmPool {
+  std::vector<std::vector<Float>> free;  // kept buffers (their capacity; content unspecified)
+  size_t bytes = 0;                      // their capacity in bytes
+};
+static thread_local LstmPool lstm_pool;
+
+// A vector of n values (content unspecified): the smallest kept one that holds n, else the largest one, grown.
+static std::vector<Float> lstm_pool_take(size_t n) {
+  auto& pool = lstm_pool;
+  std::vector<Float> v;
+  if (n > 0 && !pool.free.empty()) {
+    size_t best = 0;
+    for (size_t i = 1; i < pool.free.size(); ++i) {
+      const size_t ci = pool.free[i].capacity(), cb = pool.free[best].capacity();
+      if (ci >= n ? (cb < n || ci < cb) : (cb < n && ci > cb)) best = i;
+    }
+    v = std::move(pool.free[best]);
+    pool.free.erase(pool.free.begin() + best);
+    pool.bytes -= v.capacity() * sizeof(Float);
+  }
+  v.resize(n);
+  return v;
+}
+
+// Keeps v's memory for the thread's next lstm_pool_take, if the pool has room; else v frees it.
+static void lstm_pool_give(std::vector<Float>&& v) {
+  auto& pool = lstm_pool;
+  const size_t bytes = v.capacity() * sizeof(Float);
+  if (bytes == 0 || pool.bytes + bytes > LSTM_POOL_KEEP_BYTES) return;
+  pool.bytes += bytes;
+  pool.free.push_back(std::move(v));
+}
+
+// n values from the pool (content unspecified), given back when the object goes.
+class LstmBuffer {
+ public:
+  LstmBuffer() = default;
+  explicit LstmBuffer(size_t n) : v_(lstm_pool_take(n)) {}
+  LstmBuffer(const LstmBuffer&) = delete;
+  LstmBuffer(LstmBuffer&& o) noexcept : v_(std::move(o.v_)) { o.v_.clear(); }
+  LstmBuffer& operator=(LstmBuffer&& o) noexcept {
+    if (this != &o) {
+      lstm_pool_give(std::move(v_));
+      v_ = std::move(o.v_);
+      o.v_.clear();
+    }
+    return *this;
+  }
+  ~LstmBuffer() { lstm_pool_give(std::move(v_)); }
+  Float* data() { return v_.data(); }
+  const Float* data() const { return v_.data(); }
+
+ private:
+  std::vector<Float> v_;
+};
+
 struct LstmPacked {
-  std::vector<Float> data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
+  LstmBuffer data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
   int64_t k = 0, n = 0;
 };
 
-// op(B) is (k x n): B itself (row-major k x n) or, with `trans`, the transpose of row-major B (n x k).
+// op(B) is (k x n): B itself (row-major k x n) or, with `trans`, the transpose of row-major B (n x k).  A whole
+// panel's rows are copied as blocks (row-major B) or transposed 16 k-rows at a time, so that the block being written
+// (16 rows of the panel, 2 KB in float32) and the 16-value pieces read from NR rows of B stay in the L1 cache.
 static LstmPacked lstm_pack(const Float* B, bool trans, int64_t k, int64_t n) {
   LstmPacked P;
   P.k = k;
   P.n = n;
-  int64_t panels = (n + LSTM_NR - 1) / LSTM_NR;
-  P.data.assign(panels * k * LSTM_NR, Float(0));
-  for (int64_t p = 0; p < panels; ++p)
-    for (int64_t kk = 0; kk < k; ++kk) {
-      Float* out = P.data.data() + (p * k + kk) * LSTM_NR;
-      for (int64_t c = 0; c < LSTM_NR && p * LSTM_NR + c < n; ++c) {
-        int64_t col = p * LSTM_NR + c;
-        out[c] = trans ? B[col * k + kk] : B[kk * n + col];
+  const int64_t panels = (n + LSTM_NR - 1) / LSTM_NR;
+  P.data = LstmBuffer(panels * k * LSTM_NR);  // every value is written below
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t c0 = p * LSTM_NR, nc = std::min<int64_t>(LSTM_NR, n - c0);
+    Float* panel = P.data.data() + p * k * LSTM_NR;
+    if (!trans) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        memcpy(panel + kk * LSTM_NR, B + kk * n + c0, nc * sizeof(Float));
+        std::fill(panel + kk * LSTM_NR + nc, panel + (kk + 1) * LSTM_NR, Float(0));
+      }
+      continue;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += 16) {
+      const int64_t kn = std::min<int64_t>(16, k - k0);
+      for (int64_t c = 0; c < LSTM_NR; ++c) {
+        Float* out = panel + k0 * LSTM_NR + c;
+        if (c >= nc) {
+          for (int64_t kk = 0; kk < kn; ++kk) out[kk * LSTM_NR] = Float(0);
+          continue;
+        }
+        const Float* src = B + (c0 + c) * k + k0;
+        for (int64_t kk = 0; kk < kn; ++kk) out[kk * LSTM_NR] = src[kk];
       }
     }
+  }
   return P;
 }
 
@@ -62,6 +141,11 @@ template <int MR>
 static inline void lstm_tile(int64_t k, const Float* A, int64_t ars, int64_t aks, const Float* __restrict__ panel,
                              Float* C, int64_t ldc, int64_t nc, const Float* bias, bool overwrite) {
   lstm_vec acc[MR][2];
+  if (!overwrite)  // C's lines are read after the k loop: fetched during it (LstmLowMem's step took 7% less CPU time)
+    for (int r = 0; r < MR; ++r) {
+      __builtin_prefetch(C + r * ldc, 1);
+      __builtin_prefetch(C + r * ldc + LSTM_VL, 1);
+    }
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = lstm_vec{};
   for (int64_t kk = 0; kk < k; ++kk, A += aks) {
     lstm_vec b0 = lstm_load(panel + kk * LSTM_NR), b1 = lstm_load(panel + kk * LSTM_NR + LSTM_VL);

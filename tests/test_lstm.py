@@ -57,11 +57,10 @@ def test_forward_and_gradients_against_reference(mode, dtype):
         np.testing.assert_allclose(g, r, rtol=rtol * 10, atol=atol * 10, err_msg=name)
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_multithreaded_cpu_path_against_reference(monkeypatch, threads, dtype):
-    """A size that takes the packed-GEMM, row-split CPU path (batch not a multiple of the register tile)."""
-    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+def test_multithreaded_cpu_path_against_reference(monkeypatch, dtype):
+    """A size that takes the packed-GEMM, row-split CPU path (batch not a multiple of the register tile), on 1 and 3
+    threads: one compiled function, the kernel reads PTNATIVE_NUM_THREADS at each call."""
     T, B, n = 16, 41, 64  # >= 4e6 multiply-adds in the recurrent products
     values = lstm_data(T, B, n, dtype, seed=3)
     values[1] = values[1] * np.asarray(0.5, dtype)
@@ -70,11 +69,15 @@ def test_multithreaded_cpu_path_against_reference(monkeypatch, threads, dtype):
     Z, V_h, c, i = symbolic(dtype)
     Y, H, d = LstmGenericBase.make_op()(Z, V_h, c, i)
     grads = pytensor.grad((Y * DY).sum() + (d * Dd).sum(), [Z, V_h, c])
-    got = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads])(*values)
+    f = pytensor.function([Z, V_h, c, i], [Y, H, d, *grads])
     ref = lstm_generic_forward(*values) + lstm_generic_backward(*values, DY, Dd)
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
-    for name, g, r in zip(["Y", "H", "d", "DZ", "DV_h", "Dc"], got, ref):
-        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol * max(1.0, np.abs(r).max()), err_msg=name)
+    for threads in ("1", "3"):
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+        got = f(*values)
+        for name, g, r in zip(["Y", "H", "d", "DZ", "DV_h", "Dc"], got, ref):
+            np.testing.assert_allclose(g, r, rtol=rtol, atol=atol * max(1.0, np.abs(r).max()),
+                                       err_msg=f"{name}, {threads} thread(s)")
 
 
 def test_verify_grad_float64():
@@ -297,13 +300,12 @@ def native_lstm2_graph(X, W, y0, c0, i, start, step):
     return pt.stack(Y), pt.stack(C), c_prev
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])  # 2: on OpenBLAS's pool on a 2-core machine; 3: own threads
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
-def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step):
+def test_native_lstm2_multithreaded_cpu_path(monkeypatch, dtype, start, step):
     """A size that takes the packed-GEMM, row-split CPU path (batch not a multiple of the register tile,
-    odd thread counts, ragged mask) against the recurrence unrolled in PyTensor and differentiated by it."""
-    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    1, 2 and 3 threads, ragged mask) against the recurrence unrolled in PyTensor and differentiated by it: one
+    compiled function, the kernel reads PTNATIVE_NUM_THREADS at each call."""
     T, B, n = 16, 41, 64  # >= 4e6 multiply-adds over the visited frames: the threaded path
     rng = np.random.default_rng(5)
     vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.2, rng.normal(size=(B, n)),
@@ -311,10 +313,13 @@ def test_native_lstm2_multithreaded_cpu_path(monkeypatch, threads, dtype, start,
     syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
     Y, C, _, d = NativeLstm2.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
     f = with_reference_gradients((Y, C, d), native_lstm2_graph(*syms, start, step), syms, syms[:4], dtype)
-    res = f(*[np.asarray(v, dtype=dtype) for v in vals])
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
-    for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()), err_msg=name)
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+        res = f(*[np.asarray(v, dtype=dtype) for v in vals])
+        for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()),
+                                       err_msg=f"{name}, {threads} thread(s)")
 
 
 def test_native_lstm2_concurrent_calls(monkeypatch):
@@ -403,18 +408,17 @@ def lowmem_graph(X, W, b, y0, c0, i, start, step):
     return pt.stack(Y), pt.stack(C), c_prev
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])  # 2: on OpenBLAS's pool on a 2-core machine; 3: own threads
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
 @pytest.mark.parametrize("size", [(24, 100, 20, 36), (3, 12, 40, 200)], ids=["chunks", "wide"])
-def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step, size):
+def test_lowmem_multithreaded_cpu_path(monkeypatch, dtype, start, step, size):
     """Sizes that take LstmLowMem's row-split CPU path (>= 4e6 multiply-adds): "chunks" with several chunks of frames
     (2 or 3 here; 768 // 100 = 7 frames per chunk at most; each thread sums its own weight gradient over all chunks),
     "wide" with weights larger than the chunk buffers (the weight gradient after each chunk, split by columns); batch
     not a multiple of the register tile, n_in and 4n not multiples of the packed panels, ragged mask with a hole;
     against the recurrence unrolled in PyTensor and differentiated by it; the same bits on a second call.  (More
-    than ~30 frames would break FAST_COMPILE's sums of the per-frame gradient terms: numpy ufuncs take 32 operands.)"""
-    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    than ~30 frames would break FAST_COMPILE's sums of the per-frame gradient terms: numpy ufuncs take 32 operands.)
+    1, 2 and 3 threads with one compiled function: the kernel reads PTNATIVE_NUM_THREADS at each call."""
     T, B, n_in, n = size
     dat = lowmem_data(T, B, n_in, n, seed=11)
     dat["W"] *= 0.4
@@ -423,12 +427,16 @@ def test_lowmem_multithreaded_cpu_path(monkeypatch, threads, dtype, start, step,
     Y, C, d = LstmLowMem.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
     f = with_reference_gradients((Y, C, d), lowmem_graph(*syms, start, step), syms, syms[:5], dtype)
     args = [np.asarray(v, dtype=dtype) for v in vals]
-    res = f(*args)
     rtol, atol = (5e-4, 5e-4) if dtype == "float32" else (1e-10, 1e-10)
-    for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"], res[:8], res[8:]):
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()), err_msg=name)
-    for name, got, again in zip(["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"], res[:8], f(*args)[:8]):
-        np.testing.assert_array_equal(got, again, err_msg=name)
+    names = ["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"]
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+        res = f(*args)
+        for name, got, ref in zip(names, res[:8], res[8:]):
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()),
+                                       err_msg=f"{name}, {threads} thread(s)")
+        for name, got, again in zip(names, res[:8], f(*args)[:8]):
+            np.testing.assert_array_equal(got, again, err_msg=f"{name}, {threads} thread(s)")
 
 
 def test_lowmem_step_back_rule_and_no_frames():
