@@ -241,32 +241,33 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   const hmm_v4d inf = hmm_splat(INFINITY), minf = hmm_splat(-INFINITY);
   const hmm_v4l first_k = hmm_v4l{0, 1, 2, 3} < K;
   hmm_v4l ok = hmm_v4l{} == 0;
-  // E_t = exp(log e_t - max(M_t, lowest double)), K a frame.  B = 1: eight frames at a time, by state (their
-  // entries in a row).  The other frames: the exponents (four lanes stored, the next frame's store overwriting
-  // those past K), then their exps in one vectorised loop; the emissions read four lanes at a time where the array
-  // has them.
-  int64_t t8 = 0;  // frames [0, t8) by eights
-  if (B == 1) {
-    hmm_v8l ok8 = hmm_v8l{} == 0;
+  // E_t = exp(log e_t - max(M_t, lowest double)), K a frame.  B = 1: blocks of eight frames, by state (their
+  // entries in a row), block(j) for frames 8 j .. 8 j + 7 < t8; for K < 4 beside the chains' first half (blocks
+  // lo .. hi - 1 are still to do, taken from both ends ahead of the chains: two from each end before them), so
+  // that their work fills the chains' latency shadow.  The other frames: the exponents (four lanes stored, the
+  // next frame's store overwriting those past K), then their exps in one vectorised loop; the emissions read four
+  // lanes at a time where the array has them.  A NaN or +inf log-emission fails the check after the chains (their
+  // values then are NaN and overwritten).
+  const int64_t t8 = B == 1 ? len & ~(int64_t)7 : 0;
+  int64_t lo = 0, hi = t8 / 8;
+  hmm_v8l ok8 = hmm_v8l{} == 0;
+  // inlined with everything it calls: a call beside the chains would move their vectors through memory
+  auto block = [&](int64_t j) __attribute__((always_inline, flatten)) {
     const hmm_v8d inf8 = hmm_bc8(INFINITY), low8 = hmm_bc8(-0x1.fffffffffffffp1023);
-    for (; t8 + 8 <= len; t8 += 8) {
-      hmm_v8d X[K], L[K];
-      for (int j = 0; j < K; ++j) X[j] = hmm_load8(p.le + (t8 + b) * K + 8 * j);
-      hmm_small_by_state<K>(X, L);
-      hmm_v8d M = L[0];
-      for (int k = 0; k < K; ++k) {
-        ok8 &= L[k] < inf8;
-        M = L[k] > M ? L[k] : M;
-      }
-      if (st.filter_read) memcpy(st.m + t8 + b, &M, sizeof(M));
-      M = M > low8 ? M : low8;
-      for (int k = 0; k < K; ++k) L[k] = hmm_exp8(L[k] - M);
-      hmm_small_by_frame<K>(L, X);
-      memcpy(E + K * t8, X, sizeof(X));
+    hmm_v8d X[K], L[K];
+    for (int i = 0; i < K; ++i) X[i] = hmm_load8(p.le + (8 * j + b) * K + 8 * i);
+    hmm_small_by_state<K>(X, L);
+    hmm_v8d M = L[0];
+    for (int k = 0; k < K; ++k) {
+      ok8 &= L[k] < inf8;
+      M = L[k] > M ? L[k] : M;
     }
-    for (int l = 0; l < 8; ++l)
-      if (!ok8[l]) return false;
-  }
+    if (st.filter_read) memcpy(st.m + 8 * j + b, &M, sizeof(M));
+    M = M > low8 ? M : low8;
+    for (int k = 0; k < K; ++k) L[k] = hmm_exp8(L[k] - M);
+    hmm_small_by_frame<K>(L, X);
+    memcpy(E + 8 * K * j, X, sizeof(X));
+  };
   const int64_t last_full = p.T * B * K - 4;
   for (int64_t t = t8; t < len; ++t) {
     const int64_t tb = t * B + b;
@@ -295,6 +296,11 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     memcpy(E + n8, &x, (n - n8) * sizeof(double));
   }
   if (K < 4) E[n] = 0.0;  // read by the last frame's four lanes
+  const int64_t ahead = K < 4 ? 2 : hi;  // blocks from each end before the chains (K = 4: all; beside, slower)
+  for (int64_t q = 0; q < ahead && lo < hi; ++q) {
+    block(lo++);
+    if (lo < hi) block(--hi);
+  }
   // the two chains: forward frame i, backward frame len - 1 - i
   HmmSmallChain<K> u(p, hmm_lanes<K>(p.pi) * hmm_small_load(E)), v(p, hmm_lanes<K>(p.f));
   u.store(R[0].u);
@@ -304,7 +310,7 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   R[0].s = su[0];
   hmm_v4d lowest = hmm_min4(su, sv);  // of the sums s_t and sum v_t
   hmm_v4d sg = hmm_small_rescale(hmm_splat(1.0), su), sr = hmm_small_rescale(hmm_splat(1.0), sv);  // sigma_1, rho_1
-  auto step = [&](int64_t i) {
+  auto step = [&](int64_t i) __attribute__((always_inline)) {
     if (i > 1) {
       sg = hmm_small_rescale(sg, su2);
       sr = hmm_small_rescale(sr, sv2);
@@ -344,7 +350,11 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     for (int k = 0; k < K; ++k) Ur[k] += hmm_splat(up[k]) * w;
   };
   int64_t i = 1;
-  for (; 2 * i < len - 1; ++i) step(i);
+  for (; 2 * i < len - 1; ++i) {
+    if (lo < hi && (i & 3) == 0) block((i & 4) ? --hi : lo++);
+    step(i);
+  }
+  while (lo < hi) block(lo++);
   for (; i < len; ++i) {  // frames i and len - 1 - i are ready
     step(i);
     output(i);
@@ -352,6 +362,8 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   }
   if (len == 1) output(0);
   if (!(zmin[0] >= 0x1p-400 && zmax[0] <= 0x1p400) || !(lowest[0] >= 0x1p-200)) return false;
+  for (int l = 0; l < 8; ++l)
+    if (!ok8[l]) return false;
   for (int k = 0; k < K; ++k) hmm_store_lanes<K>(xi + k * K, Ur[k]);
   return true;
 }
@@ -659,20 +671,39 @@ DEF_KERNEL void hmm_post_fill(Float* x, int64_t n, Float value) {
   GRID_LOOP(i, n) x[i] = value;
 }
 
+// n copies of value.  On the CPU in the library's memory (slot Slot of hmm_kept_doubles, which nothing else
+// writes), filled only where the calling thread's previous call did not leave them (a T = 500 mask: 0.15 us a call).
+template <int Slot>
+static Float* hmm_post_filled(ptn::Scratch& scratch, int64_t n, Float value) {
+#if !CUDA
+  thread_local const Float* at = nullptr;  // the memory the last call filled, and how much of it
+  thread_local int64_t count = 0;
+  const int64_t n_doubles = (n * (int64_t)sizeof(Float) + 7) / 8;
+  Float* x = (Float*)hmm_kept_doubles<Slot>(scratch, n_doubles);
+  if (x == at && n <= count) return x;
+  start_dev_kernel(hmm_post_fill, (x, n, value));
+  const bool kept = n_doubles <= HMM_KEEP_DOUBLES;  // else per-call scratch, never reused
+  at = kept ? x : nullptr;
+  count = kept ? n : 0;
+  return x;
+#else
+  Float* x = scratch.get<Float>(n);
+  start_dev_kernel(hmm_post_fill, (x, n, value));
+  return x;
+#endif
+}
+
 // HmmPosteriorsDefaultsOp: HmmPosteriorsValuesOp on log_emissions (T,B,K), log_transitions, log_initial with the
 // defaults log_final = 0 (K) and mask = 1 (T,B), made here (contiguous, like the inputs they stand for).
 static void hmm_posteriors_defaults_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 3);
   const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
   ptn::Scratch scratch;
-  Float* mem = scratch.get<Float>(K + T * B);
-  start_dev_kernel(hmm_post_fill, (mem, K, (Float)0.0));
-  start_dev_kernel(hmm_post_fill, (mem + K, T * B, (Float)1.0));
   Ndarray lf = *inputs[2], mask = *inputs[0];
-  lf.data = mem;
+  lf.data = hmm_post_filled<2>(scratch, K, (Float)0.0);
   lf.dims[0] = K;
   lf.strides[0] = sizeof(Float);
-  mask.data = mem + K;
+  mask.data = hmm_post_filled<3>(scratch, T * B, (Float)1.0);
   mask.ndim = 2;
   mask.strides[1] = sizeof(Float);
   mask.strides[0] = B * (int64_t)sizeof(Float);
