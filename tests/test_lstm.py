@@ -670,6 +670,40 @@ def test_lstm_layer_helper(impl, direction):
         np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("impl", ["native2", "lowmem"])
+def test_lstm_layer_reused_buffers_across_sizes(monkeypatch, impl):
+    """The CPU kernels keep their weight-sized buffers (packed weights, packing space) for the calling thread's next
+    call (docs/lstm.md, "Memory kept between calls"): layers of two sizes called in turn, larger and smaller ones
+    taking each other's buffers, give bit for bit what a fresh thread (whose pool is empty) gives."""
+    import threading
+
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", "2")
+    fns, args = [], []
+    for T, B, n_in, n, seed in [(16, 41, 40, 64, 1), (12, 30, 20, 36, 2)]:  # both take the row-split path
+        rng = np.random.default_rng(seed)
+        vals = [rng.normal(size=(T, B, n_in)), rng.normal(size=(n_in, 4 * n)) * 0.2, rng.normal(size=(n, 4 * n)) * 0.2,
+                rng.normal(size=(4 * n,)), holey_mask(T, B, rng)]
+        vals = [np.asarray(v, dtype="float32") for v in vals]
+        syms = [sym_like(f"in{k}", v, "float32") for k, v in enumerate(vals)]
+        outs = lstm(*syms[:4], mask=syms[4], impl=impl)
+        grads = pytensor.grad(sum((o * (k + 1)).sum() for k, o in enumerate(outs)), syms[:4])
+        fns.append(pytensor.function(syms, [*outs, *grads]))
+        args.append(vals)
+    fresh = [None, None]
+
+    def in_fresh_thread(k):
+        fresh[k] = fns[k](*args[k])
+
+    for k in (0, 1):
+        t = threading.Thread(target=in_fresh_thread, args=(k,))
+        t.start()
+        t.join()
+    for k in (0, 1, 0, 1, 1, 0):
+        for name, got, want in zip(["Y", "final_c", "final_y", "dx", "dW_in", "dW_rec", "db"], fns[k](*args[k]),
+                                   fresh[k]):
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}, size {k}")
+
+
 def test_lstm_layer_helper_defaults_and_errors():
     x = pt.tensor3("x", dtype="float32")
     W_in, W_rec, b = pt.matrix(dtype="float32"), pt.matrix(dtype="float32"), pt.vector(dtype="float32")
