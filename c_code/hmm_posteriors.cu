@@ -338,10 +338,10 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     const double s = f.s, z = zs[0];
     zmin = hmm_min4(zs, zmin);
     zmax = hmm_max4(zs, zmax);
-    const double r = 1.0 / (s * z), rz = s * r;
+    const double rz = 1.0 / z;
     hmm_small_store<K>(gamma + tb * K, ab * rz);
     if (st.filter_read) {
-      hmm_small_store<K>(st.alpha + tb * K, ut * (z * r));
+      hmm_small_store<K>(st.alpha + tb * K, ut * (1.0 / s));
       st.c[tb] = t == 0 ? s : s * (1.0 / f.sigma) / R[t - 1].s;
     }
     if (t == 0) return;
