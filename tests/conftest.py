@@ -1,6 +1,8 @@
 """Shared test helpers: the modes every op must agree in, and the infer_shape check."""
 
 import dataclasses
+import functools
+import inspect
 import os
 import tempfile
 
@@ -33,6 +35,29 @@ LONGEST_FIRST = ["test_jax_scaling.py", "test_fuzz.py", "test_lstm.py", "test_ja
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
+def compiled_once(build):
+    """Decorator of a test helper that builds and compiles a graph: the compiled function is made once per process
+    for each set of arguments and shared by the tests that ask for the same one (in the default mode every
+    ``pytensor.function`` is a Numba compilation of the graph; a graph holding a native op has no cache key, so
+    PyTensor compiles it anew each time).  Every call of a PyTensor function returns new output arrays, so the
+    results of earlier calls stay as they were.  A call with a ``Mode`` object (not a mode's name) is not shared."""
+    made = {}
+    signature = inspect.signature(build)
+
+    @functools.wraps(build)
+    def shared(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if any(isinstance(a, pytensor.compile.mode.Mode) for a in bound.arguments.values()):
+            return build(*args, **kwargs)
+        key = tuple((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in bound.arguments.items())
+        if key not in made:
+            made[key] = build(*args, **kwargs)
+        return made[key]
+
+    return shared
 
 
 def check_infer_shape(inputs, outputs, values, op_class, mode=None):

@@ -14,7 +14,7 @@ from pytensor.gradient import verify_grad
 from ptnative import NativeOp
 from ptnative.ops import fsa
 
-from .conftest import build_with_nvcc, check_infer_shape, tol
+from .conftest import build_with_nvcc, check_infer_shape, compiled_once, tol
 from .reference import fsa as ref
 from .test_hmm import model as hmm_data  # (log emissions, log A, log initial, log final)
 
@@ -53,6 +53,7 @@ def random_fsa(rng, B, n_states_per_seq, n_edges_per_seq, D):
     return edges, weights, start_end
 
 
+@compiled_once
 def fbw_function(dtype, mode=None):
     a, m = pt.tensor3("am", dtype=dtype), pt.matrix("idx", dtype=dtype)
     e, s = pt.imatrix("edges"), pt.imatrix("se")

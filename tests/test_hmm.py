@@ -13,7 +13,7 @@ import ptnative
 from ptnative import NativeOp
 from ptnative.ops import fsa, hmm
 
-from .conftest import build_with_nvcc, check_infer_shape, tol
+from .conftest import build_with_nvcc, check_infer_shape, compiled_once, tol
 from .reference import fsa as ref_fsa
 from .reference import hmm as ref
 
@@ -41,10 +41,21 @@ def cast(dtype, *arrays):
     return [np.asarray(a).astype(dtype) for a in arrays]
 
 
+@compiled_once
 def compiled(fn, dtype, mode, **kw):
+    """``fn(log_emissions, log_transitions, log_initial, log_final, mask=mask, **kw)`` on symbols of ``dtype``,
+    compiled in ``mode`` (once per process: conftest.compiled_once)."""
     xs = symbols(dtype)
     outs = fn(*xs[:4], mask=xs[4], **kw)
     return pytensor.function(xs, list(outs) if isinstance(outs, (list, tuple)) else outs, mode=mode)
+
+
+@compiled_once
+def sampler(dtype, mode):
+    """hmm_sample_states on symbols of ``dtype`` and uniforms of ``dtype`` (the last input), compiled in ``mode``."""
+    xs = symbols(dtype)
+    u = pt.matrix(dtype=dtype)
+    return pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
 
 
 def on_tiny_batch(fn, dtype, mode, seed):
@@ -322,9 +333,7 @@ def test_nan_no_path_and_empty(mode, dtype):
     rtol, atol = tol(dtype)
     np.testing.assert_allclose(g[:, 0], ok[1][:, 0], rtol=rtol, atol=atol)
     assert np.isfinite(d[:, 0]).all()
-    u = pt.matrix(dtype=dtype)
-    s = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
-    sp = s(*args, np.full((T, B), 0.5, dtype))
+    sp = sampler(dtype, mode)(*args, np.full((T, B), 0.5, dtype))
     np.testing.assert_array_equal(sp[:, 1:], -1)
     assert np.all(sp[:3, 0] >= 0) and sp[3, 0] == -1
     for shape in [(0, 2, K), (3, 0, K)]:
@@ -360,10 +369,7 @@ def test_sample_frequencies_match_the_posterior(mode):
     le = np.repeat(le1, N, axis=1)
     lp = ref.path_log_probs(le1[:, 0], lA, lpi, lf, T)
     ll = np.logaddexp.reduce(list(lp.values()))
-    xs = symbols("float64")
-    u = pt.matrix()
-    f = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
-    paths = f(le, lA, lpi, lf, np.ones((T, N)), rng.random((T, N)))
+    paths = sampler("float64", mode)(le, lA, lpi, lf, np.ones((T, N)), rng.random((T, N)))
     assert paths.dtype == np.int32 and paths.min() >= 0 and paths.max() < K
     codes = (paths * K ** np.arange(T)[:, None]).sum(0)
     counts = np.bincount(codes, minlength=K ** T)
@@ -384,9 +390,7 @@ def test_sample_is_a_function_of_the_uniforms(mode, dtype):
     T, B, K = 3, 2, 3
     le, lA, lpi, lf = model(rng, T, B, K)
     lA[:, 1] = -np.inf  # state 1 is reachable only at t = 0
-    xs = symbols(dtype)
-    u = pt.matrix(dtype=dtype)
-    f = pytensor.function(xs + [u], hmm.hmm_sample_states(*xs[:4], mask=xs[4], uniforms=u), mode=mode)
+    f = sampler(dtype, mode)
     args = cast(dtype, le, lA, lpi, lf, mask_of([3, 2], T))
     low = f(*args, np.zeros((T, B), dtype))
     high = f(*args, np.full((T, B), np.nextafter(np.float32(1), np.float32(0)), dtype))
@@ -672,6 +676,7 @@ def test_log_likelihood_memory_across_calls(dtype):
 
 
 # ------------------------------------------------------------------ hmm_log_likelihood: sequences in vector lanes
+@compiled_once
 def lanes_function(dtype, mode, weights_depend_on_value=False):
     """hmm_log_likelihood with its gradients; the upstream gradient ``w`` (an input), or ``w * ll`` (then it depends
     on the value and the forward and gradient ops stay apart)."""
@@ -854,6 +859,7 @@ def test_log_likelihood_lanes_long_and_extreme():
 
 
 # ------------------------------------------------------------------ hmm_posteriors: sequences in vector lanes
+@compiled_once
 def posteriors_with_gradient(dtype, mode):
     """hmm_posteriors' marginals and counts (HmmPosteriorsValuesOp after the rewrite, every mode but FAST_COMPILE),
     and a function of the same graph with the gradient of sum(G * marginals) + sum(H * counts) w.r.t. the four
