@@ -14,7 +14,10 @@ Tasks (float64): the log-likelihood with its gradient w.r.t. emissions, transiti
 (ptnative.hmm_log_likelihood; dynamax value_and_grad of hmm_filter; scan: a log-space forward in pytensor.scan
 and pytensor.grad), the E-step (ptnative.hmm_posteriors: marginals and transition counts; dynamax hmm_smoother
 with transition probabilities; hmmlearn forward/backward/xi sum, scaled and log-space) and Viterbi
-(ptnative.hmm_viterbi; dynamax hmm_posterior_mode; hmmlearn viterbi).  Every competitor's result is checked
+(ptnative.hmm_viterbi; dynamax hmm_posterior_mode; hmmlearn viterbi).  ptnative's and dynamax's functions get
+the emissions, transitions and initial weights in every call (the targets' rows); dynamax's "(A, pi fixed)" rows
+have the parameters compiled in as constants (one argument per call), shown for comparison with earlier runs,
+which timed dynamax that way against ptnative's three arguments.  Every competitor's result is checked
 against ptnative's before timing.  Needs dynamax and hmmlearn (skipped where missing), e.g. a venv with
 ``pip install dynamax hmmlearn`` and ptnative's dependencies, run with PYTHONPATH at the checkout.
 """
@@ -141,12 +144,20 @@ def dynamax_fns(log_e, log_A, log_pi):
         return jax.vmap(one)(lls).sum()
 
     vg = jax.jit(jax.value_and_grad(loglik, argnums=(0, 1, 2)))
-    smooth = jax.jit(jax.vmap(lambda x: (lambda p: (p.smoothed_probs, p.trans_probs))(hmm_smoother(pi, A, x))))
-    mode = jax.jit(jax.vmap(lambda x: hmm_posterior_mode(pi, A, x)))
+    # Posteriors and Viterbi take the model's parameters as arguments of every call, as ptnative's functions do
+    # (and as a model whose parameters are sampled needs); "(A, pi fixed)" has them as constants of the
+    # compiled function instead (one argument per call: fewer per-call costs, and nothing for ptnative to match).
+    smooth_one = lambda x, pi, A: (lambda p: (p.smoothed_probs, p.trans_probs))(hmm_smoother(pi, A, x))  # noqa: E731
+    smooth = jax.jit(jax.vmap(smooth_one, in_axes=(0, None, None)))
+    mode = jax.jit(jax.vmap(lambda x, pi, A: hmm_posterior_mode(pi, A, x), in_axes=(0, None, None)))
+    smooth_fixed = jax.jit(jax.vmap(lambda x: smooth_one(x, pi, A)))
+    mode_fixed = jax.jit(jax.vmap(lambda x: hmm_posterior_mode(pi, A, x)))
     la, lp = jnp.asarray(log_A), jnp.asarray(log_pi)
     block = jax.block_until_ready
-    return {"loglik+grad": lambda: block(vg(lls, la, lp)), "posteriors": lambda: block(smooth(lls)),
-            "viterbi": lambda: block(mode(lls))}
+    return {"loglik+grad": lambda: block(vg(lls, la, lp)), "posteriors": lambda: block(smooth(lls, pi, A)),
+            "viterbi": lambda: block(mode(lls, pi, A)),
+            "posteriors (A, pi fixed)": lambda: block(smooth_fixed(lls)),
+            "viterbi (A, pi fixed)": lambda: block(mode_fixed(lls))}
 
 
 def hmmlearn_fns(log_e, log_A, log_pi):

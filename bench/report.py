@@ -381,7 +381,9 @@ def render(records, runs, meta, png_name, chart_note):
            "on the same data after checking that their results agree (each section says whether in alternating "
            "turns). Times are medians of the timed calls (best: the fastest call; CPU, where measured: the "
            "median process CPU time of a call, all its threads together, which a busy machine inflates less than wall "
-           "time for one-thread code). **time / ptnative** divides a row's "
+           "time for one-thread code). In alternating turns, calls shorter than a millisecond are timed in batches "
+           "of about a millisecond, each timing the batch's time per call (`timing.BATCH_SECONDS`). "
+           "**time / ptnative** divides a row's "
            + ("fastest call (its median where no fastest call was measured) by that of " if by == "best" else
               "median by that of ")
            + "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "

@@ -193,6 +193,7 @@ def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
     path = tmp_path / "rows.jsonl"
     monkeypatch.setenv(timing.RECORDS_ENV, str(path))
     monkeypatch.setattr(timing, "WARM_SECONDS", 0.0)
+    monkeypatch.setattr(timing, "BATCH_SECONDS", 0.0)  # one call per timing
     calls = []
     timings = timing.measure_against("demo", "case", lambda: calls.append("ours") or 1,
                                      {"peer": lambda: calls.append("peer") or 2}, reps=4, rounds=2)
@@ -203,6 +204,25 @@ def test_measure_against_times_in_turns_and_records(tmp_path, monkeypatch):
     assert [(r["benchmark"], r["case"], r["impl"], r["ours"]) for r in rows] == [("demo", "case", "ptnative", True),
                                                                                  ("demo", "case", "peer", False)]
     assert rows[0]["seconds"] == timings["ptnative"].median and rows[1]["best"] == timings["peer"].best
+
+
+def test_short_calls_are_timed_in_batches(monkeypatch):
+    """A function whose warm-up calls are short is timed in batches of about BATCH_SECONDS; each timing is the
+    batch's time per call.  A slow one keeps one call per timing."""
+    monkeypatch.setattr(timing, "WARM_SECONDS", 0.005)
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        timing.time.sleep(0.004)
+
+    t = timing.measure_interleaved({"fast": fast, "slow": slow}, reps=3, rounds=1, settle=0.001, warmup=1)
+    assert calls["slow"] == 2 + 3  # the warm-up until WARM_SECONDS (two calls), then one per timing
+    assert calls["fast"] > 100 * 3 and t["fast"].median < 1e-4 and t["fast"].best <= t["fast"].median
+    assert 0.004 <= t["slow"].best <= t["slow"].median
 
 
 def test_each_turn_warms_up_for_warm_seconds_after_its_pause(monkeypatch):
