@@ -121,7 +121,8 @@ def test_c_module_holds_no_kernel_code():
     assert "negative first element" not in code and "native_op.h" not in code
     assert not re.search(r"\b(try|catch|throw|namespace|template)\b", code)
     assert "Tramp" not in code and "ptn_Tramp" not in code
-    assert op.get_params(node) == (op.variant("float64").symbol, ())
+    variant = op.variant("float64")
+    assert op.get_params(node) == (variant.symbol, c_backend.plan_key(variant), ())
 
 
 def test_c_modules_are_shared_between_ops(tmp_path):
@@ -145,6 +146,19 @@ def test_c_modules_are_shared_between_ops(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     assert out.stdout.split() == "C 2 1 C 3 1 CVM 2 2 CVM 3 2".split(), out.stdout
+
+
+@pytest.mark.parametrize("mode", ["C", "CVM", "FAST_COMPILE", None])
+def test_ops_with_one_kernel_text_keep_their_own_plans(mode, tmp_path):
+    """Two specs whose kernel text is the same (same translation unit and symbol) but whose outputs have other
+    shapes: each function allocates its own op's shapes (the C modes once took the first op's plan for both)."""
+    code = f"/* {tmp_path.name} */"
+    by_input = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), code, name="Same")
+    fixed = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": (3,)},), code, name="Same")
+    assert by_input.variant("float64").symbol == fixed.variant("float64").symbol
+    x = pt.vector()
+    for op, shape in ((by_input, (5,)), (fixed, (3,)), (by_input, (5,))):
+        np.testing.assert_array_equal(pytensor.function([x], op(x), mode=mode)(np.ones(5)), np.zeros(shape))
 
 
 _FLAGS_CHILD = r'''
@@ -176,7 +190,7 @@ def test_pymc_and_user_flags_do_not_reach_kernels():
 
 def test_unknown_symbol_is_an_import_error():
     with pytest.raises(ImportError, match="ptn_nothing_0123, which no NativeOp of this process has prepared"):
-        c_backend.layout_address(("ptn_nothing_0123", ()))
+        c_backend.layout_address(("ptn_nothing_0123", "0123", ()))
 
 
 def test_failure_at_module_import_is_a_python_exception(monkeypatch, tmp_path):

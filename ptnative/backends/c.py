@@ -16,8 +16,10 @@ has compiled before, so nodes of different ops with the same input and output ty
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import sys
 import zlib
+from functools import cache
 
 import numpy as np
 
@@ -43,10 +45,10 @@ class Layout(ctypes.Structure):
                 ("check_message", ctypes.POINTER(ctypes.c_char_p))]
 
 
-#: The variants whose layouts this process may hand out, by symbol (see :func:`params`).
-_prepared: dict[str, Variant] = {}
+#: The variants whose layouts this process may hand out, by (symbol, plan key) (see :func:`params`).
+_prepared: dict[tuple[str, str], Variant] = {}
 #: The layouts handed out, by params; kept for the life of the process (modules hold their addresses).
-_layouts: dict[tuple[str, tuple[int, ...]], Layout] = {}
+_layouts: dict[tuple[str, str, tuple[int, ...]], Layout] = {}
 
 
 def fill(section: str, fields: dict[str, object]) -> str:
@@ -54,14 +56,23 @@ def fill(section: str, fields: dict[str, object]) -> str:
     return fill_glue(glue_sections(GLUE_FILE)[section], fields)
 
 
-def params(op, node) -> tuple[str, tuple[int, ...]]:
-    """``node``'s params: ``(symbol, inplace)`` of its variant, whose library is built here (if not cached).
-    PyTensor asks for them whenever it compiles or reuses the node's module, before the module is loaded."""
+@cache
+def plan_key(variant: Variant) -> str:
+    """A digest of ``variant``'s argument plan.  The symbol alone does not fix the plan: specs that differ only in
+    what the glue does (output shapes, size checks) compile to the same translation unit and symbol."""
+    return hashlib.sha256(repr(variant.plan).encode()).hexdigest()[:16]
+
+
+def params(op, node) -> tuple[str, str, tuple[int, ...]]:
+    """``node``'s params: ``(symbol, plan key, inplace)`` of its variant, whose library is built here (if not
+    cached).  PyTensor asks for them whenever it compiles or reuses the node's module, before the module is
+    loaded."""
     variant = op.node_variant(node)
-    if variant.symbol not in _prepared:
+    key = (variant.symbol, plan_key(variant))
+    if key not in _prepared:
         build(variant)
-        _prepared[variant.symbol] = variant
-    return variant.symbol, tuple(op.inplace)
+        _prepared[key] = variant
+    return (*key, tuple(op.inplace))
 
 
 def _utf8(text: str) -> bytes:
@@ -93,15 +104,15 @@ def _layout(variant: Variant, inplace: tuple[int, ...]) -> Layout:
                   check_size=_array(ctypes.c_int64, (c.size for c in checks)), check_message=messages)
 
 
-def layout_address(node_params: tuple[str, tuple[int, ...]]) -> int:
+def layout_address(node_params: tuple[str, str, tuple[int, ...]]) -> int:
     """The address of the :class:`Layout` for ``node_params`` (see :func:`params`); its library is loaded through
     :func:`ptnative.build.load` (which also sets its BLAS).  Called by the C module when its struct is
     initialised.  Raises ``ImportError`` for params that no op of this process has made, ``CompileError`` when
     the library cannot be built."""
     layout = _layouts.get(node_params)
     if layout is None:
-        symbol, inplace = node_params
-        variant = _prepared.get(symbol)
+        symbol, plan, inplace = node_params
+        variant = _prepared.get((symbol, plan))
         if variant is None:
             raise ImportError(f"ptnative: a PyTensor C module asks for the kernel {symbol}, which no NativeOp of "
                               "this process has prepared (compile the function again)")
