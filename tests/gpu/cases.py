@@ -37,8 +37,8 @@ from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
                               HmmForwardBackwardOp, HmmLikelihoodWithGradOp, MultiEndFastBaumWelchOp,
                               SegmentFastBaumWelchOp)
-from ptnative.ops.hmm import (HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp,
-                              HmmViterbiOp)
+from ptnative.ops.hmm import (HmmPosteriorsDefaultsOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmSampleStatesOp,
+                              HmmVaryingLikelihoodOp, HmmViterbiOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -401,8 +401,9 @@ def _hmm(g, dtype, size):
 
 
 def _hmm_inference(g, dtype, size):
-    """Viterbi, posteriors (with their gradients, and without: HmmPosteriorsValuesOp), posterior sampling and the
-    time-varying log-likelihood (with its gradients) on one ragged batch."""
+    """Viterbi, posteriors (with their gradients, and without: HmmPosteriorsValuesOp, and HmmPosteriorsDefaultsOp
+    with the default final weights and mask), posterior sampling and the time-varying log-likelihood (with its
+    gradients) on one ragged batch."""
     T, B, K = size
     rng = np.random.default_rng(T + K + 1)
     le, lA, lpi, lf = hmm_data(rng, T, B, K, scale=3.0)
@@ -415,10 +416,11 @@ def _hmm_inference(g, dtype, size):
     path, score = g.op(HmmViterbiOp)(*ins[:5])
     marginals, counts = g.op(HmmPosteriorsOp)(*ins[:5])
     values_only = g.op(HmmPosteriorsValuesOp)(*ins[:5])
+    defaults = g.op(HmmPosteriorsDefaultsOp)(*ins[:3])
     draws = g.op(HmmSampleStatesOp)(*ins[:6])
     varying = [ins[0], ins[6], ins[7], ins[3], ins[4]]
     ll = g.op(HmmVaryingLikelihoodOp)(*varying)
-    return ins, [path, score, marginals, counts, *values_only, draws, ll, *g.grads([marginals, counts], ins[:4]),
+    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll, *g.grads([marginals, counts], ins[:4]),
                  *g.grads([ll], varying[:4])], values
 
 
@@ -510,7 +512,8 @@ CASES = [
     _case("hmm", "fsa", [HmmForwardBackwardOp, HmmLikelihoodWithGradOp], _hmm, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3),
     # HMM inference
     _case("hmm_inference", "hmm",
-          [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp],
+          [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp, HmmSampleStatesOp,
+           HmmVaryingLikelihoodOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],
