@@ -148,9 +148,23 @@ def _opt_level(flags: list[str], variant: Variant) -> list[str]:
     return [QUICK_BUILD_OPT if flag == "-O3" else flag for flag in flags]
 
 
+@cache
+def include_dir_digest(directory: str) -> str:
+    """A digest of the headers under ``directory`` (relative paths and contents): what a library built with
+    ``-I<directory>`` depends on, wherever the folder is (jaxlib's headers in each virtual environment)."""
+    h = hashlib.sha256()
+    root = Path(directory)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def library_path(variant: Variant) -> Path:
-    """Where ``variant``'s library lives in the cache (built or not)."""
+    """Where ``variant``'s library lives in the cache (built or not).  The name hashes the source, the compile
+    command (an include folder by its headers' contents, not its path), the compiler's version and the CPU."""
     probe = compile_command(variant, Path("SRC"), Path("OUT"))
+    by_content = {f"-I{d}": f"-I<{include_dir_digest(d)}>" for d in variant.include_dirs}
+    probe = [by_content.get(arg, arg) for arg in probe]
     key = "\0".join([variant.source, *probe, compiler_version(probe[0]), _cpu_model()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir() / f"{variant.symbol}-{variant.device}-{digest}.so"

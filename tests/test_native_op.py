@@ -505,3 +505,21 @@ def test_c_module_versions_are_the_same_in_every_process():
                            env=dict(os.environ, PYTHONHASHSEED=seed)) for seed in ("1", "2")]
     assert all(o.returncode == 0 for o in outs), outs[0].stderr[-3000:] + outs[1].stderr[-3000:]
     assert outs[0].stdout == outs[1].stdout and outs[0].stdout.strip()
+
+
+def test_library_name_keys_an_include_folder_by_its_headers(tmp_path):
+    """A library built with an include folder (the JAX handlers' jaxlib headers, one copy per virtual environment)
+    is named by the headers' contents: the same headers elsewhere give the same name, other headers another."""
+    from dataclasses import replace
+
+    from ptnative.build import include_dir_digest, library_path
+
+    op = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), "/* inc */", name="Inc")
+    names = []
+    for folder, text in (("a", "int v = 1;"), ("b", "int v = 1;"), ("c", "int v = 2;")):
+        (tmp_path / folder / "sub").mkdir(parents=True)
+        (tmp_path / folder / "sub" / "h.h").write_text(text)
+        include_dir_digest.cache_clear()
+        names.append(library_path(replace(op.variant("float64"), include_dirs=(str(tmp_path / folder),))).name)
+    assert names[0] == names[1] != names[2]
+    assert library_path(op.variant("float64")).name not in names
