@@ -23,9 +23,9 @@ FLOAT_DTYPES = ("float32", "float64")
 
 #: The glues that PyTensor reaches through the op's own methods, by kind: ``"c"`` (PyTensor's C backend;
 #: ``get_params`` and the ``c_*`` methods hand over to its ``params``, ``support_code``, ``support_code_struct``,
-#: ``init_code_struct``, ``c_code`` and ``cache_version``) and ``"python"`` (``perform`` hands over to its ``perform``).  The modules of
-#: :mod:`ptnative.backends` register themselves here when ptnative is imported (:func:`register_glue`); this module
-#: imports no backend.  The default (Numba) and JAX modes find their glue through PyTensor's own dispatch.
+#: ``init_code_struct``, ``c_code`` and ``cache_version``) and ``"python"`` (``perform`` hands over to its
+#: ``perform``).  The modules of :mod:`ptnative.backends` register themselves here when ptnative is imported
+#: (:func:`register_glue`); this module imports no backend.  The default (Numba) and JAX modes find their glue through PyTensor's own dispatch.
 GLUES: dict[str, Any] = {}
 
 

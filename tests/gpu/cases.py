@@ -420,7 +420,8 @@ def _hmm_inference(g, dtype, size):
     draws = g.op(HmmSampleStatesOp)(*ins[:6])
     varying = [ins[0], ins[6], ins[7], ins[3], ins[4]]
     ll = g.op(HmmVaryingLikelihoodOp)(*varying)
-    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll, *g.grads([marginals, counts], ins[:4]),
+    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll,
+                 *g.grads([marginals, counts], ins[:4]),
                  *g.grads([ll], varying[:4])], values
 
 
