@@ -66,9 +66,9 @@ inline std::vector<Ndarray> make_views(int n, const int* ndims, const int* items
   return views;
 }
 
-// Zeroes a fresh output buffer.  Large ones are first advised to use huge pages
-// (as numpy does for its own arrays): far fewer page faults when they are touched.
-inline void zero_buffer(void* p, size_t bytes) {
+// Large fresh output buffers are advised to use huge pages (as numpy does for its own arrays): far fewer page
+// faults when they are first touched.
+inline void advise_huge_pages(void* p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE) && !PTN_CUDA
   const size_t huge = (size_t)1 << 22;
   if (bytes >= huge) {
@@ -76,24 +76,46 @@ inline void zero_buffer(void* p, size_t bytes) {
     uintptr_t begin = ((uintptr_t)p + page - 1) & ~(page - 1), end = ((uintptr_t)p + bytes) & ~(page - 1);
     if (end > begin) madvise((void*)begin, end - begin, MADV_HUGEPAGE);
   }
+#else
+  (void)p; (void)bytes;
 #endif
-  memset(p, 0, bytes);
 }
 
-// Fresh outputs (those that do not start as an input's copy) start at zero: the one place outputs are
-// zeroed, for every glue (PyTensor's C module, the Numba/Python driver, the XLA FFI handler) on either target.
-// Copies of want_inplace inputs are the glue's: it owns the buffers and knows when they are one.
-inline void zero_fresh_outputs(int n_in, int n_out, const int* inplace_of, std::vector<Ndarray>& views) {
+// Whether outputs the spec declares fully_written are to be filled with 0xFF bytes (NaN in a float, -1 in an
+// int) instead of being left as allocated: PTNATIVE_POISON_OUTPUTS=1, for tests that prove a kernel writes
+// every element of such an output.
+inline bool poison_fully_written() {
+  const char* v = getenv("PTNATIVE_POISON_OUTPUTS");
+  return v && v[0] && !(v[0] == '0' && !v[1]);
+}
+
+// Fresh outputs (those that do not start as an input's copy) start at zero, except those the spec declares
+// fully_written (the kernel writes every element): the one place outputs are initialised, for every glue
+// (PyTensor's C module, the Numba/Python driver, the XLA FFI handler) on either target.  Copies of want_inplace
+// inputs are the glue's: it owns the buffers and knows when they are one.
+inline void zero_fresh_outputs(int n_in, int n_out, const int* inplace_of, const int* fully_written,
+                               std::vector<Ndarray>& views) {
   std::vector<char> is_copy(n_out + 1, 0);
   for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) is_copy[inplace_of[i]] = 1;
+  int poison = -1;  // looked up once, and only when an output is fully_written
   for (int k = 0; k < n_out; ++k) {
     const Ndarray& v = views[n_in + k];
     const size_t bytes = (size_t)n_elements(&v) * v.itemsize;
     if (is_copy[k] || !bytes) continue;
+    int fill = 0;
+    if (fully_written[k]) {
+      if (poison < 0) poison = poison_fully_written();
+      if (!poison) {
+        advise_huge_pages(v.data, bytes);
+        continue;
+      }
+      fill = 0xFF;
+    }
 #if PTN_CUDA
-    cuda_check(cudaMemsetAsync(v.data, 0, bytes, current_stream), __FILE__, __LINE__);
+    cuda_check(cudaMemsetAsync(v.data, fill, bytes, current_stream), __FILE__, __LINE__);
 #else
-    zero_buffer(v.data, bytes);
+    advise_huge_pages(v.data, bytes);
+    memset(v.data, fill, bytes);
 #endif
   }
 }
@@ -132,11 +154,11 @@ int guarded(F&& f, char* err, int64_t errlen) {
 }
 
 // Host arrays in, host arrays out; outputs that are not an input's copy arrive
-// uninitialised and start at zero (zero_fresh_outputs).  On the CPU the body works on them directly;
+// uninitialised and start at zero unless fully_written (zero_fresh_outputs).  On the CPU the body works on them directly;
 // the CUDA build copies (C-contiguous) arrays to device buffers kept for the next
 // call, runs, and copies the outputs back.  `host_memory` inputs stay on the host.
 inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,
-                     const int* host_memory, void** data, const int64_t* shapes, const int64_t* strides, char* err,
+                     const int* host_memory, const int* fully_written, void** data, const int64_t* shapes, const int64_t* strides, char* err,
                      int64_t errlen) {
   return guarded([&]() {
     std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
@@ -161,7 +183,7 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
 #else
     (void)host_memory;
 #endif
-    zero_fresh_outputs(n_in, n_out, inplace_of, views);
+    zero_fresh_outputs(n_in, n_out, inplace_of, fully_written, views);
     call_body(body, n_in, n_out, inplace_of, views);
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
@@ -180,12 +202,12 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
 #if PTN_CUDA
 // Device buffers in and out (XLA's), on the caller's stream: no copies, no synchronisation.
 inline int run_entry_device(cudaStream_t stream, body_t body, int n_in, int n_out, const int* ndims,
-                            const int* itemsizes, const int* inplace_of, void** data, const int64_t* shapes,
+                            const int* itemsizes, const int* inplace_of, const int* fully_written, void** data, const int64_t* shapes,
                             const int64_t* strides, char* err, int64_t errlen) {
   return guarded([&]() {
     std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
     current_stream = stream;
-    zero_fresh_outputs(n_in, n_out, inplace_of, views);
+    zero_fresh_outputs(n_in, n_out, inplace_of, fully_written, views);
     call_body(body, n_in, n_out, inplace_of, views);
     HANDLE_LAST_ERROR();
   }, err, errlen);

@@ -7,7 +7,7 @@
 //   @CTYPE@       float | double;  @DEVICE@  cpu | cuda
 //   @DIALECT@     c_code/native_op.h with its #includes inlined;  @TYPED@  c_code/native_op_typed.h
 //   @SUPPORT@     the op's c_extra_support_code;  @BODY@  its c_fw_code, %-formatted
-//   @NDIMS@ @ITEMSIZES@ @INPLACE_OF@ @HOST_MEMORY@   the argument plan's tables (ptnative/plan.py), C array
+//   @NDIMS@ @ITEMSIZES@ @INPLACE_OF@ @HOST_MEMORY@ @FULLY_WRITTEN@   the argument plan's tables (ptnative/plan.py), C array
 //                 initialisers with a trailing 0 (ptnative.source.c_array)
 //   @N_IN@ @N_OUT@  the number of inputs and outputs (dummy outputs included)
 //   @NS@ @SYM@    left as they are: replaced after hashing by the namespace and the entry point's symbol,
@@ -39,19 +39,20 @@ static const int ndims[] = @NDIMS@;
 static const int itemsizes[] = @ITEMSIZES@;
 static const int inplace_of[] = @INPLACE_OF@;
 static const int host_memory[] = @HOST_MEMORY@;
+static const int fully_written[] = @FULLY_WRITTEN@;
 }  // namespace @NS@
 
 extern "C" PTN_EXPORT int @SYM@(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) {
   using namespace @NS@;
-  return ptn::run_entry(&body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, host_memory, data, shapes, strides, err,
-                        errlen);
+  return ptn::run_entry(&body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, host_memory, fully_written, data, shapes,
+                        strides, err, errlen);
 }
 #if PTN_CUDA
 extern "C" PTN_EXPORT int ptn_@SYM@_run_on_device(cudaStream_t stream, void** data, const int64_t* shapes,
                                                  const int64_t* strides, char* err, int64_t errlen) {
   using namespace @NS@;
-  return ptn::run_entry_device(stream, &body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, data, shapes, strides,
-                               err, errlen);
+  return ptn::run_entry_device(stream, &body, @N_IN@, @N_OUT@, ndims, itemsizes, inplace_of, fully_written, data,
+                               shapes, strides, err, errlen);
 }
 #endif
 

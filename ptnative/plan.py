@@ -12,7 +12,8 @@ spec again:
    shapes; :meth:`ArgumentPlan.output_shapes` resolves them);
 4. initialise them: output ``k`` starts as a copy of input ``source_of[k]`` (that input's own buffer when the op
    destroys it, see :meth:`ArgumentPlan.destroys`), or at zero when ``source_of[k] == -1`` (zeroed by the entry
-   point on the host, by the FFI handler on XLA's device);
+   point, on either target), unless ``fully_written[k]``: the kernel writes every element, so the entry point
+   leaves it as allocated;
 5. call the entry point and turn a status into ``KernelValueError`` / ``KernelRuntimeError``.
 
 A plan is made per (spec, floating type, device), with the variant that carries it (see
@@ -54,6 +55,7 @@ class ArgumentPlan:
     contiguous: tuple[bool, ...]  #: per input: made C-contiguous before the call
     host_memory: tuple[bool, ...]  #: per input: read on the host also by the CUDA build
     source_of: tuple[int, ...]  #: per output: the input it starts as a copy of, or -1 (starts at zero)
+    fully_written: tuple[bool, ...]  #: per output: the kernel writes every element (not zeroed first)
     out_shapes: tuple[tuple[Any, ...], ...]  #: per output: an int size or an ``(input, dim)`` ref per dimension
     size_checks: tuple[SizeCheck, ...]
 
@@ -76,6 +78,7 @@ class ArgumentPlan:
                 device == "cuda" and not info.get("host_memory"))) for info in in_info),
             host_memory=tuple(bool(info.get("host_memory")) for info in in_info),
             source_of=tuple(source_of),
+            fully_written=tuple(bool(info.get("fully_written")) for info in out_info),
             out_shapes=tuple(tuple(info["shape"]) for info in out_info),
             size_checks=tuple(
                 SizeCheck(i, d, s, f"{label}: input {info.get('name', i)!r} must have size {s} in dim {d}")

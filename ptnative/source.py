@@ -195,7 +195,8 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
         "DIALECT": dialect_header(), "TYPED": read_kernel_file("native_op_typed.h"),
         "SUPPORT": spec.c_extra_support_code, "BODY": body,
         "NDIMS": c_array(plan.ndims), "ITEMSIZES": c_array(plan.itemsizes), "INPLACE_OF": c_array(plan.inplace_of),
-        "HOST_MEMORY": c_array(plan.host_memory), "N_IN": plan.n_in, "N_OUT": plan.n_out,
+        "HOST_MEMORY": c_array(plan.host_memory),
+        "FULLY_WRITTEN": c_array(plan.fully_written), "N_IN": plan.n_in, "N_OUT": plan.n_out,
         "NS": "@NS@", "SYM": "@SYM@",  # filled after hashing
     })
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]

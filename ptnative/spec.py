@@ -26,7 +26,7 @@ FLOAT_GENERIC = "float32"
 DTYPES = ("float32", "float64", "int32", "int64", "uint8")
 INFO_KEYS = {
     "name", "ndim", "shape", "dtype", "need_contiguous", "want_inplace", "is_inplace", "gradient", "bw_input",
-    "bw_in_var", "bw_out_var", "bw_grad_var", "host_memory", "dummy", "batch_axis",
+    "bw_in_var", "bw_out_var", "bw_grad_var", "host_memory", "dummy", "batch_axis", "fully_written",
 }
 #: Keys whose value is a dict of overrides applied when deriving the gradient op.
 _OVERRIDE_KEYS = ("bw_in_var", "bw_out_var", "bw_grad_var")
@@ -143,7 +143,7 @@ def _value_problem(key, value) -> str | None:
         if isinstance(value, str) and value in DTYPES:
             return None
         return f"unknown dtype {_short(value)}; known: {', '.join(DTYPES)}"
-    if key in ("need_contiguous", "host_memory", "dummy", "is_inplace", "bw_input"):
+    if key in ("need_contiguous", "host_memory", "dummy", "is_inplace", "bw_input", "fully_written"):
         return None if _is_flag(value) else f"must be True or False, got {_short(value)}"
     if key == "want_inplace":
         if value == "dummy_out" or (_is_int(value) and value >= -1):
@@ -223,6 +223,9 @@ def check_info_lists(name: str, in_info, out_info) -> tuple[list[dict], list[dic
                 problem = _value_problem(key, value)
                 if problem:
                     err(key, problem)
+            if kind == "in_info" and "fully_written" in info:
+                err("fully_written", "only outputs are written by the kernel; for the gradient of this input "
+                                     "give bw_out_var={'fully_written': True}")
             if "ndim" not in info:
                 err("ndim", "missing; every entry needs its number of dimensions")
             ndim = info["ndim"] = int(info["ndim"])
@@ -457,6 +460,7 @@ class NativeOpBase:
         )
         for info in grad_in_info:
             info.pop("dummy", None)
+            info.pop("fully_written", None)  # an output's flag; these are the gradient op's inputs
         grad_in_info = self.filter_grad_inputs(grad_in_info)
         pos = {orig: new for new, orig in enumerate(self.grad_input_map)}
         grad_out_info = []

@@ -3,7 +3,7 @@ Python (calling the entry point through ctypes) and under Numba (calling it
 as an ``ExternalFunction``): one text, so both paths behave the same.
 
 It is two functions.  ``ptn_run`` makes ``need_contiguous`` inputs contiguous,
-allocates the outputs (uninitialised: the entry point zeroes them; a
+allocates the outputs (uninitialised: the entry point zeroes those not ``fully_written``; a
 ``want_inplace`` output starts as a copy of its input, or is the input itself
 when the op destroys it), calls the entry point and returns its status with the
 outputs; it never raises.  ``ptn_driver`` checks int shape entries, calls
