@@ -319,7 +319,7 @@ class CtcFsaLossOp(NativeOpGenBase):
     )
     out_info = (
         _out("loss", ((0, 1),), 0),
-        _out("grad", ((0, 0), (0, 1), (0, 2)), 1),
+        _out("grad", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
     )
     c_extra_support_code = kernel_unit("ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"

@@ -30,7 +30,7 @@ def _support(name):
     return kernel_unit(f"hmm_{name}.cu")
 
 
-_PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32")
+_PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32", fully_written=True)  # padded frames: -1
 
 
 class HmmViterbiOp(NativeOpGenBase):
@@ -42,7 +42,7 @@ class HmmViterbiOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(True)
-    out_info = (_PATH, _out("score", ((0, 1),), batch_axis=0))
+    out_info = (_PATH, _out("score", ((0, 1),), batch_axis=0, fully_written=True))
     c_extra_support_code = _support("viterbi")
     c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
