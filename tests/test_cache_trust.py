@@ -2,7 +2,9 @@
 
 Every case runs in its own temporary cache (``PTNATIVE_CACHE_DIR=tmp_path/...``, never the user's cache nor the
 shared test cache), and every case that loads a tampered library does so in a child process, so that a crash
-(SIGBUS in ``dlopen``, foreign code) is a failed test rather than a dead test run.  The op is the README's tiny
+(SIGBUS in ``dlopen``, foreign code) is a failed test rather than a dead test run.  Those children are forked from
+one server process per module that has imported NumPy, PyTensor and ptnative and done nothing else
+(tests/forkserver.py), so that each case pays for its build, not for Python's start-up.  The op is the README's tiny
 ``Double``, so a build takes about a second.
 """
 
@@ -27,6 +29,7 @@ from ptnative import build, cache
 from ptnative.cache import RECORD_SUFFIX, CacheError, UntrustedLibraryWarning
 
 from ._ops_for_tests import double_spec
+from .forkserver import ForkServer
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -85,12 +88,31 @@ def spec_json(**changes):
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()})
 
 
+_SERVER = []
+
+
+def forks():
+    """This module's fork server (tests/forkserver.py): NumPy, PyTensor and ptnative imported once; each child
+    forked from it has built and loaded nothing, and gets its own environment (ptnative reads its variables at
+    each use, never at import)."""
+    if not _SERVER:
+        _SERVER.append(ForkServer(["numpy", "pytensor", "pytensor.tensor", "ptnative"], env=child_env()))
+    return _SERVER[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_fork_server():
+    yield
+    while _SERVER:
+        _SERVER.pop().close()
+
+
 def run_child(cache_dir, tmp_path, mode="FAST_COMPILE", env=None, spec=None):
-    """Run CHILD with ``cache_dir``; return (returncode, stdout, stderr, warnings lines, marker written?)."""
+    """Run CHILD with ``cache_dir`` in a child of the fork server (a new process, as ``python -c CHILD``); return
+    (returncode, stdout, stderr, warnings lines, marker written?)."""
     marker = tmp_path / "foreign-code-ran"
     full_env = child_env(PTNATIVE_CACHE_DIR=str(cache_dir), PTN_TEST_MARKER=str(marker), **(env or {}))
-    out = subprocess.run([sys.executable, "-c", CHILD, spec or spec_json(), mode], capture_output=True, text=True,
-                         env=full_env, timeout=600, cwd=tmp_path)
+    out = forks().run(CHILD, [spec or spec_json(), mode], env=full_env, cwd=tmp_path, timeout=600)
     if out.returncode < 0:
         pytest.fail(f"the child process died of {signal.Signals(-out.returncode).name}:\n{out.stderr[-3000:]}")
     warned = [line for line in out.stderr.splitlines() if line.startswith("WARNING UntrustedLibraryWarning")]
@@ -166,12 +188,14 @@ def test_foreign_library_marker_works(foreign_lib, tmp_path):
 
 
 def test_truncated_library_really_crashes_dlopen(cached, tmp_path):
-    """The hazard of issue 14 item 2: a half-written library loaded as is kills the process with SIGBUS."""
+    """The hazard of issue 14 item 2: a half-written library loaded as is kills the process with SIGBUS (here a
+    child of the fork server, which reports it as run_child's children's crashes are reported, and serves on)."""
     cut = tmp_path / "cut.so"
     data = cached.read_bytes()
     cut.write_bytes(data[:len(data) // 2])
-    out = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(cut)!r})"], capture_output=True)
+    out = forks().run(f"import ctypes; ctypes.CDLL({str(cut)!r})", env=child_env(), cwd=tmp_path)
     assert out.returncode == -signal.SIGBUS
+    assert forks().run("print(6 * 7)", env=child_env()).stdout == "42\n"
 
 
 # Each tampering: (what to do to the cache, the reason the warning must give).
