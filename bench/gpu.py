@@ -211,18 +211,17 @@ def native_ops(outputs):
 
 def prebuild(graphs, jax):
     """Compile, all at once in threads, the libraries the functions below will load one after the other: the
-    host-array variants (``python -m ptnative build`` may have built them) and the JAX FFI handlers."""
+    op variants (``python -m ptnative build`` may have built them) and JAX mode's FFI handler."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ptnative.build import build
-    from ptnative.backends.ffi_source import generate_ffi
+    from ptnative.backends.ffi_source import handler_variant
 
     variants = []
     for op, dtype in {(op.name, d): (op, d) for outs in graphs for op, d in native_ops(outs)}.values():
         variants.append(op.variant(dtype, device=opts.device))
-        if jax is not None:
-            variants.append(generate_ffi(op.clone_with(inplace=(), device=None), dtype, opts.device,
-                                         jax.ffi.include_dir()))
+    if jax is not None:
+        variants.append(handler_variant(opts.device, jax.ffi.include_dir()))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         errors = [f for f in [pool.submit(build, v) for v in variants] if f.exception() is not None]

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from functools import partial
 
 
 def _version(module: str) -> str:
@@ -99,11 +100,13 @@ class _Bar:
 
 
 def build_all(device: str, jobs: int | None = None) -> int:
-    """Build every catalogue variant for ``device`` with ``jobs`` compilers at a time (threads: the
-    compilers are subprocesses, and the cache's file locks keep concurrent builds of one library apart)."""
+    """Build every catalogue variant for ``device``, and JAX mode's XLA FFI handler where jax is installed, with
+    ``jobs`` compilers at a time (threads: the compilers are subprocesses, and the cache's file locks keep
+    concurrent builds of one library apart)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from . import build, catalogue
+    from .backends.ffi_source import installed_handler_variant
 
     try:
         from tqdm import tqdm
@@ -111,23 +114,24 @@ def build_all(device: str, jobs: int | None = None) -> int:
         tqdm = _Bar
 
     jobs = max(1, jobs or os.cpu_count() or 1)
-    todo = list(catalogue.variants(device))
+    # (label, a function making the variant): variants are made in the threads too
+    todo = [(f"{name} ({dtype})", partial(op.variant, dtype, device=device))
+            for name, op, dtype in catalogue.variants(device)]
+    handler = installed_handler_variant(device)
+    if handler is not None:
+        todo.append(("JAX mode's XLA FFI handler", lambda: handler))
     failures = 0
     start = time.time()
 
-    def one(op, dtype):
-        return build.build(op.variant(dtype, device=device))
-
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
             tqdm(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
-        futures = {pool.submit(one, op, dtype): (name, dtype) for name, op, dtype in todo}
+        futures = {pool.submit(lambda make: build.build(make()), make): label for label, make in todo}
         for future in as_completed(futures):
-            name, dtype = futures[future]
             try:
                 future.result()
             except (build.CompileError, build.CacheError) as e:
                 failures += 1
-                print(f"\n{name} ({dtype}): {e}", file=sys.stderr)
+                print(f"\n{futures[future]}: {e}", file=sys.stderr)
             bar.update(1)
     print(f"{len(todo) - failures} of {len(todo)} libraries ready in {build.cache_dir()} "
           f"({time.time() - start:.1f} s, {jobs} job(s))")

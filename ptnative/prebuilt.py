@@ -1,5 +1,7 @@
 """The catalogue's CPU libraries, built when the package is built (``pip install .`` builds a wheel) and shipped
-inside it, in ``ptnative/prebuilt/``: a first call of a catalogue function then waits for no compiler.
+inside it, in ``ptnative/prebuilt/``: a first call of a catalogue function then waits for no compiler.  Where the
+build environment can import jax (``pip install --no-build-isolation`` in an environment with jax), JAX mode's CPU
+handler library (:mod:`ptnative.backends.ffi_source`) is built and shipped too.
 
 They are named exactly like the kernel cache's libraries (:func:`ptnative.build.library_path`: the op's symbol, a
 hash of the source, the compile command, the compiler's version and the CPU model), each with its integrity
@@ -75,7 +77,8 @@ def _prune(dest: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build every CPU variant of the catalogue into ``DEST`` (emptied first) with ``-j`` compilers at a time.
+    """Build every CPU variant of the catalogue (and JAX mode's CPU handler where jax is importable) into ``DEST``
+    (emptied first) with ``-j`` compilers at a time.
     Returns 0 also when no compiler is found or some libraries fail (those compile on first use)."""
     from . import build
 

@@ -50,20 +50,157 @@ def test_inplace_input_and_int_scalar(dtype):
 
 
 def test_kernel_error_is_raised():
+    """A kernel's value error (PTN_STATUS_VALUE) comes back from the handler as XLA's INVALID_ARGUMENT, a Python
+    exception naming the op and the failed check, also under jit of the jaxified graph; the process lives on."""
+    from ptnative.backends.jax import jaxify_graph
+
     x, w, k = pt.matrix(), pt.vector(), pt.iscalar()
-    f = pytensor.function([x, w, k], scale_op()(x, w, k), mode="JAX")
-    with pytest.raises(Exception, match="ScaleRows.*check failed"):
+    outputs = scale_op()(x, w, k)
+    f = pytensor.function([x, w, k], outputs, mode="JAX")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': check failed"):
         f(np.ones((2, 3)), np.ones(2), 0)
+    g = jax.jit(jaxify_graph([x, w, k], outputs))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': check failed"):
+        jax.block_until_ready(g(np.ones((2, 3)), np.ones(2), np.int32(0)))
+    got_y, got_s = (np.asarray(a) for a in f(np.ones((2, 3)), np.full(3, 2.0), 1))
+    np.testing.assert_array_equal(got_y, np.full((2, 3), 3.0))
+    np.testing.assert_array_equal(got_s, [9.0, 9.0])
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_unregistered_symbol_and_wrong_arity_are_errors():
+    """A call naming a variant that this process never registered (as an executable compiled elsewhere could),
+    or one with another number of arguments than the variant's, is an error from the handler, not a crash."""
+    from ptnative.backends.jax import ffi_target
+
+    variant = scale_op().variant("float64", "cpu")
+    target = ffi_target(variant)
+    x = np.ones((2, 3))
+    out = jax.ShapeDtypeStruct((2,), np.float64)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"NOT_FOUND: ptnative: no NativeOp variant "
+                                                         r"'ptn_not_registered_0' is registered"):
+        jax.block_until_ready(jax.ffi.ffi_call(target, out)(x, symbol="ptn_not_registered_0"))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': the FFI call has "
+                                                         r"1 inputs and 1 outputs, the op 3 and 2"):
+        jax.block_until_ready(jax.ffi.ffi_call(target, out)(x, symbol=variant.symbol))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):  # it needs "symbol"
+        jax.block_until_ready(jax.ffi.ffi_call(target, out)(x))
+
+
+def test_one_handler_library_serves_every_variant(tmp_path):
+    """A fresh process with a kernel cache holding only the variants' own libraries: JAX mode runs five variants
+    (two ops, float32 and float64, and a gradient op) and compiles exactly one library, the CPU handler."""
+    from ptnative.build import build
+    from ptnative.ops.sparse import SubtensorBatchedIndex
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    op = scale_op()
+    variants = [op.variant(dt, "cpu") for dt in ("float32", "float64")] + [op.grad_op().variant("float64", "cpu")]
+    variants += [SubtensorBatchedIndex.make_op().variant(dt, "cpu") for dt in ("float32", "float64")]
+    for v in variants:
+        path = build(v)  # in the tests' cache
+        for name in (path.name, path.name + ".integrity"):
+            shutil.copy2(path.parent / name, cache / name)
+    before = {p.name for p in cache.glob("*.so")}
+    code = """
+import numpy as np, pytensor, pytensor.tensor as pt, ptnative
+from tests.test_native_op import scale_op
+for dt in ("float32", "float64"):
+    x, w, k = pt.matrix(dtype=dt), pt.vector(dtype=dt), pt.iscalar()
+    y, s = scale_op()(x, w, k)
+    outs = [y, s] + (pytensor.grad(s.sum(), [x, w]) if dt == "float64" else [])
+    got = pytensor.function([x, w, k], outs, mode="JAX")(np.ones((2, 3), dt), np.arange(3, dtype=dt), 1)
+    np.testing.assert_array_equal(np.asarray(got[1]), [6, 6])
+    if dt == "float64":
+        np.testing.assert_array_equal(np.asarray(got[2]), np.ones((2, 1)) * np.arange(3))
+        np.testing.assert_array_equal(np.asarray(got[3]), [2, 2, 2])
+    m = pt.matrix(dtype=dt)
+    picked = ptnative.subtensor_batched_index(m, np.array([2, 0], dt))
+    got = pytensor.function([m], picked, mode="JAX")(np.arange(6, dtype=dt).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(got), [2, 3])
+print("ok")
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PTNATIVE_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-4000:]
+    built = sorted({p.name for p in cache.glob("*.so")} - before)
+    assert len(built) == 1 and built[0].startswith("ptn_xla_ffi_") and "-cpu-" in built[0], built
+
+
+def test_first_jax_call_with_prebuilt_libraries_compiles_nothing(tmp_path):
+    """A fresh process and an empty kernel cache, with the package's prebuilt libraries holding the catalogue
+    op's and the CPU handler's (as a prebuild where jax is importable ships them): the first JAX-mode call of a
+    catalogue function installs them from there and runs no compiler."""
+    from ptnative.backends.ffi_source import handler_variant
+    from ptnative.build import build
+    from ptnative.cache import RECORD_SUFFIX
+    from ptnative.ops.sparse import SubtensorBatchedIndex
+
+    shipped = tmp_path / "prebuilt"
+    shipped.mkdir(mode=0o755)
+    for v in (SubtensorBatchedIndex.make_op().variant("float64", "cpu"), handler_variant("cpu", jax.ffi.include_dir())):
+        path = build(v)  # in the tests' cache
+        for name in (path.name, path.name + RECORD_SUFFIX):
+            shutil.copyfile(path.parent / name, shipped / name)
+            os.chmod(shipped / name, 0o644)
+    code = f"""
+import numpy as np, pytensor, pytensor.tensor as pt, ptnative
+from pathlib import Path
+from ptnative import build, prebuilt
+prebuilt.prebuilt_dir = lambda: Path({str(shipped)!r})
+def refuse(variant, directory, path):
+    raise AssertionError("compiled " + path.name)
+build._compile = refuse
+m = pt.matrix()
+picked = ptnative.subtensor_batched_index(m, np.array([2, 0], "float64"))
+got = pytensor.function([m], picked, mode="JAX")(np.arange(6.0).reshape(2, 3))
+np.testing.assert_array_equal(np.asarray(got), [2, 3])
+print("ok")
+"""
+    cache = tmp_path / "cache"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PTNATIVE_CACHE_DIR": str(cache)}
+    env.pop("PTNATIVE_PREBUILT", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-4000:]
+    assert sorted(p.name for p in cache.glob("*.so")) == sorted(p.name for p in shipped.glob("*.so"))
+
+
+def test_ptnative_build_builds_the_handler(monkeypatch, capsys):
+    """``python -m ptnative build`` (and so the install-time prebuild, where jax is importable) builds JAX mode's
+    handler library along with the catalogue: the one JAX mode loads."""
+    from ptnative import build, catalogue, cli
+    from ptnative.backends.ffi_source import handler_variant
+
+    built = []
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter([]))
+    monkeypatch.setattr(build, "build", lambda variant: built.append(variant))
+    assert cli.main(["build", "-j", "1"]) == 0
+    assert built == [handler_variant("cpu", jax.ffi.include_dir())]
+    assert "1 of 1 libraries ready" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("nm") is None, reason="nvcc or nm not found")
 def test_cuda_ffi_handler_compiles(monkeypatch):
+    """nvcc compiles the CUDA handler library, which exports the handler and the registration function and no op's
+    code, and a CUDA variant's library exports the entry point that the handler calls on XLA's stream."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    from ptnative.backends.ffi_source import generate_ffi
+    from ptnative.backends.ffi_source import HANDLER_SYMBOL, REGISTER_SYMBOL, handler_variant
+    from ptnative.ops.edit_distance import EditDistanceOp
 
-    op = LstmGenericBase.make_op()
-    variant = generate_ffi(op, "float32", "cuda", jax.ffi.include_dir())
-    build_with_nvcc(variant)
+    def exported(path):
+        out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+        return {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}
+
+    handler = handler_variant("cuda", jax.ffi.include_dir())
+    symbols = exported(build_with_nvcc(handler))
+    assert {HANDLER_SYMBOL, REGISTER_SYMBOL} <= symbols
+    assert not any(s.startswith("ptn_") for s in symbols - {HANDLER_SYMBOL, REGISTER_SYMBOL}), symbols
+    variant = EditDistanceOp.make_op().variant("float32", device="cuda")  # as tests/test_edit_distance.py builds it
+    assert f"ptn_{variant.symbol}_run_on_device" in exported(build_with_nvcc(variant))
 
 
 def test_catalogue_functions_in_jax_mode():
@@ -151,13 +288,13 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-4000:]
 
 
-def test_ffi_handler_template_escapes_the_op_name():
-    """The op name reaches the handler only as an escaped C string literal: quotes, backslashes, newlines,
-    trigraphs, non-ASCII characters and placeholder-like text compile and come back in the error message."""
+def test_odd_op_name_travels_as_data():
+    """The op name never enters generated code (the handler takes it at registration): quotes, backslashes,
+    newlines, trigraphs, non-ASCII characters and placeholder-like text come back in the error message as they are."""
     from ptnative.backends.ffi_source import HANDLER_FILE
     from ptnative.source import glue_sections
 
-    assert "@NAME@" in glue_sections(HANDLER_FILE)["handler"]
+    assert "@NAME@" not in glue_sections(HANDLER_FILE)["handler"]
     name = 'Odd "name" \\ with\nnewline ??= é @SYM@ @NAME@'
     op = scale_op(name=name)
     x, w, k = pt.matrix(), pt.vector(), pt.iscalar()

@@ -212,8 +212,10 @@ def weighted_cost(f, rng, outputs):
 
 
 def ffi_calls(lowered_text):
-    """The FFI targets a lowered program calls (one entry per call site) and whether it loops."""
-    return re.findall(r"custom_call @(ptn_\w+)", lowered_text), "stablehlo.while" in lowered_text
+    """The op variants a lowered program calls (their symbols, one entry per call site of ptnative's FFI target)
+    and whether it loops."""
+    calls = re.findall(r'custom_call @ptnative_\w+\(.*?symbol = "(ptn_\w+)"', lowered_text)
+    return calls, "stablehlo.while" in lowered_text
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

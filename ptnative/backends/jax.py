@@ -1,6 +1,9 @@
-"""JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``) of a handler built from the op's own entry
-point (:mod:`ptnative.backends.ffi_source`), so it runs inside XLA on the device JAX uses (CPU, or CUDA with a handler
-built by nvcc), with no host round trip.  ``want_inplace`` inputs are aliased to their outputs.  Under ``jax.vmap`` the
+"""JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``), so it runs inside XLA on the device JAX
+uses (CPU, or CUDA), with no host round trip.  One generic handler library per device (``c_code/xla_ffi_handler.cc``,
+:mod:`ptnative.backends.ffi_source`; built by nvcc for CUDA) serves every op: each op variant is registered with it
+once per process (its entry point, in the variant's own library that every mode loads, and its argument plan), and
+each call names the variant by the string attribute ``symbol`` (a hash of its source, the same in every process).
+``want_inplace`` inputs are aliased to their outputs.  Under ``jax.vmap`` the
 mapped axis is folded into the op's declared batch axes (spec key ``batch_axis``; one FFI call, see
 :func:`fold_vmap`) where every output and every mapped input has one, else the call runs once per element.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 
 import numpy as np
 from pytensor.graph.rewriting.basic import GraphRewriter
@@ -30,34 +34,81 @@ _DISPATCH_MODULE = "pytensor.link.jax.dispatch"
 #: How ``jax.vmap`` maps a NativeOp's FFI call that cannot be folded into the op's batch axis (see
 #: :func:`fold_vmap`): one call per element of the mapped axis.
 VMAP_METHOD = "sequential"
-_libraries: dict[str, ctypes.CDLL] = {}
+_INTS = ctypes.POINTER(ctypes.c_int)
+#: Per device, the registration function of its loaded handler library (see :func:`handler_library`).
+_handlers: dict[str, ctypes._CFuncPtr] = {}
+#: The (symbol, device) of every op variant registered with a handler in this process.
+_variants_registered: set[tuple[str, str]] = set()
+_lock = threading.Lock()
 _registered = False
 
 
-def ffi_target(variant) -> str:
-    """Build (once) and register the FFI handler of ``variant``; return its target name."""
+def target_name(device: str) -> str:
+    """The FFI target of ``device``'s handler (one per device, shared by every op)."""
+    return f"ptnative_{device}"
+
+
+def handler_library(device: str):
+    """Build if needed (cached like every library, :func:`ptnative.build.open_library`), load and register with
+    XLA, once per process, the generic XLA FFI handler of ``device``; return its registration function
+    (``ptn_xla_ffi_register``, see ``c_code/xla_ffi_handler.cc``)."""
+    register = _handlers.get(device)
+    if register is not None:
+        return register
     import jax
 
-    from .. import blas
     from ..build import open_library
-    from .ffi_source import ffi_variant
+    from .ffi_source import HANDLER_SYMBOL, REGISTER_SYMBOL, handler_variant
 
-    device = variant.device
-    with_handler = ffi_variant(variant, jax.ffi.include_dir())
-    name = f"{variant.symbol}_{device}"
-    if name not in _libraries:
-        lib = open_library(with_handler)
-        if device == "cpu":
-            set_blas = getattr(lib, variant.symbol + "_set_blas")
-            set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            set_blas(*blas.gemm_addresses())
-        else:
-            from ..device import load_cublas
-            load_cublas()  # where the kernels' dlopen("libcublas.so.13") finds it
-        handler = jax.ffi.pycapsule(getattr(lib, variant.symbol + "_ffi"))
-        jax.ffi.register_ffi_target(name, handler, platform="cpu" if device == "cpu" else "CUDA")
-        _libraries[name] = lib
-    return name
+    with _lock:
+        register = _handlers.get(device)
+        if register is None:
+            lib = open_library(handler_variant(device, jax.ffi.include_dir()))
+            register = getattr(lib, REGISTER_SYMBOL)
+            register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, _INTS, _INTS, _INTS,
+                                 ctypes.c_char_p]
+            register.restype = ctypes.c_int
+            handler = jax.ffi.pycapsule(getattr(lib, HANDLER_SYMBOL))
+            jax.ffi.register_ffi_target(target_name(device), handler, platform="cpu" if device == "cpu" else "CUDA")
+            _handlers[device] = register
+    return register
+
+
+def entry_point(variant) -> int:
+    """The address of ``variant``'s entry point in its own library (the one every mode loads: built or taken
+    from the package's prebuilt libraries, checked, loaded once; BLAS set up on the CPU, cuBLAS found on CUDA):
+    ``<symbol>`` on the CPU, ``ptn_<symbol>_run_on_device`` (on a given stream) on CUDA."""
+    from ..build import load, open_library
+
+    if variant.device == "cpu":
+        function = load(variant).run
+    else:
+        from ..device import load_cublas
+
+        load_cublas()  # where the kernels' dlopen("libcublas.so.13") finds it
+        function = getattr(open_library(variant), f"ptn_{variant.symbol}_run_on_device")
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
+def _ints(values) -> ctypes.Array:
+    return (ctypes.c_int * max(1, len(values)))(*map(int, values))
+
+
+def ffi_target(variant) -> str:
+    """Register ``variant`` (once per process) with the XLA FFI handler of its device; return the handler's target
+    name.  Each FFI call then names the variant by its symbol (the attribute ``symbol``)."""
+    key = (variant.symbol, variant.device)
+    if key not in _variants_registered:
+        # No lock: the handler's registry is thread-safe and keeps a symbol's first registration.
+        register = handler_library(variant.device)
+        plan = variant.plan
+        name = plan.name.encode("utf-8", "surrogatepass").replace(b"\0", b"\\0")
+        status = register(variant.symbol.encode(), entry_point(variant), plan.n_in, plan.n_out,
+                          _ints(plan.itemsizes), _ints(plan.source_of), _ints(plan.host_memory), name)
+        if status != 0:
+            raise RuntimeError(f"NativeOp {plan.name!r}: the XLA FFI handler refused its argument plan")
+        _variants_registered.add(key)
+    return target_name(variant.device)
 
 
 def ffi_forward(op, node):
@@ -77,7 +128,7 @@ def ffi_forward(op, node):
         shapes = plan.output_shapes([np.shape(x) for x in inputs])
         result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
         return tuple(jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases,
-                                      vmap_method=VMAP_METHOD)(*inputs))
+                                      vmap_method=VMAP_METHOD)(*inputs, symbol=variant.symbol))
 
     mapped = fold_vmap(call, batch_axes(op.in_info), batch_axes(op.out_info))
 

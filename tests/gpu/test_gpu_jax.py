@@ -27,8 +27,9 @@ def case_dtype(name):
 
 @pytest.fixture(scope="module", autouse=True)
 def ffi_handlers_built():
-    """The CUDA FFI handlers of every native op in these graphs, built in parallel up front."""
-    from ptnative.backends.ffi_source import generate_ffi
+    """The CUDA libraries of every native op in these graphs and JAX mode's CUDA handler, built in parallel up
+    front."""
+    from ptnative.backends.ffi_source import handler_variant
 
     variants = {}
     for name in JAX_CASES:
@@ -39,7 +40,7 @@ def ffi_handlers_built():
             if isinstance(node.op, NativeOp):
                 op = node.op.clone_with(inplace=(), device=None)
                 variants[(op, op.float_dtype_of(node))] = None
-    build_all(generate_ffi(op, dtype, "cuda", jax.ffi.include_dir()) for op, dtype in variants)
+    build_all([handler_variant("cuda", jax.ffi.include_dir())] + [op.variant(dtype, "cuda") for op, dtype in variants])
     yield
 
 
