@@ -100,6 +100,9 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
   const LstmFrames& fr = call.fr;
   const int64_t n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame, step = fr.step;
   const int64_t T = Ndarray_DIMS(i)[0], g = 4 * n_cells, n_in = proj ? Ndarray_DIMS(proj->x)[2] : 0;
+  const std::vector<char> visited = lstm_visited(fr, T);
+  lstm_zero_unvisited(visited, Y);
+  lstm_zero_unvisited(visited, C);
   if (fr.count == 0 && !proj) return lstm_final_state(d, C, c0, call);
   ptn::Scratch scratch;
   Float* y_carry = scratch.get<Float>(frame);
@@ -165,28 +168,35 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   const int64_t step = fr.step, g = 4 * n_cells;
   check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
-  // DX starts as a copy of H (or is H): every visited frame is overwritten below, the others are zeroed.
-  // DW, Dy0 (the running dL/dy_prev) and the layer's gradients start zeroed by the glue.
-  std::vector<char> visited(T, 0);
-  for (int64_t k = 0; k < fr.count; ++k) visited[fr.at(k)] = 1;
-  for (int64_t t = 0; t < T; ++t)
-    if (!visited[t]) Ndarray_memset(data_ptr(DX, t), 0, 4 * frame * sizeof(Float));
-  if (fr.count == 0) return;
+  // Every output is written in full below (the glue does not zero them).  DX starts as a copy of H (or is H):
+  // every visited frame is overwritten below, the others are zeroed.  Dy0 is the running dL/dy_prev.
+  const std::vector<char> visited = lstm_visited(fr, T);
+  lstm_zero_unvisited(visited, DX);
+  Ndarray_memset(Ndarray_DEV_DATA(Dy0), 0, frame * sizeof(Float));
+  if (fr.count == 0) {  // no frame: the weights, y0 and the layer's input get no gradient
+    Ndarray_set_zero(DW);
+    if (layer) {
+      Ndarray_set_zero(layer->Dx);
+      Ndarray_set_zero(layer->DW_in);
+      Ndarray_set_zero(layer->Db);
+    }
+    return;
+  }
   // P (T*B rows of ld = n_in + n): [x[t] (0 on padded rows) | Yp[t]], Yp[t] the recurrent input of visited frame t
   // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one product over all
   // frames and both weights (n_in = 0 without the layer: DW alone).  On the CPU no product goes to BLAS: the row
   // parts compute their rows' x . W_in (forward) and dx = DX . W_in^T, the recurrent products, and then, split by
-  // columns, the weight gradients (lstm_packed.h).
+  // columns, the weight gradients (lstm_packed.h), P written in the layout that product reads.
   const Float* mask = Ndarray_DEV_DATA(i);
   const int64_t n_in = layer ? Ndarray_DIMS(layer->x)[2] : 0, ld = n_in + n_cells;
   ptn::Scratch scratch;
-  Float* P = scratch.get<Float>(T * n_batch * ld);
-  auto yp_at = [&](int64_t t) { return P + t * n_batch * ld + n_in; };
-  for (int64_t t = 0; t < T; ++t)
-    if (!visited[t]) Ndarray_memset(P + t * n_batch * ld, 0, n_batch * ld * sizeof(Float));
   const Float* x = layer ? Ndarray_DEV_DATA(layer->x) : nullptr;
   Float* db_out = layer ? Ndarray_DEV_DATA(layer->Db) : nullptr;
 #if CUDA
+  Float* P = scratch.get<Float>(T * n_batch * ld);  // row-major
+  auto yp_at = [&](int64_t t) { return P + t * n_batch * ld + n_in; };
+  for (int64_t t = 0; t < T; ++t)
+    if (!visited[t]) Ndarray_memset(P + t * n_batch * ld, 0, n_batch * ld * sizeof(Float));
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
     if (layer) start_dev_kernel(lstm_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
@@ -217,6 +227,7 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
   }
 #else
+  const LstmTnRows P(scratch.get<Float>(LstmTnRows::size(T * n_batch, ld)), T * n_batch, ld);
   LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
   LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
   // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
@@ -226,16 +237,23 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
     double* db = layer ? db_parts.data() + p * g : nullptr;
-    for (int64_t k = 0, at = r0 * n_cells; k < fr.count; ++k) {
-      int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
-      if (layer) lstm_rows_to(x + (t * n_batch + r0) * n_in, mask + t * n_batch + r0, P + (t * n_batch + r0) * ld,
-                              r1 - r0, n_in, ld);
-      if (k == 0)
-        lstm_rows_to(Ndarray_DEV_DATA(y0) + at, nullptr, yp_at(t) + r0 * ld, r1 - r0, n_cells, ld);
-      else
-        lstm2_carry(data_ptr(Y, tp) + at, yp_at(tp) + r0 * ld, yp_at(t) + r0 * ld, mask + tp * n_batch + r0, r1 - r0,
-                    n_cells, ld);
+    // the part's rows of P, frame by frame: [x[t] (0 on padded rows) | the recurrent input yp], 0 where not visited
+    std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells), row(ld);
+    for (int64_t k = 0; k < fr.count; ++k) {
+      const int64_t t = fr.at(k);
+      if (k > 0)  // the carried output of the frame before
+        lstm2_carry(data_ptr(Y, fr.at(k - 1)) + r0 * n_cells, yp.data(), yp.data(), mask + fr.at(k - 1) * n_batch + r0,
+                    r1 - r0, n_cells, n_cells);
+      for (int64_t r = r0; r < r1; ++r) {
+        if (layer) lstm_rows_to(x + (t * n_batch + r) * n_in, mask + t * n_batch + r, row.data(), 1, n_in, n_in);
+        memcpy(row.data() + n_in, yp.data() + (r - r0) * n_cells, n_cells * sizeof(Float));
+        P.put(t * n_batch + r, row.data());
+      }
     }
+    std::fill(row.begin(), row.end(), Float(0));
+    for (int64_t t = 0; t < T; ++t)
+      if (!visited[t])
+        for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, row.data());
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
       Float* dx = data_ptr(DX, t) + r0 * g;
@@ -250,10 +268,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
                               LstmRowBlocks{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in}, nullptr, true);
   }, ptn::PartsOn::own_threads);
   if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
-  // [DW_in; DW] += P^T . DX over all frames (DW_in, DW start at 0), the columns split over the parts: each element is
-  // the same sum whatever the thread count.
-  lstm_weight_grad(P, ld, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g, layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr,
-                   n_in, Ndarray_DEV_DATA(DW), parts, LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data());
+  // [DW_in; DW] = P^T . DX over all frames, the columns split over the parts: each element is the same sum whatever
+  // the thread count.
+  lstm_weight_grad(nullptr, 0, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g,
+                   layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr, n_in, Ndarray_DEV_DATA(DW), parts,
+                   LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data);
 #endif
   HANDLE_LAST_ERROR();
 }

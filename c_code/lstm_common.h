@@ -157,6 +157,21 @@ static LstmFrames lstm_frames(int64_t T, int64_t start, int64_t step, bool lowme
   return f;
 }
 
+// visited[t] = 1 for the frames the call visits, 0 for the others.
+static std::vector<char> lstm_visited(const LstmFrames& fr, int64_t T) {
+  std::vector<char> visited(T, 0);
+  for (int64_t k = 0; k < fr.count; ++k) visited[fr.at(k)] = 1;
+  return visited;
+}
+
+// Zeroes the frames t of the (T, ...) array `a` that are not visited: the kernels write every element of their
+// outputs (the glue does not zero them first).
+static void lstm_zero_unvisited(const std::vector<char>& visited, Ndarray* a) {
+  const size_t frame_bytes = (size_t)Ndarray_DIMS(a)[1] * Ndarray_DIMS(a)[2] * sizeof(Float);
+  for (size_t t = 0; t < visited.size(); ++t)
+    if (!visited[t] && frame_bytes) Ndarray_memset(data_ptr(a, (int64_t)t), 0, frame_bytes);
+}
+
 // A NativeLstm2 / LstmLowMem call: its sizes (from the mask i (T, B) and y0 (B, n)) and the frames it visits
 // (from its int32 inputs start and step).
 struct LstmCall {

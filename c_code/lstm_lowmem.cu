@@ -141,6 +141,9 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   ptn::Scratch scratch;
   auto y_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(Y, fr.at(k) - fr.step) : Ndarray_DEV_DATA(y0); };
   auto c_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(C, fr.at(k) - fr.step) : Ndarray_DEV_DATA(c0); };
+  const std::vector<char> visited = lstm_visited(fr, Ndarray_DIMS(i)[0]);  // every output is written in full
+  lstm_zero_unvisited(visited, Y);
+  lstm_zero_unvisited(visited, C);
 #if CUDA
   Float* gd = scratch.get<Float>(4 * call.frame);
   for (int64_t k = 0; k < fr.count; ++k) {
@@ -192,14 +195,23 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const int64_t n_batch = call.n_batch, n_cells = call.n_cells, n_in = Ndarray_DIMS(X)[2], g = 4 * n_cells;
   check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
   Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), call.frame * sizeof(Float));
-  if (fr.count == 0) return;  // DX, DW, Db, Dy0 stay 0
+  // Every output is written in full (the glue does not zero them): DX's frames not visited are zeroed here.
+  lstm_zero_unvisited(lstm_visited(fr, Ndarray_DIMS(i)[0]), DX);
+  Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
+  Ndarray_memset(dh, 0, call.frame * sizeof(Float));
+  if (fr.count == 0) {  // no frame: W, b and y0 get no gradient
+    Ndarray_set_zero(DW);
+    Ndarray_set_zero(Db);
+    return;
+  }
   const Float *bias = Ndarray_DEV_DATA(b), *mask = Ndarray_DEV_DATA(i), *Wd = Ndarray_DEV_DATA(W);
   Float *DWd = Ndarray_DEV_DATA(DW), *dbd = Ndarray_DEV_DATA(Db);
-  Float* dh = Ndarray_DEV_DATA(Dy0);  // dL/dY[t] through the next frame's recurrence; dL/dy0 at the end
   Float* dc = Ndarray_DEV_DATA(Dc0);
   ptn::Scratch scratch;
   auto c_prev_at = [&](int64_t k) { return k > 0 ? data_ptr(C, fr.at(k) - fr.step) : Ndarray_DEV_DATA(c0); };
 #if CUDA
+  Ndarray_set_zero(DW);  // both summed over the frames below
+  Ndarray_set_zero(Db);
   Float* h = scratch.get<Float>(4 * call.frame);
   Float* gd = scratch.get<Float>(4 * call.frame);
   Float* x_valid = scratch.get<Float>(n_batch * n_in);  // X[t] without its padded rows (a NaN there stays there)
@@ -224,7 +236,6 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const LstmPacked packed_WxT = lstm_pack(Wd, true, g, n_in), packed_WhT = lstm_pack(Wd + n_in * g, true, g, n_cells);
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(parts * g, 0.0);
-  Ndarray_memset(dh, 0, call.frame * sizeof(Float));
   const int64_t per_chunk = lowmem_frames_per_chunk(call);
   // the chunk's gates, exactly as in the forward pass, then its frames backward
   auto chunk_backward = [&](const LowmemChunk& ch, int p, int64_t r0, int64_t r1, Float* pp, Float* hp, Float* gp) {
@@ -253,26 +264,32 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
       Float *pp = P + per_chunk * r0 * ld, *hp = H + per_chunk * r0 * g, *gp = G + per_chunk * r0 * g;
       Float* dw = p == 0 ? DWd : dw_parts + (p - 1) * ld * g;
-      if (p > 0) memset(dw, 0, ld * g * sizeof(Float));
-      for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+      const int64_t last = (fr.count - 1) / per_chunk * per_chunk;
+      for (int64_t k0 = last; k0 >= 0; k0 -= per_chunk) {
         LowmemChunk ch = lowmem_chunk(call, k0);
         chunk_backward(ch, p, r0, r1, pp, hp, gp);
         lstm_gemm_tn_blocks(pp, gp, LstmRowBlocks{(ch.k1 - ch.k0) * (r1 - r0), 1, ld, 0, g, 0}, ld, g, dw, ld,
-                            nullptr, g, work + p * lstm_gemm_tn_work(ld, g));
+                            nullptr, g, work + p * lstm_gemm_tn_work(ld, g), k0 == last);  // the first chunk: dw =
       }
     }, ptn::PartsOn::own_threads);
-    for (int p = 1; p < parts; ++p)
-      for (int64_t e = 0; e < ld * g; ++e) DWd[e] += dw_parts[(p - 1) * ld * g + e];
+    if (parts > 1)  // the parts' own DW added in part order, the rows of DW split over the threads (no DAZ here)
+      ptn::parallel_parts(parts, [&](int q) {
+        const int64_t e0 = q * ld / parts * g, e1 = (q + 1) * ld / parts * g;
+        for (int p = 1; p < parts; ++p)
+          for (int64_t e = e0; e < e1; ++e) DWd[e] += dw_parts[(p - 1) * ld * g + e];
+      }, ptn::PartsOn::own_threads);
   } else {
     LstmBuffer work_buffer(lstm_weight_grad_work(ld, g, parts));
     Float* work = work_buffer.data();
-    for (int64_t k0 = (fr.count - 1) / per_chunk * per_chunk; k0 >= 0; k0 -= per_chunk) {
+    const int64_t last = (fr.count - 1) / per_chunk * per_chunk;
+    for (int64_t k0 = last; k0 >= 0; k0 -= per_chunk) {
       LowmemChunk ch = lowmem_chunk(call, k0);
       lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
         const int64_t row = lowmem_part_row(ch, r0);
         chunk_backward(ch, p, r0, r1, P + row * ld, H + row * g, G + row * g);
       }, ptn::PartsOn::own_threads);
-      lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, work);  // [DW_x; DW_h] += [X | Yp]^T . G
+      // [DW_x; DW_h] (+)= [X | Yp]^T . G (the first chunk overwrites)
+      lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, work, k0 == last);
     }
   }
   lstm_sum_parts(db_parts, parts, g, dbd);

@@ -242,36 +242,74 @@ static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, F
   lstm_packed_gemm_blocks(A, P, C, LstmRowBlocks{m, 1, lda, 0, ldc, 0}, bias, overwrite);
 }
 
+// The rows per block of lstm_gemm_tn_blocks over K rows: blocks of equal size, at most LSTM_KC rows.
+static int64_t lstm_gemm_tn_block_rows(int64_t K) {
+  const int64_t blocks = (K + LSTM_KC - 1) / LSTM_KC;
+  return blocks > 0 ? (K + blocks - 1) / blocks : 1;
+}
+
+// A^T . B's A (K rows of M values) in the layout lstm_gemm_tn_blocks packs it to, written row by row by the kernel
+// that makes it (NativeLstm2's [x | y_prev]): the product then reads it as it is instead of packing it on every
+// thread.  Block by block (lstm_gemm_tn_block_rows), in each the tiles of LSTM_MR columns one after the other, each
+// the block's rows of MR values (zero-padded beyond M).  `data`: size() values.
+struct LstmTnRows {
+  Float* data;
+  int64_t K, M, kc, tiles;
+  LstmTnRows(Float* data_, int64_t K_, int64_t M_)
+      : data(data_), K(K_), M(M_), kc(lstm_gemm_tn_block_rows(K_)), tiles((M_ + LSTM_MR - 1) / LSTM_MR) {}
+  static int64_t size(int64_t K, int64_t M) { return K * ((M + LSTM_MR - 1) / LSTM_MR) * LSTM_MR; }
+  // row `row` of A = v[0 .. M)
+  void put(int64_t row, const Float* v) const {
+    const int64_t b = row / kc, r = row - b * kc, kn = std::min(kc, K - b * kc), full = M / LSTM_MR;
+    Float* dst = data + b * kc * tiles * LSTM_MR + r * LSTM_MR;
+    for (int64_t i = 0; i < full; ++i) memcpy(dst + i * kn * LSTM_MR, v + i * LSTM_MR, LSTM_MR * sizeof(Float));
+    for (int64_t i = full; i < tiles; ++i)
+      for (int64_t c = 0; c < LSTM_MR; ++c)
+        dst[i * kn * LSTM_MR + c] = i * LSTM_MR + c < M ? v[i * LSTM_MR + c] : Float(0);
+  }
+};
+
 // Weight gradients: C (M x N) += A^T . B, summed over the rows of the row blocks f (A_f: m rows of M values from
 // A + f * rb.a_step, rows rb.lda apart; B_f: m rows of N values from B + f * rb.c_step, rows rb.ldc apart), in
 // blocks of LSTM_KC rows: a block's rows of B are packed into panels and its rows of A into tiles of LSTM_MR columns
 // (`work`: lstm_gemm_tn_work(M, N) values), and every panel serves all the tiles.  C's rows below m_lo go to C_lo
 // (row r at C_lo + r * ldc), the others to C_hi (row r at C_hi + (r - m_lo) * ldc): both weights of a layer,
 // [W_in; W], in one pass.  Each element is its sum over the rows in order within each block, the blocks (of equal
-// size, at most LSTM_KC rows) added to C in order.  Parts of the threads can share the work by columns: B, C_lo and
-// C_hi offset by the same column, N the part's columns.
+// size, at most LSTM_KC rows) added to C in order; with `overwrite`, C's old values are not read (the first block
+// writes them; no rows at all write 0).  With `A_packed` (an LstmTnRows' data of A's K rows), A is read from there
+// (A and rb's A fields unused).  Parts of the threads can share the work by columns: B, C_lo and C_hi offset by the
+// same column, N the part's columns.
 static int64_t lstm_gemm_tn_work(int64_t M, int64_t N) {
   return LSTM_KC * ((M + LSTM_MR - 1) / LSTM_MR * LSTM_MR + (N + LSTM_NR - 1) / LSTM_NR * LSTM_NR);
 }
 
 static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlocks& rb, int64_t M, int64_t N,
-                                Float* C_lo, int64_t m_lo, Float* C_hi, int64_t ldc, Float* work) {
+                                Float* C_lo, int64_t m_lo, Float* C_hi, int64_t ldc, Float* work,
+                                bool overwrite = false, const Float* A_packed = nullptr) {
   const int64_t K = rb.m * rb.count, tiles = (M + LSTM_MR - 1) / LSTM_MR, panels = (N + LSTM_NR - 1) / LSTM_NR;
-  if (K <= 0 || M <= 0 || N <= 0) return;
-  Float *Ap = work, *Bp = work + LSTM_KC * tiles * LSTM_MR;
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (overwrite)
+      for (int64_t r = 0; r < M; ++r) std::fill_n(r < m_lo ? C_lo + r * ldc : C_hi + (r - m_lo) * ldc, N, Float(0));
+    return;
+  }
+  Float *Ap_work = work, *Bp = work + LSTM_KC * tiles * LSTM_MR;
   const int64_t full_tiles = M / LSTM_MR, full_panels = N / LSTM_NR;
-  const int64_t kc = (K + (K + LSTM_KC - 1) / LSTM_KC - 1) / ((K + LSTM_KC - 1) / LSTM_KC);  // equal blocks <= KC
+  const int64_t kc = lstm_gemm_tn_block_rows(K);
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
     const int64_t kn = std::min<int64_t>(kc, K - k0);
-    for (int64_t kk = 0; kk < kn; ++kk) {  // pack row k0 + kk of A and of B
+    const Float* Ap = A_packed ? A_packed + k0 * tiles * LSTM_MR : Ap_work;
+    for (int64_t kk = 0; kk < kn; ++kk) {  // pack row k0 + kk of A (unless packed) and of B
       const int64_t f = (k0 + kk) / rb.m, r = (k0 + kk) % rb.m;
-      const Float* a = A + f * rb.a_step + r * rb.lda;
       const Float* b = B + f * rb.c_step + r * rb.ldc;
-      for (int64_t i = 0; i < full_tiles; ++i)
-        memcpy(Ap + (i * kn + kk) * LSTM_MR, a + i * LSTM_MR, LSTM_MR * sizeof(Float));
-      for (int64_t i = full_tiles; i < tiles; ++i)
-        for (int64_t c = 0; c < LSTM_MR; ++c)
-          Ap[(i * kn + kk) * LSTM_MR + c] = i * LSTM_MR + c < M ? a[i * LSTM_MR + c] : Float(0);
+      if (!A_packed) {
+        const Float* a = A + f * rb.a_step + r * rb.lda;
+        for (int64_t i = 0; i < full_tiles; ++i)
+          memcpy(Ap_work + (i * kn + kk) * LSTM_MR, a + i * LSTM_MR, LSTM_MR * sizeof(Float));
+        for (int64_t i = full_tiles; i < tiles; ++i)
+          for (int64_t c = 0; c < LSTM_MR; ++c)
+            Ap_work[(i * kn + kk) * LSTM_MR + c] = i * LSTM_MR + c < M ? a[i * LSTM_MR + c] : Float(0);
+      }
       for (int64_t p = 0; p < full_panels; ++p)
         memcpy(Bp + (p * kn + kk) * LSTM_NR, b + p * LSTM_NR, LSTM_NR * sizeof(Float));
       for (int64_t p = full_panels; p < panels; ++p)
@@ -288,7 +326,7 @@ static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlo
         for (int64_t a0 = r0, a1 = cut; a0 < r1; a0 = a1, a1 = r1) {
           Float* c = a0 < m_lo ? C_lo + a0 * ldc : C_hi + (a0 - m_lo) * ldc;
           lstm_tile_for(a1 - a0)(kn, Ap + i * kn * LSTM_MR + (a0 - r0), 1, LSTM_MR, panel, c + p * LSTM_NR, ldc, nc,
-                                 nullptr, false);
+                                 nullptr, overwrite && k0 == 0);
         }
       }
     }
@@ -355,7 +393,8 @@ static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&
 
 // [C_lo; C_hi] (M x N, rows N apart; C_lo's first m_lo rows, C_hi's the rest) += A^T . B over K rows (A: K x M,
 // rows lda apart; B: K x N, rows ldb apart), by lstm_gemm_tn_blocks with the columns split over `parts` threads
-// (lstm_cpu_row_parts; `work`: lstm_weight_grad_work values).  Each element is the same sum whatever `parts`.
+// (lstm_cpu_row_parts; `work`: lstm_weight_grad_work values); with `overwrite`, = instead of +=; with `A_packed`, A
+// read from there (an LstmTnRows' data; A, lda unused).  Each element is the same sum whatever `parts`.
 static int64_t lstm_weight_grad_columns(int64_t N, int parts) {
   const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
   return (panels + parts - 1) / parts * LSTM_NR;
@@ -366,13 +405,14 @@ static int64_t lstm_weight_grad_work(int64_t M, int64_t N, int parts) {
 }
 
 static void lstm_weight_grad(const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K, int64_t M, int64_t N,
-                             Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work) {
+                             Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work, bool overwrite,
+                             const Float* A_packed = nullptr) {
   const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
   const int64_t part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
   lstm_cpu_row_parts(panels, parts, [&](int p, int64_t p0, int64_t p1) {
     const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
     lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
-                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work);
+                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work, overwrite, A_packed);
   }, ptn::PartsOn::own_threads);
 }
 #endif

@@ -33,6 +33,11 @@ def _output(name, shape, **extra):
     return {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
 
 
+#: For an ``out_info`` entry (or in an input's ``bw_out_var``, for its gradient): the kernel writes every element of
+#: the output, padded and unvisited frames included, so the entry point does not zero it first.
+_WRITTEN = {"fully_written": True}
+
+
 def _like(name, k):
     """An ``out_info`` entry shaped like the 3-D input ``k``."""
     return {"name": name, "ndim": 3, "shape": ((k, 0), (k, 1), (k, 2))}
@@ -96,7 +101,8 @@ NativeLstm = LstmGenericBase
 # lstm_cell.cu.
 
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
-_STATE_MASK_FRAMES = (_input("y0", 2, batch_axis=0), _input("c0", 2, batch_axis=0), _mask(batch_axis=1),
+_STATE_MASK_FRAMES = (_input("y0", 2, batch_axis=0, bw_out_var=_WRITTEN),
+                      _input("c0", 2, batch_axis=0, bw_out_var=_WRITTEN), _mask(batch_axis=1),
                       host_int32_scalar("start"),
                       host_int32_scalar("step"))
 
@@ -129,14 +135,14 @@ class NativeLstm2(NativeOpGenBase):
 
     in_info = (
         _input("X", 3, want_inplace=2, batch_axis=1, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
-        _input("W", 2),
+        _input("W", 2, bw_out_var=_WRITTEN),
         *_STATE_MASK_FRAMES,
     )
-    out_info = (
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1),
-        _output("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1),
+    out_info = (  # H starts as X's copy (want_inplace), and so does the gradient op's DX as H's
+        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
+        _output("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
         _output("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((0, 1), (1, 0)), batch_axis=0),
+        _output("d", ((0, 1), (1, 0)), batch_axis=0, **_WRITTEN),
     )
 
     @classmethod
@@ -165,17 +171,17 @@ class NativeLstm2Layer(NativeOpGenBase):
     """
 
     in_info = (
-        _input("x", 3, batch_axis=1),
-        _input("W_in", 2),
-        _input("W", 2),
-        _input("b", 1, bw_out_var={"shape": ((1, 1),)}),
+        _input("x", 3, batch_axis=1, bw_out_var=_WRITTEN),
+        _input("W_in", 2, bw_out_var=_WRITTEN),
+        _input("W", 2, bw_out_var=_WRITTEN),
+        _input("b", 1, bw_out_var={"shape": ((1, 1),), **_WRITTEN}),
         *_STATE_MASK_FRAMES,
     )
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1),
-        _output("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1),
-        _output("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}),
-        _output("d", ((0, 1), (2, 0)), batch_axis=0),
+        _output("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
+        _output("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
+        _output("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}, **_WRITTEN),
+        _output("d", ((0, 1), (2, 0)), batch_axis=0, **_WRITTEN),
     )
 
     @classmethod
@@ -209,11 +215,12 @@ class LstmLowMem(NativeOpGenBase):
     exact on masked frames too.  Float32 and float64.
     """
 
-    in_info = (_input("X", 3, batch_axis=1), _input("W", 2), _input("b", 1), *_STATE_MASK_FRAMES)
+    in_info = (_input("X", 3, batch_axis=1, bw_out_var=_WRITTEN), _input("W", 2, bw_out_var=_WRITTEN),
+               _input("b", 1, bw_out_var=_WRITTEN), *_STATE_MASK_FRAMES)
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1),
-        _output("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1),
-        _output("d", ((0, 1), (4, 1)), batch_axis=0),
+        _output("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
+        _output("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
+        _output("d", ((0, 1), (4, 1)), batch_axis=0, **_WRITTEN),
     )
 
     @classmethod
