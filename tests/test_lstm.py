@@ -12,7 +12,7 @@ from pytensor.gradient import verify_grad
 from ptnative import NativeOp
 from ptnative.ops import LstmGenericBase
 
-from .conftest import build_with_nvcc, check_infer_shape, tol
+from .conftest import build_with_nvcc, check_infer_shape, compiled_once, tol
 from .reference.lstm import lstm_generic_backward, lstm_generic_forward
 
 
@@ -861,9 +861,10 @@ def layer_values(T=6, B=4, n_in=3, n=2, seed=21):
             rng.normal(size=4 * n), rng.normal(size=(B, n)), rng.normal(size=(B, n)), mask]
 
 
+@compiled_once
 def layer_function(impl, mode, direction=1):
     """lstm()'s outputs (Y, final_c, final_y) and the gradients of a weighted sum of them w.r.t. x, W_in,
-    W_rec, b, y0 and c0, for arguments of unknown shapes."""
+    W_rec, b, y0 and c0, for arguments of unknown shapes (compiled once per process: conftest.compiled_once)."""
     syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
     outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], direction=direction, impl=impl)
     weights = cotangents([(6, 4, 2), (4, 2), (4, 2)], seed=4)
@@ -981,10 +982,9 @@ def test_twod_lstm_nan_outside_the_grid():
 # ---------------------------------------------------------------------- lstm() shape errors at run time
 @pytest.mark.parametrize("impl", ["native2", "lowmem"])
 def test_lstm_layer_run_time_shape_errors_name_the_argument(mode, impl):
-    """Shapes unknown when the graph is built: the ValueError when it runs names lstm()'s argument and both sizes."""
-    syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
-    outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], impl=impl)
-    f = pytensor.function(syms, [*outs, pytensor.grad(outs[0].sum(), syms[0])], mode=mode)
+    """Shapes unknown when the graph is built: the ValueError when it runs (forward and gradient graph) names lstm()'s
+    argument and both sizes."""
+    f = layer_function(impl, mode)
     vals = layer_values()
     f(*vals)
     cases = [("W_rec", np.ones((2, 6)), r"lstm: W_rec.shape\[1\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
