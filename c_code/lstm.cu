@@ -6,6 +6,7 @@
 
 // H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
 // on exit; y_carry is y_prev on entry and the carried output (y, or y_prev on masked frames) on exit.
+LSTM_WIDE_LOOPS
 DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry,
                                const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
                                int64_t n_batch, int64_t n_cells) {
@@ -52,6 +53,7 @@ DEV_FUNC inline void lstm2_bw_cell(int64_t b, int64_t j, Float m, Float* __restr
   dy_carry[idx] *= Float(1) - m;
 }
 
+LSTM_WIDE_LOOPS
 DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
                                const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                                const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
@@ -238,22 +240,20 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
     double* db = layer ? db_parts.data() + p * g : nullptr;
     // the part's rows of P, frame by frame: [x[t] (0 on padded rows) | the recurrent input yp], 0 where not visited
-    std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells), row(ld);
+    std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells);
     for (int64_t k = 0; k < fr.count; ++k) {
-      const int64_t t = fr.at(k);
+      const int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
       if (k > 0)  // the carried output of the frame before
-        lstm2_carry(data_ptr(Y, fr.at(k - 1)) + r0 * n_cells, yp.data(), yp.data(), mask + fr.at(k - 1) * n_batch + r0,
-                    r1 - r0, n_cells, n_cells);
-      for (int64_t r = r0; r < r1; ++r) {
-        if (layer) lstm_rows_to(x + (t * n_batch + r) * n_in, mask + t * n_batch + r, row.data(), 1, n_in, n_in);
-        memcpy(row.data() + n_in, yp.data() + (r - r0) * n_cells, n_cells * sizeof(Float));
-        P.put(t * n_batch + r, row.data());
-      }
+        lstm2_carry(data_ptr(Y, tp) + r0 * n_cells, yp.data(), yp.data(), mask + tp * n_batch + r0, r1 - r0, n_cells,
+                    n_cells);
+      for (int64_t r = r0; r < r1; ++r)
+        P.put(t * n_batch + r, layer && mask[t * n_batch + r] != Float(0) ? x + (t * n_batch + r) * n_in : nullptr,
+              n_in, yp.data() + (r - r0) * n_cells);
     }
-    std::fill(row.begin(), row.end(), Float(0));
+    const std::vector<Float> zeros(n_cells, Float(0));
     for (int64_t t = 0; t < T; ++t)
       if (!visited[t])
-        for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, row.data());
+        for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, nullptr, n_in, zeros.data());
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
       Float* dx = data_ptr(DX, t) + r0 * g;

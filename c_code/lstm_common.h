@@ -4,6 +4,14 @@
 // `i` is 1 on valid frames and 0 on padding; a masked frame outputs 0 and carries the cell state.
 #include "fast_math.h"
 
+// The CPU's activation passes (the frames' cells) in vectors of the FMA units' width: g++ prefers 256-bit vectors on
+// AVX-512 machines for the loops it vectorises.
+#if !CUDA && defined(__AVX512F__)
+#define LSTM_WIDE_LOOPS __attribute__((target("prefer-vector-width=512")))
+#else
+#define LSTM_WIDE_LOOPS
+#endif
+
 // Activations.  CUDA and float64 use the libm functions; the float32 CPU build uses branch-free versions
 // (exp by range reduction + polynomial, about 1 ulp) that gcc vectorises, since a call to expf/tanhf per
 // element would cost as much as the GEMMs.

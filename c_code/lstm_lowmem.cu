@@ -4,6 +4,7 @@
 #include "lstm_packed.h"
 
 // h (B, 4n): a frame's pre-activations [X[t], y_prev] . W + b.
+LSTM_WIDE_LOOPS
 DEF_KERNEL void lowmem_fw_frame(const Float* __restrict__ h, const Float* __restrict__ mask,
                                 const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
                                 int64_t n_batch, int64_t n_cells) {
@@ -44,6 +45,7 @@ DEV_FUNC inline void lowmem_bw_cell(int64_t b, int64_t j, Float m, const Float* 
 #if !CUDA
 __attribute__((noinline))  // inlined into the row parts' loop, its restrict pointers meant nothing and no loop vectorised
 #endif
+LSTM_WIDE_LOOPS
 DEF_KERNEL void lowmem_bw_frame(const Float* __restrict__ h, const Float* __restrict__ mask,
                                 const Float* __restrict__ c, const Float* __restrict__ c_prev,
                                 const Float* __restrict__ dY, const Float* __restrict__ dC,

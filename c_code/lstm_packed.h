@@ -258,14 +258,22 @@ struct LstmTnRows {
   LstmTnRows(Float* data_, int64_t K_, int64_t M_)
       : data(data_), K(K_), M(M_), kc(lstm_gemm_tn_block_rows(K_)), tiles((M_ + LSTM_MR - 1) / LSTM_MR) {}
   static int64_t size(int64_t K, int64_t M) { return K * ((M + LSTM_MR - 1) / LSTM_MR) * LSTM_MR; }
-  // row `row` of A = v[0 .. M)
-  void put(int64_t row, const Float* v) const {
-    const int64_t b = row / kc, r = row - b * kc, kn = std::min(kc, K - b * kc), full = M / LSTM_MR;
+  // row `row` of A = [u[0 .. m) | v[0 .. M - m)], u null for zeros
+  void put(int64_t row, const Float* u, int64_t m, const Float* v) const {
+    const int64_t b = row / kc, r = row - b * kc, kn = std::min(kc, K - b * kc);
     Float* dst = data + b * kc * tiles * LSTM_MR + r * LSTM_MR;
-    for (int64_t i = 0; i < full; ++i) memcpy(dst + i * kn * LSTM_MR, v + i * LSTM_MR, LSTM_MR * sizeof(Float));
-    for (int64_t i = full; i < tiles; ++i)
-      for (int64_t c = 0; c < LSTM_MR; ++c)
-        dst[i * kn * LSTM_MR + c] = i * LSTM_MR + c < M ? v[i * LSTM_MR + c] : Float(0);
+    for (int64_t i = 0; i < tiles; ++i, dst += kn * LSTM_MR) {
+      const int64_t c0 = i * LSTM_MR;
+      if (c0 + LSTM_MR <= m) {  // within u
+        if (u) memcpy(dst, u + c0, LSTM_MR * sizeof(Float));
+        else std::fill_n(dst, LSTM_MR, Float(0));
+      } else if (c0 >= m && c0 + LSTM_MR <= M) {  // within v
+        memcpy(dst, v + (c0 - m), LSTM_MR * sizeof(Float));
+      } else {
+        for (int64_t c = 0; c < LSTM_MR; ++c)
+          dst[c] = c0 + c < m ? (u ? u[c0 + c] : Float(0)) : c0 + c < M ? v[c0 + c - m] : Float(0);
+      }
+    }
   }
 };
 
