@@ -215,6 +215,14 @@ def memory_child(impl):
     print(_rss_mib("VmHWM") - before)
 
 
+def _load():
+    """The 1-minute load average (other processes' share of the cores: quote it with every figure)."""
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "unknown"
+
+
 def main():
     import warnings
     warnings.simplefilter("ignore")  # scan API deprecation notes, Numba performance hints
@@ -222,7 +230,7 @@ def main():
         memory_child(opts.memory_child)
         return
     print(f"LSTM forward+backward, T={T}, B={B}, n_in=n={N}, {DTYPE}, {opts.threads} thread(s), "
-          f"median (min) of {opts.reps} runs\n")
+          f"median (min) of {opts.reps} runs; load average {_load()}\n")
     d = data()
     args = [d[k] for k in ("x", "W_in", "W_rec", "b")]
     calls = {}
@@ -259,6 +267,7 @@ def main():
         tq = results["torch.nn.LSTM"]
         print(f"\nnative2 vs torch: {base / tq[0]:.2f}x torch's time by median, {base_min / tq[1]:.2f}x by min "
               f"(target <= 1.5x)")
+    print(f"load average after the turns: {_load()}")
     sc = results["pytensor.scan"]
     print(f"scan vs native2: native2 is {sc[0] / base:.1f}x faster by median, {sc[1] / base_min:.1f}x by min "
           f"(target >= 5x)")
