@@ -120,8 +120,9 @@ static void lstm_generic_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarr
   }
   assert_cmp(Ndarray_DIMS(Dd)[0], ==, n_batch);
   assert_cmp(Ndarray_DIMS(Dd)[1], ==, n_cells);
-  if (T == 0) {
+  if (T == 0) {  // (every output is written in full: the glue does not zero them)
     Ndarray_memcpy(Ndarray_DEV_DATA(Dc), Ndarray_DEV_DATA(Dd), n_batch * n_cells * sizeof(Float));
+    Ndarray_set_zero(DV_h);
     return;
   }
 #if CUDA

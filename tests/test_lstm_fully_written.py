@@ -1,4 +1,4 @@
-"""NativeLstm2, NativeLstm2Layer and LstmLowMem mark their outputs ``fully_written`` (ptnative/ops/lstm.py): the
+"""NativeLstm2, NativeLstm2Layer, LstmLowMem and LstmGenericBase mark their outputs ``fully_written`` (ptnative/ops/lstm.py): the
 entry point does not zero them before the kernel runs, so the kernels must write every element (unvisited and padded
 frames, empty time or batch, every thread's rows, the weight gradients' first block).  Under
 ``PTNATIVE_POISON_OUTPUTS=1`` those outputs start as 0xFF bytes (NaN): an element a kernel misses shows as NaN.
@@ -13,13 +13,13 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-from ptnative.ops.lstm import LstmLowMem, NativeLstm2, NativeLstm2Layer
+from ptnative.ops.lstm import LstmGenericBase, LstmLowMem, NativeLstm2, NativeLstm2Layer
 
 from .conftest import MODE_IDS, MODES, compiled_once
-from .reference.lstm import lstm_lowmem_forward, native_lstm2_forward, numeric_grad, visited_frames
+from .reference.lstm import (lstm_generic_backward, lstm_generic_forward, lstm_lowmem_forward, native_lstm2_forward,
+                             numeric_grad, visited_frames)
 from .test_lstm import holey_mask
 
-OPS = (NativeLstm2, NativeLstm2Layer, LstmLowMem)
 POISON = "PTNATIVE_POISON_OUTPUTS"
 
 # (T, B, start, step): every frame visited, start offsets and strides that leave frames unvisited (in both
@@ -30,9 +30,9 @@ SMALL_CASES = [(6, 3, 0, 1), (6, 3, 0, -1), (6, 3, 1, 1), (6, 3, 1, -1), (6, 3, 
 
 
 def _graph(dtype, make=lambda cls: cls.make_op()):
-    """Inputs, and outputs: the three ops' forward outputs, then each op's gradients of sum(Y DY) + sum(C DC) +
+    """Inputs, and outputs: the four ops' forward outputs, then each op's gradients of sum(Y DY) + sum(C DC) +
     sum(d Dd) w.r.t. its differentiable inputs.  NativeLstm2 runs on X; the layer and LstmLowMem on x with
-    W = [W_in; W_rec]."""
+    W = [W_in; W_rec]; LstmGenericBase (no start, step or C) on X, W and c0."""
     f3 = lambda name: pt.tensor3(name, dtype=dtype)  # noqa: E731
     fm = lambda name: pt.matrix(name, dtype=dtype)  # noqa: E731
     X, x, DY, DC = f3("X"), f3("x"), f3("DY"), f3("DC")
@@ -43,18 +43,23 @@ def _graph(dtype, make=lambda cls: cls.make_op()):
     native2 = make(NativeLstm2)(X, W, y0, c0, i, start, step)
     layer = make(NativeLstm2Layer)(x, W_in, W, b, y0, c0, i, start, step)
     lowmem = make(LstmLowMem)(x, W_low, b, y0, c0, i, start, step)
-    outputs = [*native2, *layer, *lowmem]
+    generic = make(LstmGenericBase)(X, W, c0, i)
+    outputs = [*native2, *layer, *lowmem, *generic]
     for (Y, C, d), wrt in [((native2[0], native2[1], native2[3]), [X, W, y0, c0]),
                            ((layer[0], layer[1], layer[3]), [x, W_in, W, b, y0, c0]),
-                           (lowmem, [x, W_low, b, y0, c0])]:
-        outputs += pytensor.grad((Y * DY).sum() + (C * DC).sum() + (d * Dd).sum(), wrt)
+                           (lowmem, [x, W_low, b, y0, c0]),
+                           ((generic[0], None, generic[2]), [X, W, c0])]:
+        cost = (Y * DY).sum() + (d * Dd).sum() + (0 if C is None else (C * DC).sum())
+        outputs += pytensor.grad(cost, wrt)
     return [X, x, W_in, W, b, y0, c0, i, DY, DC, Dd, start, step], outputs
 
 
-NAMES = ["Y", "C", "H", "d", "Y", "C", "H", "d", "Y", "C", "d",
-         "DX", "DW", "Dy0", "Dc0", "Dx", "DW_in", "DW", "Db", "Dy0", "Dc0", "DX", "DW", "Db", "Dy0", "Dc0"]
-OWNER = ["NativeLstm2"] * 4 + ["NativeLstm2Layer"] * 4 + ["LstmLowMem"] * 3 + ["NativeLstm2"] * 4 + \
-    ["NativeLstm2Layer"] * 6 + ["LstmLowMem"] * 5
+NAMES = ["Y", "C", "H", "d", "Y", "C", "H", "d", "Y", "C", "d", "Y", "H", "d",
+         "DX", "DW", "Dy0", "Dc0", "Dx", "DW_in", "DW", "Db", "Dy0", "Dc0", "DX", "DW", "Db", "Dy0", "Dc0", "DZ", "DV_h",
+         "Dc"]
+OWNER = ["NativeLstm2"] * 4 + ["NativeLstm2Layer"] * 4 + ["LstmLowMem"] * 3 + ["LstmGenericBase"] * 3 + \
+    ["NativeLstm2"] * 4 + ["NativeLstm2Layer"] * 6 + ["LstmLowMem"] * 5 + ["LstmGenericBase"] * 3
+N_FORWARD = 14  # outputs before the gradients
 
 
 @compiled_once
@@ -85,7 +90,7 @@ def _assert_written(poisoned, plain, what):
 
 
 def _references(values, start, step):
-    """Forward references of the three ops (float64)."""
+    """Forward references of the four ops (float64)."""
     X, x, W_in, W, b, y0, c0, i = (np.asarray(v, np.float64) for v in values[:8])
     Y2, C2, H2, d2 = native_lstm2_forward(X, W, y0, c0, i, start, step)
     proj = np.einsum("tbk,kg->tbg", x, W_in)
@@ -93,11 +98,12 @@ def _references(values, start, step):
     unvisited = sorted(set(range(len(x))) - set(visited_frames(len(x), start, step)))
     Hl[unvisited] = proj[unvisited]  # the layer's H on a frame not visited: x . W_in (without b)
     Ym, Cm, dm = lstm_lowmem_forward(x, np.concatenate([W_in, W]), b, y0, c0, i, start, step)
-    return [Y2, C2, H2, d2, Yl, Cl, Hl, dl, Ym, Cm, dm]
+    return [Y2, C2, H2, d2, Yl, Cl, Hl, dl, Ym, Cm, dm, *lstm_generic_forward(X, W, c0, i)]
 
 
 def _gradient_references(values, start, step):
-    """Finite-difference gradients (float64) of each op's weighted cost, in _graph's order."""
+    """Gradients (float64) of each op's weighted cost, in _graph's order: finite differences, and LstmGenericBase's
+    backpropagation through time."""
     X, x, W_in, W, b, y0, c0, i, DY, DC, Dd = (np.asarray(v, np.float64) for v in values)
 
     def cost(Y, C, d):
@@ -116,7 +122,8 @@ def _gradient_references(values, start, step):
 
     return [*numeric_grad(native2, [X, W, y0, c0], range(4)),
             *numeric_grad(layer, [x, W_in, W, b, y0, c0], range(6)),
-            *numeric_grad(lowmem, [x, np.concatenate([W_in, W]), b, y0, c0], range(5))]
+            *numeric_grad(lowmem, [x, np.concatenate([W_in, W]), b, y0, c0], range(5)),
+            *lstm_generic_backward(X, W, c0, i, DY, Dd)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -136,7 +143,8 @@ def test_outputs_written_in_full_in_every_mode(mode, dtype, monkeypatch):
         for k, (got, ref) in enumerate(zip(poisoned, _references(values, start, step))):
             np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol, err_msg=f"{OWNER[k]} {NAMES[k]}, {what}")
         if mode is None and dtype == "float64":
-            for k, (got, ref) in enumerate(zip(poisoned[11:], _gradient_references(values, start, step)), 11):
+            refs = _gradient_references(values, start, step)
+            for k, (got, ref) in enumerate(zip(poisoned[N_FORWARD:], refs), N_FORWARD):
                 np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7, err_msg=f"{OWNER[k]} {NAMES[k]}, {what}")
 
 

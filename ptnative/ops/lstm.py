@@ -72,14 +72,14 @@ class LstmGenericBase(NativeOpGenBase):
 
     in_info = (
         _input("Z", 3, want_inplace=1, batch_axis=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
-        _input("V_h", 2),
-        _input("c", 2, batch_axis=0),
+        _input("V_h", 2, bw_out_var=_WRITTEN),
+        _input("c", 2, batch_axis=0, bw_out_var=_WRITTEN),
         _mask(batch_axis=1),
     )
-    out_info = (
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}),
+    out_info = (  # H starts as Z's copy (want_inplace), the gradient op's DZ as H's
+        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}, **_WRITTEN),
         _output("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((2, 0), (2, 1)), batch_axis=0),
+        _output("d", ((2, 0), (2, 1)), batch_axis=0, **_WRITTEN),
     )
 
     @classmethod
