@@ -110,9 +110,15 @@ struct Frame {
 // Array j of the entry point's ABI from an XLA buffer.
 ffi::Error describe(const Variant& v, const ffi::AnyBuffer& b, int j, Frame& f) {
   auto dims = b.dimensions();
+  auto which = [&] { return j < v.n_in ? "input " + std::to_string(j) : "output " + std::to_string(j - v.n_in); };
   if ((int)dims.size() > kMaxNdim)
-    return v.failure(ffi::ErrorCode::kInvalidArgument, "an argument has more than " + std::to_string(kMaxNdim) +
-                                                           " dimensions");
+    return v.failure(ffi::ErrorCode::kInvalidArgument,
+                     which() + " has more than " + std::to_string(kMaxNdim) + " dimensions");
+  const int width = (int)ffi::ByteWidth(b.element_type());
+  if (width != v.itemsizes[j])
+    return v.failure(ffi::ErrorCode::kInvalidArgument,
+                     which() + " has " + std::to_string(width) + "-byte elements where the op takes " +
+                         std::to_string(v.itemsizes[j]) + "-byte ones (float64 under JAX needs jax_enable_x64)");
   f.data[j] = b.untyped_data();
   f.bytes[j] = b.size_bytes();
   int64_t stride = v.itemsizes[j];

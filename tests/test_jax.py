@@ -67,9 +67,10 @@ def test_kernel_error_is_raised():
     np.testing.assert_array_equal(got_s, [9.0, 9.0])
 
 
-def test_unregistered_symbol_and_wrong_arity_are_errors():
+def test_unregistered_symbol_wrong_arity_and_element_size_are_errors():
     """A call naming a variant that this process never registered (as an executable compiled elsewhere could),
-    or one with another number of arguments than the variant's, is an error from the handler, not a crash."""
+    one with another number of arguments than the variant's, or one whose buffers have other element sizes, is an
+    error from the handler, not a crash; the right call then works."""
     from ptnative.backends.jax import ffi_target
 
     variant = scale_op().variant("float64", "cpu")
@@ -84,6 +85,22 @@ def test_unregistered_symbol_and_wrong_arity_are_errors():
         jax.block_until_ready(jax.ffi.ffi_call(target, out)(x, symbol=variant.symbol))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):  # it needs "symbol"
         jax.block_until_ready(jax.ffi.ffi_call(target, out)(x))
+    # float32 buffers for the float64 variant: what a float64 op gets when jax_enable_x64 is off (PyTensor turns
+    # it off with floatX float32)
+    outs = [jax.ShapeDtypeStruct((2, 3), np.float32), jax.ShapeDtypeStruct((2,), np.float32)]
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': input 0 has "
+                                                         r"4-byte elements where the op takes 8-byte ones"):
+        jax.block_until_ready(jax.ffi.ffi_call(target, outs)(x.astype(np.float32), np.ones(3, np.float32),
+                                                             np.int32(1), symbol=variant.symbol))
+    x64 = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        outs = [jax.ShapeDtypeStruct((2, 3), np.float64), jax.ShapeDtypeStruct((2,), np.float64)]
+        got = jax.ffi.ffi_call(target, outs)(x, np.full(3, 2.0), np.int32(1), symbol=variant.symbol)
+        np.testing.assert_array_equal(np.asarray(got[0]), np.full((2, 3), 3.0))
+        np.testing.assert_array_equal(np.asarray(got[1]), [9.0, 9.0])
+    finally:
+        jax.config.update("jax_enable_x64", x64)
 
 
 def test_one_handler_library_serves_every_variant(tmp_path):
@@ -167,6 +184,37 @@ print("ok")
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-4000:]
     assert sorted(p.name for p in cache.glob("*.so")) == sorted(p.name for p in shipped.glob("*.so"))
+
+
+def test_persistent_compilation_cache_serves_another_process(tmp_path):
+    """The lowered program names its op variants by symbol, not by address: a second process gets the jitted
+    function from JAX's persistent compilation cache (no XLA compilation) and the same, right results."""
+    code = """
+import sys
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from jax._src import monitoring
+hits = []
+monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+import numpy as np, pytensor.tensor as pt, ptnative
+from ptnative.backends.jax import jaxify_graph
+x = pt.matrix("x", shape=(3, 4))
+y = ptnative.subtensor_batched_index(x, np.array([1, 3, 0], "float64"))
+got = jax.jit(jaxify_graph([x], [y]))(np.arange(12.0).reshape(3, 4))[0]
+np.testing.assert_array_equal(np.asarray(got), [1, 7, 8])
+print("hits", len(hits))
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    hits = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "jax-cache")], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+        hits.append(int(proc.stdout.split()[-1]))
+    assert hits[0] == 0 and hits[1] >= 1, hits
 
 
 def test_ptnative_build_builds_the_handler(monkeypatch, capsys):
