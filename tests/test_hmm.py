@@ -324,10 +324,9 @@ def test_nan_no_path_and_empty(mode, dtype):
     assert np.isnan(score[1]) and score[2] == -np.inf and score[3] == 0
     np.testing.assert_array_equal(path[:, 1:], -1)
     np.testing.assert_array_equal(path[:, 0], ok[3][:, 0])
-    xs = symbols(dtype)
-    gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
-    f = pytensor.function(xs, [gamma, xi, pytensor.grad(gamma[:, :, 0].sum() + xi.sum(), xs[0])], mode=mode)
-    g, x, d = f(*args)
+    G = np.zeros((T, B, K), dtype)
+    G[:, :, 0] = 1  # the cost: sum(gamma[:, :, 0]) + sum(xi)
+    g, x, d = posteriors_gradient_function(dtype, mode)(*args, G, np.ones((B, K, K), dtype))[:3]
     assert np.isnan(g[:, 1]).all() and np.isnan(x[1]).all() and np.isnan(d[:, 1]).all()
     assert np.all(g[:, 2:] == 0) and np.all(x[2:] == 0) and np.all(d[:, 2:] == 0)
     rtol, atol = tol(dtype)
@@ -859,17 +858,28 @@ def test_log_likelihood_lanes_long_and_extreme():
 
 
 # ------------------------------------------------------------------ hmm_posteriors: sequences in vector lanes
-@compiled_once
 def posteriors_with_gradient(dtype, mode):
     """hmm_posteriors' marginals and counts (HmmPosteriorsValuesOp after the rewrite, every mode but FAST_COMPILE),
     and a function of the same graph with the gradient of sum(G * marginals) + sum(H * counts) w.r.t. the four
-    inputs (HmmPosteriorsOp, reading the filter its forward pass wrote)."""
+    inputs (HmmPosteriorsOp, reading the filter its forward pass wrote): each compiled once per process."""
+    return posteriors_function(dtype, mode), posteriors_gradient_function(dtype, mode)
+
+
+@compiled_once
+def posteriors_function(dtype, mode):
+    """(log_emissions, log_transitions, log_initial, log_final, mask) -> gamma, xi."""
+    xs = symbols(dtype)
+    return pytensor.function(xs, list(hmm.hmm_posteriors(*xs[:4], mask=xs[4])), mode=mode)
+
+
+@compiled_once
+def posteriors_gradient_function(dtype, mode):
+    """(log_emissions, log_transitions, log_initial, log_final, mask, G, H) -> gamma, xi and the gradients of
+    sum(G * gamma) + sum(H * xi) w.r.t. the first four."""
     xs, G, H = symbols(dtype), pt.tensor3(dtype=dtype), pt.tensor3(dtype=dtype)
     gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
-    values = pytensor.function(xs, [gamma, xi], mode=mode)
     cost = (gamma * G).sum() + (xi * H).sum()
-    grads = pytensor.function([*xs, G, H], [gamma, xi, *pytensor.grad(cost, xs[:4])], mode=mode)
-    return values, grads
+    return pytensor.function([*xs, G, H], [gamma, xi, *pytensor.grad(cost, xs[:4])], mode=mode)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
