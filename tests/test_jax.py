@@ -103,6 +103,39 @@ def test_unregistered_symbol_wrong_arity_and_element_size_are_errors():
         jax.config.update("jax_enable_x64", x64)
 
 
+def test_threads_register_and_call_variants_at_once():
+    """Four threads trace and run four op variants at the same time, then call them together, 32 calls: the
+    handler's registry is read from several threads at once (as XLA does with several devices) and every result
+    is right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ptnative.backends.jax import jaxify_graph
+
+    x64 = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        functions = {}
+        for dt in ("float32", "float64"):
+            x, w, k = pt.matrix(dtype=dt), pt.vector(dtype=dt), pt.iscalar()
+            functions["scale", dt] = jaxify_graph([x, w, k], list(scale_op()(x, w, k)))
+            m = pt.matrix(dtype=dt)
+            functions["pick", dt] = jaxify_graph([m], [ptnative.subtensor_batched_index(m, np.array([2, 0], dt))])
+
+        def run(key):
+            name, dt = key
+            f = jax.jit(functions[key])
+            if name == "scale":
+                got = f(np.ones((2, 3), dt), np.arange(3, dtype=dt), np.int32(1))[1]
+                return np.asarray(got).tolist() == [6, 6]
+            return np.asarray(f(np.arange(6, dtype=dt).reshape(2, 3))[0]).tolist() == [2, 3]
+
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(run, list(functions)))
+            assert all(pool.map(run, list(functions) * 8))
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+
+
 def test_one_handler_library_serves_every_variant(tmp_path):
     """A fresh process with a kernel cache holding only the variants' own libraries: JAX mode runs five variants
     (two ops, float32 and float64, and a gradient op) and compiles exactly one library, the CPU handler."""
