@@ -2,9 +2,9 @@
 
 Each mode calls a variant's entry point (the ABI is in :mod:`ptnative.source`) through a glue of its own: the
 Python/Numba driver (:mod:`ptnative.backends.driver`), PyTensor's C module (:mod:`ptnative.backends.c`), the XLA
-FFI handler (:mod:`ptnative.backends.ffi_source`) and the entry point itself (``c_code/native_op_entry.h``).  They
-all do the same steps from the same facts, and those facts are this plan's fields, so that no glue reads the
-spec again:
+FFI handler (``c_code/xla_ffi_handler.cc``, given the plan by :mod:`ptnative.backends.jax`) and the entry point
+itself (``c_code/native_op_entry.h``).  They all do the same steps from the same facts, and those facts are this
+plan's fields, so that no glue reads the spec again:
 
 1. make the ``contiguous`` inputs C-contiguous;
 2. check the fixed input sizes (``size_checks``, each with its message);
