@@ -10,7 +10,7 @@ import pytest
 import ptnative
 from ptnative.ops import hmm
 
-from .conftest import tol
+from .conftest import compiled_once, tol
 from .reference import fsa as ref_fsa
 from .reference import hmm as ref
 from .test_hmm import cast, compiled, mask_of, model, symbols
@@ -23,8 +23,10 @@ def twice(*arrays):
     return [np.concatenate([a, a], 1) for a in arrays]
 
 
+@compiled_once
 def posteriors_with_gradient(dtype):
-    """(marginals, counts, d/d log_emissions of a weighted sum of both) as one compiled function."""
+    """(marginals, counts, d/d log_emissions of a weighted sum of both) as one compiled function (once per process:
+    conftest.compiled_once)."""
     xs = symbols(dtype)
     gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])
     cost = 2.0 * gamma[:, :, 0].sum() - gamma[:, :, -1].sum() + (xi * xi).sum()  # separable per sequence
