@@ -108,23 +108,33 @@ static LowmemChunk lowmem_chunk(const LstmCall& c, int64_t k0) {
   return {k0, k1, (k1 - k0) * c.n_batch};
 }
 
-// A part's rows r0 .. r1-1 of the chunk's buffers: frame k's rows at (k - k0) * (r1 - r0) from `at`, the parts one
-// after the other ((k1 - k0) * r0 rows before part r0's), so that the whole chunk is one matrix for the BLAS GEMM.
+// A part's rows r0 .. r1-1 of the chunk's buffers: frame k's rows at (k - k0) * (r1 - r0), the parts one after the
+// other ((k1 - k0) * r0 rows before part r0's), so that the whole chunk is one matrix for the weight gradient.
 static int64_t lowmem_part_row(const LowmemChunk& ch, int64_t r0) { return (ch.k1 - ch.k0) * r0; }
 
-// The part's inputs of the chunk's frames into `out` (rows ld apart, laid out as lowmem_part_row says): X[t] with
-// the masked rows zeroed (a NaN on padding reaches no product), then with `Y` the frame's recurrent input (y0 at
-// the first visited frame, else Y at the one before).
-static void lowmem_gather(Ndarray* X, Ndarray* i, Ndarray* Y, Ndarray* y0, const LstmCall& c, const LowmemChunk& ch,
-                          int64_t r0, int64_t r1, Float* out, int64_t ld) {
-  int64_t n_in = Ndarray_DIMS(X)[2], nr = r1 - r0;
+// h (the part's rows of the chunk's frames, laid out as lowmem_part_row says, rows 4n apart) = X[t] . W_x + b, X read
+// in place: a masked row's pre-activations (NaN on padding included) reach nothing, as the cells select.
+static void lowmem_input_products(Ndarray* X, const LstmCall& c, const LowmemChunk& ch, int64_t r0, int64_t r1,
+                                  const LstmPacked& Wx, const Float* bias, Float* h) {
+  const int64_t n_in = Ndarray_DIMS(X)[2], nr = r1 - r0, g = 4 * c.n_cells;
+  lstm_packed_gemm_blocks(data_ptr(X, c.fr.at(ch.k0)) + r0 * n_in, Wx, h,
+                          LstmRowBlocks{nr, ch.k1 - ch.k0, n_in, c.fr.step * c.n_batch * n_in, g, nr * g}, bias, true);
+}
+
+// The part's rows of [X[t] | y_prev] for the chunk's frames into the weight gradient's packed layout, from row `row0`
+// (laid out as lowmem_part_row says): X[t] with the masked rows zeroed (a NaN on padding reaches no weight
+// gradient), then the frame's recurrent input (y0 at the first visited frame, else Y at the one before).
+static void lowmem_put_rows(Ndarray* X, Ndarray* i, Ndarray* Y, Ndarray* y0, const LstmCall& c, const LowmemChunk& ch,
+                            int64_t r0, int64_t r1, const LstmTnRows& P, int64_t row0) {
+  const int64_t n_in = Ndarray_DIMS(X)[2], nr = r1 - r0;
+  const Float* mask = Ndarray_DEV_DATA(i);
   for (int64_t k = ch.k0; k < ch.k1; ++k) {
-    int64_t t = c.fr.at(k);
-    Float* row = out + (k - ch.k0) * nr * ld;
-    lstm_rows_to(data_ptr(X, t) + r0 * n_in, Ndarray_DEV_DATA(i) + t * c.n_batch + r0, row, nr, n_in, ld);
-    if (Y)
-      lstm_rows_to((k > 0 ? data_ptr(Y, t - c.fr.step) : Ndarray_DEV_DATA(y0)) + r0 * c.n_cells, nullptr, row + n_in,
-                   nr, c.n_cells, ld);
+    const int64_t t = c.fr.at(k);
+    const Float* yp = (k > 0 ? data_ptr(Y, t - c.fr.step) : Ndarray_DEV_DATA(y0)) + r0 * c.n_cells;
+    for (int64_t r = 0; r < nr; ++r)
+      P.put(row0 + (k - ch.k0) * nr + r,
+            mask[t * c.n_batch + r0 + r] != Float(0) ? data_ptr(X, t) + (r0 + r) * n_in : nullptr, n_in,
+            yp + r * c.n_cells);
   }
 }
 #endif
@@ -157,18 +167,16 @@ static void lstm_lowmem_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
 #else
   if (fr.count > 0) {
     const int64_t per_chunk = lowmem_frames_per_chunk(call), chunk_rows = per_chunk * n_batch;
-    Float* xs = scratch.get<Float>(chunk_rows * n_in);
     Float* gates = scratch.get<Float>(chunk_rows * g);
     const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
     lstm_cpu_rows(n_batch, n_cells, fr.count, [&](int64_t r0, int64_t r1) {
       const int64_t nr = r1 - r0, at = r0 * n_cells;
       // the parts do not wait for each other between chunks: each keeps the same rows of the buffers in every
       // chunk (per_chunk frames' worth), also where the last chunk is shorter
-      Float *xp = xs + per_chunk * r0 * n_in, *gp = gates + per_chunk * r0 * g;
+      Float* gp = gates + per_chunk * r0 * g;
       for (int64_t k0 = 0; k0 < fr.count; k0 += per_chunk) {
         LowmemChunk ch = lowmem_chunk(call, k0);
-        lowmem_gather(X, i, nullptr, y0, call, ch, r0, r1, xp, n_in);
-        lstm_packed_gemm(xp, n_in, packed_Wx, gp, g, (ch.k1 - ch.k0) * nr, bias, true);  // X[t] . W_x + b
+        lowmem_input_products(X, call, ch, r0, r1, packed_Wx, bias, gp);  // X[t] . W_x + b
         for (int64_t k = ch.k0; k < ch.k1; ++k) {
           int64_t t = fr.at(k);
           Float* h = gp + (k - ch.k0) * nr * g;
@@ -231,7 +239,8 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   }
 #else
   const int64_t ld = n_in + n_cells, chunk_rows = lowmem_frames_per_chunk(call) * n_batch;
-  Float* P = scratch.get<Float>(chunk_rows * ld);  // the chunk's [X[t] | y_prev] rows
+  const int64_t ldp = LstmTnRows::size(1, ld);  // values per row of P
+  Float* P = scratch.get<Float>(chunk_rows * ldp);  // the chunk's [X[t] | y_prev] rows, packed (LstmTnRows)
   Float* H = scratch.get<Float>(chunk_rows * g);   // their pre-activations
   Float* G = scratch.get<Float>(chunk_rows * g);   // the gradients of those
   const LstmPacked packed_Wx = lstm_pack(Wd, false, n_in, g), packed_Wh = lstm_pack(Wd + n_in * g, false, n_cells, g);
@@ -239,12 +248,21 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(parts * g, 0.0);
   const int64_t per_chunk = lowmem_frames_per_chunk(call);
-  // the chunk's gates, exactly as in the forward pass, then its frames backward
-  auto chunk_backward = [&](const LowmemChunk& ch, int p, int64_t r0, int64_t r1, Float* pp, Float* hp, Float* gp) {
+  // the chunk's gates, exactly as in the forward pass (the same bits: each element is summed in the same order), then
+  // its frames backward; the part's rows of [X | y_prev] into pp from row row0
+  auto chunk_backward = [&](const LowmemChunk& ch, int p, int64_t r0, int64_t r1, const LstmTnRows& pp, int64_t row0,
+                            Float* hp, Float* gp) {
     const int64_t nr = r1 - r0, at = r0 * n_cells;
-    lowmem_gather(X, i, Y, y0, call, ch, r0, r1, pp, ld);
-    lstm_packed_gemm(pp, ld, packed_Wx, hp, g, (ch.k1 - ch.k0) * nr, bias, true);
-    lstm_packed_gemm(pp + n_in, ld, packed_Wh, hp, g, (ch.k1 - ch.k0) * nr);
+    lowmem_put_rows(X, i, Y, y0, call, ch, r0, r1, pp, row0);
+    lowmem_input_products(X, call, ch, r0, r1, packed_Wx, bias, hp);
+    int64_t kf = ch.k0;  // + y_prev . W_h: y0 at the first visited frame, else Y at the frame before
+    if (kf == 0) {
+      lstm_packed_gemm(Ndarray_DEV_DATA(y0) + at, n_cells, packed_Wh, hp, g, nr);
+      ++kf;
+    }
+    if (kf < ch.k1)
+      lstm_packed_gemm_blocks(data_ptr(Y, fr.at(kf) - fr.step) + at, packed_Wh, hp + (kf - ch.k0) * nr * g,
+                              LstmRowBlocks{nr, ch.k1 - kf, n_cells, fr.step * n_batch * n_cells, g, nr * g});
     for (int64_t k = ch.k1 - 1; k >= ch.k0; --k) {
       int64_t t = fr.at(k), f = (k - ch.k0) * nr * g;
       lowmem_bw_frame(hp + f, mask + t * n_batch + r0, data_ptr(C, t) + at, c_prev_at(k) + at, data_ptr(DY, t) + at,
@@ -264,14 +282,16 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     LstmBuffer dw_buffer((parts - 1) * ld * g), work_buffer(parts * lstm_gemm_tn_work(ld, g));
     Float *dw_parts = dw_buffer.data(), *work = work_buffer.data();
     lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
-      Float *pp = P + per_chunk * r0 * ld, *hp = H + per_chunk * r0 * g, *gp = G + per_chunk * r0 * g;
+      Float *hp = H + per_chunk * r0 * g, *gp = G + per_chunk * r0 * g;
       Float* dw = p == 0 ? DWd : dw_parts + (p - 1) * ld * g;
       const int64_t last = (fr.count - 1) / per_chunk * per_chunk;
       for (int64_t k0 = last; k0 >= 0; k0 -= per_chunk) {
         LowmemChunk ch = lowmem_chunk(call, k0);
-        chunk_backward(ch, p, r0, r1, pp, hp, gp);
-        lstm_gemm_tn_blocks(pp, gp, LstmRowBlocks{(ch.k1 - ch.k0) * (r1 - r0), 1, ld, 0, g, 0}, ld, g, dw, ld,
-                            nullptr, g, work + p * lstm_gemm_tn_work(ld, g), k0 == last);  // the first chunk: dw =
+        const int64_t rows = (ch.k1 - ch.k0) * (r1 - r0);
+        const LstmTnRows pp(P + per_chunk * r0 * ldp, rows, ld);
+        chunk_backward(ch, p, r0, r1, pp, 0, hp, gp);
+        lstm_gemm_tn_blocks(nullptr, gp, LstmRowBlocks{rows, 1, 0, 0, g, 0}, ld, g, dw, ld, nullptr, g,
+                            work + p * lstm_gemm_tn_work(ld, g), k0 == last, pp.data);  // the first chunk: dw =
       }
     }, ptn::PartsOn::own_threads);
     if (parts > 1)  // the parts' own DW added in part order, the rows of DW split over the threads (no DAZ here)
@@ -286,12 +306,13 @@ static void lstm_lowmem_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
     const int64_t last = (fr.count - 1) / per_chunk * per_chunk;
     for (int64_t k0 = last; k0 >= 0; k0 -= per_chunk) {
       LowmemChunk ch = lowmem_chunk(call, k0);
+      const LstmTnRows pc(P, ch.rows, ld);
       lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
         const int64_t row = lowmem_part_row(ch, r0);
-        chunk_backward(ch, p, r0, r1, P + row * ld, H + row * g, G + row * g);
+        chunk_backward(ch, p, r0, r1, pc, row, H + row * g, G + row * g);
       }, ptn::PartsOn::own_threads);
       // [DW_x; DW_h] (+)= [X | Yp]^T . G (the first chunk overwrites)
-      lstm_weight_grad(P, ld, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, work, k0 == last);
+      lstm_weight_grad(nullptr, 0, G, g, ch.rows, ld, g, DWd, ld, nullptr, parts, work, k0 == last, pc.data);
     }
   }
   lstm_sum_parts(db_parts, parts, g, dbd);
