@@ -199,16 +199,17 @@ def cotangents(shapes, seed=9):
 
 
 def with_reference_gradients(native, reference, syms, wrt, dtype):
-    """One FAST_COMPILE function (the unrolled reference graph compiles fast there) of ``syms`` returning, for the
-    op's ``(Y, C, d)`` then the reference's, those outputs and the gradients of one weighted cost of them with
-    respect to ``wrt``."""
+    """Two FAST_COMPILE functions (the unrolled reference graph compiles fast there) of ``syms``, one for the op's
+    ``(Y, C, d)`` and one for the reference's, each returning those outputs and the gradients of one weighted cost
+    of them with respect to ``wrt`` (the same cost for both).  The reference's holds no native op: its values do
+    not depend on the thread count (and its sums of per-frame terms run element by element in Python, seconds)."""
     T, B, n = native[0].type.shape
     DY, DC, Dd = cotangents([(T, B, n), (T, B, n), (B, n)])
-    outs = []
+    functions = []
     for y, c, dd in (native, reference):
         cost = (y * DY.astype(dtype)).sum() + (c * DC.astype(dtype)).sum() + (dd * Dd.astype(dtype)).sum()
-        outs += [y, c, dd, *pytensor.grad(cost, wrt)]
-    return pytensor.function(syms, outs, mode="FAST_COMPILE")
+        functions.append(pytensor.function(syms, [y, c, dd, *pytensor.grad(cost, wrt)], mode="FAST_COMPILE"))
+    return functions
 
 
 def sym_like(name, value, dtype):
@@ -310,12 +311,14 @@ def test_native_lstm2_multithreaded_cpu_path(monkeypatch, dtype, start, step):
             rng.normal(size=(B, n)), holey_mask(T, B, rng)]
     syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
     Y, C, _, d = NativeLstm2.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
-    f = with_reference_gradients((Y, C, d), native_lstm2_graph(*syms, start, step), syms, syms[:4], dtype)
+    f, f_ref = with_reference_gradients((Y, C, d), native_lstm2_graph(*syms, start, step), syms, syms[:4], dtype)
+    args = [np.asarray(v, dtype=dtype) for v in vals]
+    want = f_ref(*args)
     rtol, atol = (2e-4, 2e-4) if dtype == "float32" else (1e-10, 1e-10)
     for threads in ("1", "2", "3"):
         monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
-        res = f(*[np.asarray(v, dtype=dtype) for v in vals])
-        for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res[:7], res[7:]):
+        res = f(*args)
+        for name, got, ref in zip(["Y", "C", "d", "DX", "DW", "Dy0", "Dc0"], res, want):
             np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()),
                                        err_msg=f"{name}, {threads} thread(s)")
 
@@ -423,17 +426,18 @@ def test_lowmem_multithreaded_cpu_path(monkeypatch, dtype, start, step, size):
     vals = [dat[k] for k in ("X", "W", "b", "y0", "c0", "i")]
     syms = [pt.tensor(f"in{k}", dtype=dtype, shape=np.shape(v)) for k, v in enumerate(vals)]
     Y, C, d = LstmLowMem.make_op()(*syms, pt.constant(np.int32(start)), pt.constant(np.int32(step)))
-    f = with_reference_gradients((Y, C, d), lowmem_graph(*syms, start, step), syms, syms[:5], dtype)
+    f, f_ref = with_reference_gradients((Y, C, d), lowmem_graph(*syms, start, step), syms, syms[:5], dtype)
     args = [np.asarray(v, dtype=dtype) for v in vals]
+    want = f_ref(*args)
     rtol, atol = (5e-4, 5e-4) if dtype == "float32" else (1e-10, 1e-10)
     names = ["Y", "C", "d", "DX", "DW", "Db", "Dy0", "Dc0"]
     for threads in ("1", "2", "3"):
         monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
         res = f(*args)
-        for name, got, ref in zip(names, res[:8], res[8:]):
+        for name, got, ref in zip(names, res, want):
             np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * max(1.0, np.abs(ref).max()),
                                        err_msg=f"{name}, {threads} thread(s)")
-        for name, got, again in zip(names, res[:8], f(*args)[:8]):
+        for name, got, again in zip(names, res, f(*args)):
             np.testing.assert_array_equal(got, again, err_msg=f"{name}, {threads} thread(s)")
 
 
@@ -541,19 +545,23 @@ CELL_SHAPES = [((10, 3), (10, 12)), ((20, 32, 4), (16, 128, 4)), ((32, 100, 3, 5
                ((16, 20), (2, 80)), ((16, 20), (0, 80)), ((0, 0), (0, 0)), ((8, 0), (2, 0))]
 
 
+@compiled_once
+def cell_function(dtype, ndim):
+    """lstm_cell's (c, h) and the gradients of sum(c * gc) + sum(h * gh) w.r.t. c_prev and x, of
+    (c_prev, x, gc, gh) of ``dtype``, ``ndim`` dimensions and unknown shapes (compiled once per process:
+    conftest.compiled_once)."""
+    c_prev, x, gc, gh = (pt.tensor(name, dtype=dtype, shape=(None,) * ndim) for name in ("c", "x", "gc", "gh"))
+    c, h = lstm_cell(c_prev, x)
+    return pytensor.function([c_prev, x, gc, gh], [c, h, *pytensor.grad((c * gc).sum() + (h * gh).sum(), [c_prev, x])])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("c_shape,x_shape", CELL_SHAPES)
 def test_lstm_cell_forward_and_backward(dtype, c_shape, x_shape):
     rng = np.random.default_rng(len(c_shape) + c_shape[0])
     cv, xv = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, x_shape)
     gcv, ghv = rng.uniform(-1, 1, c_shape), rng.uniform(-1, 1, (x_shape[0],) + c_shape[1:])
-    c_prev, x = pt.tensor("c", dtype=dtype, shape=(None,) * len(c_shape)), pt.tensor("x", dtype=dtype,
-                                                                                      shape=(None,) * len(x_shape))
-    c, h = lstm_cell(c_prev, x)
-    cost = (c * gcv.astype(dtype)).sum() + (h * ghv.astype(dtype)).sum()
-    f = pytensor.function([c_prev, x], [c, h, *pytensor.grad(cost, [c_prev, x])])
-    c_before, x_before = cv.astype(dtype), xv.astype(dtype)
-    got = f(c_before, x_before)
+    got = cell_function(dtype, len(c_shape))(cv.astype(dtype), xv.astype(dtype), gcv.astype(dtype), ghv.astype(dtype))
     rc, rh = lstm_cell_forward(cv, xv)
     assert got[0].shape == c_shape and got[1].shape == rh.shape
     assert_close(got[0], rc, dtype, "c", scale=1)
@@ -583,16 +591,10 @@ def test_lstm_cell_double_backward():
                        in ("Tanh", "Sigmoid") for nd in f.maker.fgraph.toposort())
         assert any(isinstance(nd.op, NativeOp) and nd.op.name == "LstmCellGradGrad" for nd in f.maker.fgraph.toposort())
         got = f(cv, xv)
-
-        def first(a, b):
-            gsym = pytensor.function([c_prev, x], [g_c, g_x])
-            return gsym(a, b)
-
-        fg = pytensor.function([c_prev, x], second)
+        fg = pytensor.function([c_prev, x], second, mode="FAST_COMPILE")  # the reference: same kernels, no Numba
         num = numeric_grad(lambda a, b: float(fg(a, b)), [cv, xv], [0, 1], eps=1e-5)
         np.testing.assert_allclose(got[0], num[0], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(got[1], num[1], rtol=1e-5, atol=1e-7)
-        del first
 
 
 def test_lstm_cell_grad_op_second_order_all_inputs():
@@ -650,11 +652,8 @@ def test_lstm_layer_helper(impl, direction):
     b, y0, c0 = rng.normal(size=(4 * n,)), rng.normal(size=(B, n)), rng.normal(size=(B, n))
     mask = ragged_mask(T, B, rng)
     mask[:, 3] = 0.0  # a sequence without frames: final_y = y0, final_c = c0
-    syms = [sym_like(k, v, "float64") for k, v in zip(["x", "W_in", "W_rec", "b", "y0", "c0", "m"],
-                                                    [xv, W_in, W_rec, b, y0, c0, mask])]
-    outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], direction=direction, impl=impl)
-    grads = pytensor.grad(sum((o * (k + 1)).sum() for k, o in enumerate(outs)), syms[:6])
-    got = pytensor.function(syms, [*outs, *grads])(xv, W_in, W_rec, b, y0, c0, mask)
+    weights = [np.full((T, B, n), 1.0), np.full((B, n), 2.0), np.full((B, n), 3.0)]  # cost: sum_k (k + 1) out_k
+    got = layer_function(impl, None, direction)(xv, W_in, W_rec, b, y0, c0, mask, *weights)
     vals = [xv, W_in, W_rec, b, y0, c0]
     for name, g, r in zip(["Y", "final_c", "final_y"], got, ref_layer(*vals, mask, direction, impl)):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12, err_msg=name)
@@ -863,13 +862,18 @@ def layer_values(T=6, B=4, n_in=3, n=2, seed=21):
 
 @compiled_once
 def layer_function(impl, mode, direction=1):
-    """lstm()'s outputs (Y, final_c, final_y) and the gradients of a weighted sum of them w.r.t. x, W_in,
-    W_rec, b, y0 and c0, for arguments of unknown shapes (compiled once per process: conftest.compiled_once)."""
-    syms = [sym_like(k, v, "float64") for k, v in zip(LAYER_ARGS, layer_values())]
+    """lstm()'s outputs (Y, final_c, final_y) and the gradients of sum(Y * wY) + sum(final_c * wc) +
+    sum(final_y * wy) w.r.t. x, W_in, W_rec, b, y0 and c0, a function of (x, W_in, W_rec, b, y0, c0, mask, wY, wc,
+    wy), float64 of unknown shapes (compiled once per process: conftest.compiled_once)."""
+    syms = [pt.tensor(k, dtype="float64", shape=(None,) * nd)
+            for k, nd in zip([*LAYER_ARGS, "wY", "wc", "wy"], [3, 2, 2, 1, 2, 2, 2, 3, 2, 2])]
     outs = lstm(*syms[:4], y0=syms[4], c0=syms[5], mask=syms[6], direction=direction, impl=impl)
-    weights = cotangents([(6, 4, 2), (4, 2), (4, 2)], seed=4)
-    grads = pytensor.grad(sum((o * w).sum() for o, w in zip(outs, weights)), syms[:6])
+    grads = pytensor.grad(sum((o * w).sum() for o, w in zip(outs, syms[7:])), syms[:6])
     return pytensor.function(syms, [*outs, *grads], mode=mode)
+
+
+#: layer_values()'s cotangents (wY, wc, wy) for layer_function.
+LAYER_WEIGHTS = cotangents([(6, 4, 2), (4, 2), (4, 2)], seed=4)
 
 
 LAYER_RESULTS = ["Y", "final_c", "final_y", "dx", "dW_in", "dW_rec", "db", "dy0", "dc0"]
@@ -882,13 +886,13 @@ def test_lstm_layer_nan_and_inf_on_padding_change_nothing(mode, impl, direction)
     gradient equals the run without them, exactly (masks select, they do not multiply)."""
     f = layer_function(impl, mode, direction)
     vals = layer_values()
-    clean = f(*vals)
+    clean = f(*vals, *LAYER_WEIGHTS)
     dirty = [v.copy() for v in vals]
     dirty[0][5, 2] = np.nan        # trailing padding of sequence 2
     dirty[0][2, 1, 0] = np.inf     # the hole inside sequence 1
     dirty[0][:, 3, 1] = -np.inf    # sequence 3 has no frame
     dirty[0][4, 3, 0] = np.nan
-    got = f(*dirty)
+    got = f(*dirty, *LAYER_WEIGHTS)
     for name, g, c in zip(LAYER_RESULTS, got, clean):
         assert np.isfinite(c).all(), name
         np.testing.assert_array_equal(g, c, err_msg=f"{name} with NaN / inf on padding")
@@ -900,10 +904,10 @@ def test_lstm_layer_nan_on_a_valid_frame_reaches_its_sequence(impl):
     frames, final_c, final_y) and in its dx; the other sequences' outputs and dx are unchanged."""
     f = layer_function(impl, None)
     vals = layer_values()
-    clean = f(*vals)
+    clean = f(*vals, *LAYER_WEIGHTS)
     dirty = [v.copy() for v in vals]
     dirty[0][1, 2, 0] = np.nan  # frame 1 of sequence 2 (3 frames)
-    got = dict(zip(LAYER_RESULTS, f(*dirty)))
+    got = dict(zip(LAYER_RESULTS, f(*dirty, *LAYER_WEIGHTS)))
     assert np.isnan(got["Y"][1:3, 2]).all() and not np.isnan(got["Y"][3:, 2]).any()  # Y is 0 on padding
     assert np.isnan(got["final_c"][2]).all() and np.isnan(got["final_y"][2]).all()
     assert np.isnan(got["dx"][:2, 2]).any()
@@ -986,7 +990,7 @@ def test_lstm_layer_run_time_shape_errors_name_the_argument(mode, impl):
     argument and both sizes."""
     f = layer_function(impl, mode)
     vals = layer_values()
-    f(*vals)
+    f(*vals, *LAYER_WEIGHTS)
     cases = [("W_rec", np.ones((2, 6)), r"lstm: W_rec.shape\[1\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
              ("W_in", np.ones((4, 8)), r"lstm: W_in.shape\[0\] = 4; expected n_in \(x.shape\[2\]\) = 3"),
              ("b", np.ones(6), r"lstm: b.shape\[0\] = 6; expected 4 \* n \(n = W_rec.shape\[0\]\) = 8"),
@@ -998,4 +1002,4 @@ def test_lstm_layer_run_time_shape_errors_name_the_argument(mode, impl):
         args = list(vals)
         args[LAYER_ARGS.index(name)] = bad
         with pytest.raises(ValueError, match=msg):
-            f(*args)
+            f(*args, *LAYER_WEIGHTS)
