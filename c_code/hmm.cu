@@ -612,9 +612,12 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
         const double* __restrict__ at = p.alpha + tb * K;
         double* __restrict__ ab = Et;  // alpha_t beta_t
         const double z = hmm_dot(at, beta, K, ab);
-        if (!(z > 0.0)) continue;  // cannot happen after a successful forward pass
-        const double r = gb / z;
         Float* __restrict__ d = dle + tb * K;
+        if (!(z > 0.0)) {  // cannot happen after a successful forward pass
+          for (int64_t k = 0; k < K; ++k) d[k] = (Float)0.0;
+          continue;
+        }
+        const double r = gb / z;
 #pragma GCC ivdep
         for (int64_t k = 0; k < K; ++k) d[k] = (Float)(ab[k] * r);
         if (t == len - 1)
@@ -776,6 +779,18 @@ DEF_KERNEL void hmm_bw_nan(HmmParams p, Float* dle, int32_t* any_nan) {
   }
 }
 
+// d log e's rows that no backward pass writes, zeroed before they run (the output is fully_written): the padded
+// frames, and every frame of a sequence the passes skip (no frame, no path, or scaled with upstream gradient 0, which
+// the CPU passes skip).  The log-space pass writes its sequences' frames, hmm_bw_nan those of NaN sequences.
+DEF_KERNEL void hmm_bw_unwritten(HmmParams p, const Float* g, Float* dle) {
+  GRID_LOOP(b, p.B) {
+    const int64_t len = p.seq_len[b];
+    const int s = (int)p.status[b];
+    const bool passed = len > 0 && (s == HMM_LOG_SPACE || s == HMM_NAN || (s == HMM_SCALED && (double)g[b] != 0.0));
+    hmm_zero_frames(dle, passed ? len : 0, p.T, p.B, p.K, b);
+  }
+}
+
 DEF_KERNEL void hmm_bw_store(int64_t K, const double* U, const double* A, const double* dA_log, const double* dpi,
                              const double* df, const int32_t* any_nan, Float* dA, Float* dpi_out, Float* df_out) {
   GRID_LOOP(i, K * K) {
@@ -811,6 +826,7 @@ static void hmm_gradients(Ndarray** inputs, Ndarray** grads, Float* ll_out) {
   Ndarray_memset(dpi, 0, K * sizeof(double));
   Ndarray_memset(df, 0, K * sizeof(double));
   Float* dle = Ndarray_DEV_DATA(grads[0]);
+  start_dev_kernel(hmm_bw_unwritten, (p, g, dle));
 #if CUDA
   hmm_backward_cuda(scratch, p, g, dle, U, dpi, df);
 #else

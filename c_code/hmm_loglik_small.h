@@ -83,7 +83,11 @@ static void hmm_small_backward(const HmmParams& p, int64_t b, double g, Float* d
     const hmm_v4d at = hmm_lanes<K>(p.alpha + tb * K);
     const hmm_v4d ab = at * (beta_u * inv);
     const double z = hmm_hsum(ab);
-    if (!(z > 0.0)) break;  // cannot happen after a successful forward pass
+    if (!(z > 0.0)) {  // cannot happen after a successful forward pass; frames t..0 get 0
+      for (int64_t u = t; u >= 0; --u)
+        for (int k = 0; k < K; ++k) dle[(u * B + b) * K + k] = (Float)0.0;
+      break;
+    }
     const hmm_v4d d = ab * (g / z);
     hmm_store_lanes<K>(dle + tb * K, d);
     if (t == len - 1)

@@ -17,6 +17,13 @@ typedef ptn::Scratch HmmScratch;
 
 enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
 
+// Zeros into frames [t0, T) of sequence b of a (T, B, K) array: the rows of a fully_written output (not zeroed by
+// the entry point) that no pass of the kernels writes, such as padded frames.
+DEV_FUNC inline void hmm_zero_frames(Float* x, int64_t t0, int64_t T, int64_t B, int64_t K, int64_t b) {
+  for (int64_t t = t0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) x[(t * B + b) * K + k] = (Float)0.0;
+}
+
 // *out = max of x[0..n) over the non-NaN entries (-inf if none); returns whether x has a NaN.  A +inf
 // entry i is recorded in `check` (if given) by report(i), and *out is then -inf.
 template <typename Report>

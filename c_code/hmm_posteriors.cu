@@ -629,10 +629,27 @@ static bool hmm_posteriors_lanes(Ndarray** inputs, const HmmPostState& st, Float
 }
 #endif
 
+// The marginals' padded frames (t >= T_b, T_b from the 0/1 prefix mask (T, B)) and the counts of sequences without
+// a frame, zeroed before the passes run, which write every other element (the outputs are fully_written).
+DEF_KERNEL void hmm_post_unwritten(const Float* mask, int64_t T, int64_t B, int64_t K, Float* gamma, Float* xi) {
+  GRID_LOOP(b, B) {
+    int64_t len = 0;
+    while (len < T && (double)mask[len * B + b] != 0.0) ++len;
+    hmm_zero_frames(gamma, len, T, B, K, b);
+    if (len == 0)
+      for (int64_t i = 0; i < K * K; ++i) xi[b * K * K + i] = (Float)0.0;
+  }
+}
+
 // The forward pass of both forward ops: the marginals gamma (T,B,K) and the counts xi (B,K,K) from the inputs
 // log_emissions (T,B,K), log_transitions (K,K), log_initial (K), log_final (K), mask (T,B); st: the hidden arrays
 // (double) alpha (T,B,K), c (T,B), m (T,B), status (B).
 static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostState& st, Float* gamma, Float* xi) {
+  const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1];
+  const bool mask_fits = Ndarray_NDIM(inputs[4]) == 2 && Ndarray_DIMS(inputs[4])[0] == T &&
+                         Ndarray_DIMS(inputs[4])[1] == B;  // else the setup below raises
+  if (B > 0 && mask_fits)
+    start_dev_kernel(hmm_post_unwritten, (Ndarray_DEV_DATA(inputs[4]), T, B, Ndarray_DIMS(inputs[0])[2], gamma, xi));
 #if !CUDA
   if (hmm_posteriors_small(inputs, st, gamma, xi) || hmm_posteriors_lanes(inputs, st, gamma, xi)) return;
 #endif
@@ -720,7 +737,8 @@ DEF_KERNEL void hmm_post_grad_kernel(HmmInferParams p, HmmPostState st, const Fl
   GRID_LOOP(b, p.B) {
     const int64_t B = p.B, K = p.K, len = p.seq_len[b];
     const int status = (int)st.status[b];
-    if (len == 0 || status == HMM_NO_PATH) continue;  // dle stays 0
+    hmm_zero_frames(dle, len == 0 || status == HMM_NO_PATH ? 0 : len, p.T, B, K, b);  // padded frames too
+    if (len == 0 || status == HMM_NO_PATH) continue;
     if (status == HMM_NAN) {
       for (int64_t t = 0; t < len; ++t)
         for (int64_t k = 0; k < K; ++k) dle[(t * B + b) * K + k] = (Float)NAN_F;

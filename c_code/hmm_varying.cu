@@ -235,6 +235,7 @@ DEF_KERNEL void hmm_var_backward(HmmInferParams p, HmmVarying v, const double* a
   GRID_LOOP(b, p.B) {
     const int64_t B = p.B, K = p.K, len = p.seq_len[b];
     const double gb = (double)g[b];
+    hmm_zero_frames(dle, len == 0 || status[b] == HMM_NO_PATH ? 0 : len, p.T, B, K, b);  // padded frames too
     if (len == 0 || status[b] == HMM_NO_PATH) continue;
     if (status[b] == HMM_NAN) {
       hmm_var_grad_nan(p, v, b, dle, gr);

@@ -68,9 +68,13 @@ def _out(name, shape, batch_axis=None, **extra):
 def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
     """The inputs of the dense HMM ops (here and in ops/hmm.py): ``log_emissions`` (T, B, K), ``log_transitions``
     (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
-    gradient for any (the mask never has one)."""
+    gradient for any (the mask never has one).  The gradient ops write every element of ``log_emissions``'s gradient
+    (padded frames and sequences without a path: zeros), so it is ``fully_written``."""
+    emissions = _arr("log_emissions", 3, disc=disc, batch_axis=1)
+    if not disc:
+        emissions["bw_out_var"] = {"fully_written": True}
     return (
-        _arr("log_emissions", 3, disc=disc, batch_axis=1),
+        emissions,
         _arr("log_transitions", transitions_ndim, disc=disc),
         _arr("log_initial", initial_ndim, disc=disc),
         _arr("log_final", 1, disc=disc),
@@ -388,7 +392,7 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
     in_info = _hmm_inputs(False) + (_arr("D_log_likelihood", 1, shape=((0, 1),), disc=False, batch_axis=0),)
     out_info = (
         _out("log_likelihood", ((0, 1),), 0),
-        _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1),
+        _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
         _out("D_log_transitions", ((1, 0), (1, 1))),
         _out("D_log_initial", ((2, 0),)),
         _out("D_log_final", ((3, 0),)),

@@ -61,8 +61,8 @@ class HmmPosteriorsOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False)
     out_info = (
-        _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1),
-        _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0),
+        _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
+        _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
         _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1),
         _hidden("scales", ((0, 0), (0, 1)), 1),
         _hidden("shifts", ((0, 0), (0, 1)), 1),
