@@ -28,12 +28,15 @@ def mode(request):
 
 
 #: The test files that take the most CPU time, longest first (docs/install.md, "The test suite": a cold run's CPU time
-#: per file): they run first, so that pytest-xdist's processes end together instead of one of them finishing a long
-#: file or a long compile check alone.  Only the order changes; every other file follows in collection order.
-LONGEST_FIRST = ["test_jax_scaling.py", "test_lstm.py", "test_fuzz.py", "test_hmm.py", "test_fsa.py",
-                 "test_cuda_emulation.py", "test_cache_trust.py", "test_gpu_cases.py", "test_sparse.py",
-                 "test_blind_spots.py", "test_chunking.py", "test_jax_grad.py", "test_native_op.py",
-                 "test_hmm_small.py", "test_rnnt.py", "test_leaks.py", "test_docs.py"]
+#: per file, b740bde's; test_jax_scaling's three long tests first of all): they run first, so that pytest-xdist's
+#: processes end together instead of one of them finishing a long file or a long compile check alone.  Only the order
+#: changes; every other file follows in collection order.
+LONGEST_FIRST = ["test_jax_scaling.py", "test_lstm.py", "test_hmm.py", "test_fuzz.py", "test_fsa.py",
+                 "test_cuda_emulation.py", "test_sparse.py", "test_gpu_cases.py", "test_blind_spots.py",
+                 "test_chunking.py", "test_rnnt.py", "test_cache_trust.py", "test_native_op.py", "test_compat.py",
+                 "test_hmm_small.py", "test_docs.py", "test_generated_code.py", "test_leaks.py",
+                 "test_edit_distance.py", "test_jax_vmap.py", "test_lstm_fully_written.py", "test_jax_grad.py",
+                 "test_fully_written.py"]
 
 
 def pytest_collection_modifyitems(config, items):
