@@ -664,6 +664,21 @@ static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostStat
   HANDLE_LAST_ERROR();
 }
 
+// The hidden filter's rows that the gradient op does not read, zeroed after the passes (the outputs are
+// fully_written): frames t >= T_b, and every frame of a sequence that did not end HMM_SCALED (its filter stopped
+// at a NaN or where the path ended).  The mask as in hmm_post_unwritten.
+DEF_KERNEL void hmm_post_filter_unwritten(const Float* mask, int64_t T, int64_t B, int64_t K, HmmPostState st) {
+  GRID_LOOP(b, B) {
+    int64_t len = 0;
+    while (len < T && (double)mask[len * B + b] != 0.0) ++len;
+    for (int64_t t = (int)st.status[b] == HMM_SCALED ? len : 0; t < T; ++t) {
+      for (int64_t k = 0; k < K; ++k) st.alpha[(t * B + b) * K + k] = 0.0;
+      st.c[t * B + b] = 0.0;
+      st.m[t * B + b] = 0.0;
+    }
+  }
+}
+
 // HmmPosteriorsOp: outputs marginals, counts, then the hidden arrays.
 static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 5);
@@ -671,6 +686,10 @@ static void hmm_posteriors_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nda
   const HmmPostState st = {(double*)(*outputs[2])->data, (double*)(*outputs[3])->data, (double*)(*outputs[4])->data,
                            (double*)(*outputs[5])->data, true};
   hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
+  const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1];  // the inputs passed the checks
+  if (B > 0)
+    start_dev_kernel(hmm_post_filter_unwritten, (Ndarray_DEV_DATA(inputs[4]), T, B, Ndarray_DIMS(inputs[0])[2], st));
+  HANDLE_LAST_ERROR();
 }
 
 // HmmPosteriorsValuesOp (no gradient): outputs marginals and counts; the hidden arrays in the library's memory.

@@ -199,3 +199,33 @@ def test_every_element_written(mode, dtype, case):
             want_gamma[:, b], want_xi[b] = 0.0, 0.0  # a frame without a possible state: no path
     assert_close(d_gamma, want_gamma, dtype)
     assert_close(d_xi, want_xi, dtype, scale=T)
+
+
+@compiled_once
+def posteriors_with_filter(dtype, mode):
+    """HmmPosteriorsOp's six outputs (marginals, counts and the hidden alpha, scales, shifts, status) on inputs of
+    ``dtype``, compiled in ``mode``."""
+    xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype),
+          pt.matrix(dtype=dtype)]
+    return pytensor.function(xs, hmm.HmmPosteriorsOp.make_op().make_node(*xs).outputs, mode=mode)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", every_mode())
+def test_hidden_filter_written(mode, dtype, case):
+    """HmmPosteriorsOp's hidden outputs: the status of every sequence (0 computed, 2 no path, 3 NaN), the filter on
+    the valid frames of computed sequences finite, every other element 0."""
+    args, _, _, _, (lens, nan_b, nopath_b) = make_case(case, dtype)
+    T, B, K = args[0].shape
+    gamma, xi, alpha, scales, shifts, status = posteriors_with_filter(dtype, mode)(*args)
+    want_status = np.zeros(B)
+    if nan_b is not None:
+        want_status[nan_b] = 3
+    if nopath_b is not None:
+        want_status[nopath_b] = 2
+    np.testing.assert_array_equal(status, want_status)
+    read = (np.arange(T)[:, None] < np.asarray(lens, dtype=int)[None, :]) & (want_status == 0)[None, :]
+    for x in (alpha, scales[..., None], shifts[..., None]):
+        assert np.isfinite(x[read]).all()
+        assert np.all(x[~read] == 0)

@@ -40,9 +40,9 @@ from ._borrowed_grad import BorrowedGradientOp
 from ._loss import LossWithGradOp
 
 
-def _hidden(name, shape, batch_axis=None):
+def _hidden(name, shape, batch_axis=None, **extra):
     """A float64 output that calling the op does not return (it feeds the gradient op)."""
-    return _out(name, shape, batch_axis, dtype="float64", dummy=True)
+    return _out(name, shape, batch_axis, dtype="float64", dummy=True, **extra)
 
 
 def _arr(name, ndim, dtype=None, shape=None, disc=True, batch_axis=None):

@@ -63,10 +63,10 @@ class HmmPosteriorsOp(NativeOpGenBase):
     out_info = (
         _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
         _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1),
-        _hidden("scales", ((0, 0), (0, 1)), 1),
-        _hidden("shifts", ((0, 0), (0, 1)), 1),
-        _hidden("status", ((0, 1),), 0),
+        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # rows not read: 0
+        _hidden("scales", ((0, 0), (0, 1)), 1, fully_written=True),
+        _hidden("shifts", ((0, 0), (0, 1)), 1, fully_written=True),
+        _hidden("status", ((0, 1),), 0, fully_written=True),
     )
     # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
     grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
