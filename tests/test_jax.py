@@ -383,3 +383,23 @@ def test_odd_op_name_travels_as_data():
     with pytest.raises(Exception, match="check failed") as info:
         f(np.ones((2, 3)), np.ones(2), 0)
     assert f"NativeOp '{name}'" in str(info.value)
+
+
+def test_64_bit_op_with_jax_x64_off_is_a_type_error_when_traced():
+    """A float64 op under JAX with jax_enable_x64 off (as PyTensor sets it for floatX float32) would get float32
+    buffers: tracing it raises a TypeError naming the op and the way out; with x64 on the same graph runs."""
+    from ptnative.backends.jax import jaxify_graph
+
+    x, w, k = pt.dmatrix(), pt.dvector(), pt.iscalar()
+    f = jaxify_graph([x, w, k], list(scale_op()(x, w, k)))
+    x64 = jax.config.jax_enable_x64
+    try:
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(TypeError, match=r"NativeOp 'ScaleRows' computes with float64 arrays, but JAX runs with "
+                                            r"jax_enable_x64 off"):
+            jax.jit(f)(np.ones((2, 3)), np.ones(3), np.int32(1))
+        jax.config.update("jax_enable_x64", True)
+        got = jax.jit(f)(np.ones((2, 3)), np.full(3, 2.0), np.int32(1))
+        np.testing.assert_array_equal(np.asarray(got[1]), [9.0, 9.0])
+    finally:
+        jax.config.update("jax_enable_x64", x64)

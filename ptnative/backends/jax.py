@@ -125,6 +125,7 @@ def ffi_forward(op, node):
     aliases = {i: k for i, k in enumerate(plan.inplace_of) if k >= 0}
 
     def call(*inputs):
+        check_64_bit_types(plan)
         shapes = plan.output_shapes([np.shape(x) for x in inputs])
         result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
         return tuple(jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases,
@@ -137,6 +138,19 @@ def ffi_forward(op, node):
         return tuple(make_varying(o, axes) for o in mapped(*inputs))
 
     return forward
+
+
+def check_64_bit_types(plan) -> None:
+    """Raise ``TypeError`` when the variant of ``plan`` has 64-bit arrays (float64, int64) and JAX runs with
+    ``jax_enable_x64`` off (PyTensor turns it off when ``floatX`` is float32): JAX would hand it 32-bit ones."""
+    import jax
+
+    wide = sorted({dt for dt in plan.dtypes if np.dtype(dt).itemsize == 8})
+    if wide and not jax.config.jax_enable_x64:
+        raise TypeError(f"{plan.label} computes with {' and '.join(wide)} arrays, but JAX runs with "
+                        "jax_enable_x64 off, so it would get 32-bit ones: turn it on "
+                        "(jax.config.update('jax_enable_x64', True); PyTensor does when floatX is float64) or give "
+                        "the op float32 inputs")
 
 
 def batch_axes(infos) -> tuple:
