@@ -614,7 +614,7 @@ static void hmm_backward_cpu(ptn::Scratch& scratch, const HmmParams& p, const Fl
         const double z = hmm_dot(at, beta, K, ab);
         Float* __restrict__ d = dle + tb * K;
         if (!(z > 0.0)) {  // cannot happen after a successful forward pass
-          for (int64_t k = 0; k < K; ++k) d[k] = (Float)0.0;
+          hmm_zero_frames(dle, t, t + 1, B, K, b);
           continue;
         }
         const double r = gb / z;

@@ -84,8 +84,7 @@ static void hmm_small_backward(const HmmParams& p, int64_t b, double g, Float* d
     const hmm_v4d ab = at * (beta_u * inv);
     const double z = hmm_hsum(ab);
     if (!(z > 0.0)) {  // cannot happen after a successful forward pass; frames t..0 get 0
-      for (int64_t u = t; u >= 0; --u)
-        for (int k = 0; k < K; ++k) dle[(u * B + b) * K + k] = (Float)0.0;
+      hmm_zero_frames(dle, 0, t + 1, B, K, b);
       break;
     }
     const hmm_v4d d = ab * (g / z);

@@ -17,11 +17,20 @@ typedef ptn::Scratch HmmScratch;
 
 enum { HMM_SCALED = 0, HMM_LOG_SPACE = 1, HMM_NO_PATH = 2, HMM_NAN = 3 };
 
-// Zeros into frames [t0, T) of sequence b of a (T, B, K) array: the rows of a fully_written output (not zeroed by
+// Zeros into frames [t0, t1) of sequence b of a (T, B, K) array: the rows of a fully_written output (not zeroed by
 // the entry point) that no pass of the kernels writes, such as padded frames.
-DEV_FUNC inline void hmm_zero_frames(Float* x, int64_t t0, int64_t T, int64_t B, int64_t K, int64_t b) {
-  for (int64_t t = t0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k) x[(t * B + b) * K + k] = (Float)0.0;
+template <typename X>
+DEV_FUNC inline void hmm_zero_frames(X* x, int64_t t0, int64_t t1, int64_t B, int64_t K, int64_t b) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t k = 0; k < K; ++k) x[(t * B + b) * K + k] = X(0);
+}
+
+// The length of column b of the 0/1 prefix mask (T, B) for the passes that zero padded frames before or after the
+// checks of hmm_model_setup: 0 for a column that is not a prefix mask (the setup raises for it).
+DEV_FUNC inline int64_t hmm_mask_length(const Float* mask, int64_t T, int64_t B, int64_t b) {
+  int64_t bad_t = 0;
+  const int64_t len = ptn_prefix_mask_length(T, B, mask, b, &bad_t);
+  return len < 0 ? 0 : len;
 }
 
 // *out = max of x[0..n) over the non-NaN entries (-inf if none); returns whether x has a NaN.  A +inf

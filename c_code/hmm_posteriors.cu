@@ -633,8 +633,7 @@ static bool hmm_posteriors_lanes(Ndarray** inputs, const HmmPostState& st, Float
 // a frame, zeroed before the passes run, which write every other element (the outputs are fully_written).
 DEF_KERNEL void hmm_post_unwritten(const Float* mask, int64_t T, int64_t B, int64_t K, Float* gamma, Float* xi) {
   GRID_LOOP(b, B) {
-    int64_t len = 0;
-    while (len < T && (double)mask[len * B + b] != 0.0) ++len;
+    const int64_t len = hmm_mask_length(mask, T, B, b);
     hmm_zero_frames(gamma, len, T, B, K, b);
     if (len == 0)
       for (int64_t i = 0; i < K * K; ++i) xi[b * K * K + i] = (Float)0.0;
@@ -669,13 +668,10 @@ static void hmm_posteriors_run(int n_inputs, Ndarray** inputs, const HmmPostStat
 // at a NaN or where the path ended).  The mask as in hmm_post_unwritten.
 DEF_KERNEL void hmm_post_filter_unwritten(const Float* mask, int64_t T, int64_t B, int64_t K, HmmPostState st) {
   GRID_LOOP(b, B) {
-    int64_t len = 0;
-    while (len < T && (double)mask[len * B + b] != 0.0) ++len;
-    for (int64_t t = (int)st.status[b] == HMM_SCALED ? len : 0; t < T; ++t) {
-      for (int64_t k = 0; k < K; ++k) st.alpha[(t * B + b) * K + k] = 0.0;
-      st.c[t * B + b] = 0.0;
-      st.m[t * B + b] = 0.0;
-    }
+    const int64_t t0 = (int)st.status[b] == HMM_SCALED ? hmm_mask_length(mask, T, B, b) : 0;
+    hmm_zero_frames(st.alpha, t0, T, B, K, b);
+    hmm_zero_frames(st.c, t0, T, B, 1, b);
+    hmm_zero_frames(st.m, t0, T, B, 1, b);
   }
 }
 

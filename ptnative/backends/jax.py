@@ -124,8 +124,14 @@ def ffi_forward(op, node):
     plan = variant.plan
     aliases = {i: k for i, k in enumerate(plan.inplace_of) if k >= 0}
 
+    wide = wide_dtypes(plan)
+
     def call(*inputs):
-        check_64_bit_types(plan)
+        if wide and not jax.config.jax_enable_x64:
+            raise TypeError(f"{plan.label} computes with {' and '.join(wide)} arrays, but JAX runs with "
+                            "jax_enable_x64 off, so it would get 32-bit ones: turn it on "
+                            "(jax.config.update('jax_enable_x64', True); PyTensor does when floatX is float64) or "
+                            "give the op float32 inputs")
         shapes = plan.output_shapes([np.shape(x) for x in inputs])
         result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
         return tuple(jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases,
@@ -140,17 +146,10 @@ def ffi_forward(op, node):
     return forward
 
 
-def check_64_bit_types(plan) -> None:
-    """Raise ``TypeError`` when the variant of ``plan`` has 64-bit arrays (float64, int64) and JAX runs with
-    ``jax_enable_x64`` off (PyTensor turns it off when ``floatX`` is float32): JAX would hand it 32-bit ones."""
-    import jax
-
-    wide = sorted({dt for dt in plan.dtypes if np.dtype(dt).itemsize == 8})
-    if wide and not jax.config.jax_enable_x64:
-        raise TypeError(f"{plan.label} computes with {' and '.join(wide)} arrays, but JAX runs with "
-                        "jax_enable_x64 off, so it would get 32-bit ones: turn it on "
-                        "(jax.config.update('jax_enable_x64', True); PyTensor does when floatX is float64) or give "
-                        "the op float32 inputs")
+def wide_dtypes(plan) -> list[str]:
+    """The 64-bit dtypes (float64, int64) among ``plan``'s arrays: JAX hands an op 32-bit ones instead when
+    ``jax_enable_x64`` is off (PyTensor turns it off when ``floatX`` is float32), so tracing the op then raises."""
+    return sorted({dt for dt in plan.dtypes if np.dtype(dt).itemsize == 8})
 
 
 def batch_axes(infos) -> tuple:
