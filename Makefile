@@ -69,16 +69,20 @@ matrix:
 
 # One environment: ENV (a folder, recreated), PYTHON (its interpreter), HOST (pip requirements installed first).
 # Its install skips the prebuilt kernels (PTNATIVE_PREBUILD, default 0 here): the rows share one kernel cache, where
-# each kernel they use is compiled once for all of them (or was put by `make test`).
+# each kernel they use is compiled once for all of them (or was put by `make test`).  Its tests compile PyTensor's
+# C modules with PyTensor's own flags (PTNATIVE_TEST_PYTENSOR_DEFAULTS=1; `make test` drops its -O3 and -g, see
+# tests/conftest.py), so each row also tests the "C" mode as users build it.
 test-env:
 	@if [ -z "$(PYTHON)" ]; then echo "SKIPPED $(ENV): no interpreter found (set PYTHON)"; exit 0; fi; \
 	set -e; start=$$(date +%s); rm -rf $(ENV); \
 	PTNATIVE_PREBUILD=$${PTNATIVE_PREBUILD:-0} $(PYTHON) scripts/check_no_downgrade.py --venv $(ENV) --python $(PYTHON) \
 		$(foreach h,$(HOST),--host '$(h)') --install ".[test]"; \
 	$(ENV)/bin/python -c 'import pytensor, sys; print("$(ENV): Python", sys.version.split()[0], "pytensor", pytensor.__version__)'; \
-	$(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider $(MATRIX_TESTS) $(PYTEST_ARGS); \
+	PTNATIVE_TEST_PYTENSOR_DEFAULTS=1 $(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider $(MATRIX_TESTS) \
+		$(PYTEST_ARGS); \
 	if $(ENV)/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("pymc") is None)'; then \
-		$(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider $(MATRIX_PYMC_TESTS) $(PYTEST_ARGS); \
+		PTNATIVE_TEST_PYTENSOR_DEFAULTS=1 $(ENV)/bin/pytest --import-mode=importlib -q -p no:cacheprovider \
+			$(MATRIX_PYMC_TESTS) $(PYTEST_ARGS); \
 	else echo "$(ENV): no PyMC, $(MATRIX_PYMC_TESTS) not run"; fi; \
 	echo "$(ENV): created and tested in $$(( $$(date +%s) - start )) s"
 

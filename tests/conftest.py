@@ -14,6 +14,14 @@ os.environ.setdefault("PTNATIVE_CACHE_DIR", os.path.join(tempfile.gettempdir(), 
 # Outputs a spec declares fully_written start as 0xFF bytes (NaN, -1) instead of as allocated, in every test and
 # the processes it starts: an element such a kernel does not write shows in the results (docs/writing-ops.md).
 os.environ.setdefault("PTNATIVE_POISON_OUTPUTS", "1")
+# PyTensor's own C modules (the graphs of the "C" and "CVM" modes, several hundred in a run) are compiled without
+# its -O3 and -g here and in the processes the tests start: the same code, in about half the g++ time
+# (docs/install.md, "What the tests share to save time"); ptnative's kernels keep their own flags, and a flag given
+# in PYTENSOR_FLAGS comes later and wins.  PTNATIVE_TEST_PYTENSOR_DEFAULTS=1 (each `make matrix` row) keeps
+# PyTensor's own flags, so the "C" mode is also tested as users build it.
+if os.environ.get("PTNATIVE_TEST_PYTENSOR_DEFAULTS") != "1":
+    os.environ["PYTENSOR_FLAGS"] = ",".join(filter(None, ["cmodule__remove_gxx_opt=True", "gcc__cxxflags=-g0",
+                                                          os.environ.get("PYTENSOR_FLAGS", "")]))
 
 import pytensor  # noqa: E402
 
