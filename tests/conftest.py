@@ -16,12 +16,14 @@ os.environ.setdefault("PTNATIVE_CACHE_DIR", os.path.join(tempfile.gettempdir(), 
 os.environ.setdefault("PTNATIVE_POISON_OUTPUTS", "1")
 # PyTensor's own C modules (the graphs of the "C" and "CVM" modes, several hundred in a run) are compiled without
 # its -O3 and -g here and in the processes the tests start: the same code, in about half the g++ time
-# (docs/install.md, "What the tests share to save time"); ptnative's kernels keep their own flags, and a flag given
-# in PYTENSOR_FLAGS comes later and wins.  PTNATIVE_TEST_PYTENSOR_DEFAULTS=1 (each `make matrix` row) keeps
-# PyTensor's own flags, so the "C" mode is also tested as users build it.
-if os.environ.get("PTNATIVE_TEST_PYTENSOR_DEFAULTS") != "1":
+# (docs/install.md, "What the tests share to save time"); ptnative's kernels keep their own flags.  The -g0 puts
+# these modules under keys of their own in PyTensor's compiledir, so a user's -O3 modules are never replaced; where
+# PYTENSOR_FLAGS sets gcc__cxxflags (and so would drop that -g0) PyTensor's flags stay, as they do with
+# PTNATIVE_TEST_PYTENSOR_DEFAULTS=1 (each `make matrix` row: the "C" mode also tested as users build it).
+_PYTENSOR_FLAGS = os.environ.get("PYTENSOR_FLAGS", "")
+if os.environ.get("PTNATIVE_TEST_PYTENSOR_DEFAULTS") != "1" and "gcc__cxxflags" not in _PYTENSOR_FLAGS:
     os.environ["PYTENSOR_FLAGS"] = ",".join(filter(None, ["cmodule__remove_gxx_opt=True", "gcc__cxxflags=-g0",
-                                                          os.environ.get("PYTENSOR_FLAGS", "")]))
+                                                          _PYTENSOR_FLAGS]))
 
 import pytensor  # noqa: E402
 
