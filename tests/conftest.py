@@ -1,9 +1,12 @@
 """Shared test helpers: the modes every op must agree in, and the infer_shape check."""
 
+import atexit
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -24,6 +27,31 @@ _PYTENSOR_FLAGS = os.environ.get("PYTENSOR_FLAGS", "")
 if os.environ.get("PTNATIVE_TEST_PYTENSOR_DEFAULTS") != "1" and "gcc__cxxflags" not in _PYTENSOR_FLAGS:
     os.environ["PYTENSOR_FLAGS"] = ",".join(filter(None, ["cmodule__remove_gxx_opt=True", "gcc__cxxflags=-g0",
                                                           _PYTENSOR_FLAGS]))
+
+
+def _children_import_what_this_process_imports():
+    """Python processes the tests start import the same ptnative as this process and this checkout's ``tests``
+    package: under ``make test`` the installed package (with its prebuilt libraries), not the checkout's sources,
+    which a child would otherwise find first (``python -c`` or ``-m`` in the checkout puts it at the head of
+    ``sys.path``, and so did the checkout on ``PYTHONPATH``, the way to import ``tests``).  ``PYTHONSAFEPATH``
+    (Python >= 3.11) keeps the directory and the script's folder off a child's path; ``PYTHONPATH`` gains a folder
+    holding only a link to ``tests`` (or the checkout, where this process imports ptnative from it)."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    tests = os.path.join(root, "tests")
+    spec = importlib.util.find_spec("ptnative")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if not any(os.path.realpath(os.path.join(p, "tests")) == tests for p in paths):  # else: a child of a test
+        if spec is None or os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))) == root:
+            entry = root
+        else:
+            entry = tempfile.mkdtemp(prefix="ptnative-tests-path-")
+            os.symlink(tests, os.path.join(entry, "tests"))
+            atexit.register(shutil.rmtree, entry, True)
+        os.environ["PYTHONPATH"] = os.pathsep.join([entry, *paths])
+    os.environ["PYTHONSAFEPATH"] = "1"
+
+
+_children_import_what_this_process_imports()
 
 import pytensor  # noqa: E402
 

@@ -33,7 +33,6 @@ class Worker:
     def _start(self):
         env = dict(os.environ)
         assert env.get("PTNATIVE_CACHE_DIR"), "tests/conftest.py sets the test kernel cache"
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("PYTHONFAULTHANDLER", "1")
         self.rfd, wfd = os.pipe()
         self.log = tempfile.TemporaryFile()

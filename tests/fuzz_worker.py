@@ -17,6 +17,7 @@ The kernel cache must be a test cache given in ``$PTNATIVE_CACHE_DIR``; the work
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -35,7 +36,8 @@ def _check_cache_dir():
 def main():
     _check_cache_dir()
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    sys.path.insert(0, ROOT)
+    if importlib.util.find_spec("tests") is None:  # started by hand: tests/conftest.py sets PYTHONPATH for the tests
+        sys.path.append(ROOT)
     from tests import fuzz_cases, fuzz_specs
 
     def emit(obj):

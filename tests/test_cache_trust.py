@@ -79,8 +79,8 @@ __attribute__((constructor)) static void planted(void) {
 
 
 def child_env(**extra):
-    """This environment, with the checkout on PYTHONPATH and ``extra`` set."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra)
+    """This environment (a child imports ``tests`` and the same ptnative, tests/conftest.py) with ``extra`` set."""
+    return dict(os.environ, **extra)
 
 
 def spec_json(**changes):

@@ -120,11 +120,8 @@ def run_blocks(blocks, directory):
     spec = os.path.join(directory, "blocks.json")
     with open(spec, "w") as f:
         json.dump(blocks, f)
-    env = dict(os.environ)
-    # The same ptnative as this test process, whether from the checkout or installed.
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [os.path.dirname(os.path.dirname(ptnative.__file__)), env.get("PYTHONPATH")] if p)
-    return subprocess.run([sys.executable, "-c", RUNNER, spec], cwd=directory, env=env, capture_output=True,
+    # The same ptnative as this test process, whether from the checkout or installed (tests/conftest.py).
+    return subprocess.run([sys.executable, "-c", RUNNER, spec], cwd=directory, capture_output=True,
                           text=True, timeout=1200)
 
 

@@ -18,7 +18,6 @@ def run_multidevice(*args):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
     env["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices, also on a machine with a GPU
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "tests.jax_multidevice", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"

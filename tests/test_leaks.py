@@ -33,7 +33,7 @@ CASES = [
 
 
 def _run_worker(mode_id: str, *cases: str, graph_cache: bool = False) -> dict:
-    env = dict(os.environ, NUMBA_NRT_STATS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, NUMBA_NRT_STATS="1",
                PTNATIVE_NUMBA_GRAPH_CACHE="1" if graph_cache else "0")
     proc = subprocess.run([sys.executable, "-m", "tests.test_leaks", mode_id, *cases], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -67,7 +67,7 @@ PROBE_FAILS = 50
 
 def _run_graph_cache_probe(graph_cache: bool, compiledir) -> dict:
     flags = ",".join(f for f in (os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={compiledir}") if f)
-    env = dict(os.environ, NUMBA_NRT_STATS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, NUMBA_NRT_STATS="1",
                PTNATIVE_NUMBA_GRAPH_CACHE="1" if graph_cache else "0", PYTENSOR_FLAGS=flags)
     proc = subprocess.run([sys.executable, "-m", "tests.test_leaks", "graph_cache_probe"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

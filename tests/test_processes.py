@@ -3,7 +3,10 @@ the compiled logp/dlogp functions to its workers): a compiled function holding n
 pickles, and its unpickled copy computes the same numbers in a spawned and in a forked process."""
 
 import multiprocessing
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytensor
@@ -60,3 +63,16 @@ def test_compiled_function_pickles_and_runs_in_another_process(start_method, mod
     assert len(got) == len(want) == 3
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_child_pythons_import_the_same_ptnative():
+    """A Python the tests start in the checkout imports the ptnative this process imported (under ``make test`` the
+    installed package and its prebuilt libraries, not the checkout's sources) and this checkout's ``tests`` package
+    (tests/conftest.py)."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    code = "import ptnative, tests; print(ptnative.__file__); print(tests.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         check=True)
+    got_ptnative, got_tests = out.stdout.split()
+    assert os.path.realpath(got_ptnative) == os.path.realpath(ptnative.__file__)
+    assert os.path.realpath(got_tests) == os.path.join(root, "tests", "__init__.py")
