@@ -202,7 +202,5 @@ def test_inplace_buffers(mode):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    for gen in (Chunking, UnChunking):
-        op = gen.make_op()
-        for o in (op, op.grad_op()):
-            build_with_nvcc(o.variant("float32", device="cuda"))
+    ops = [o for gen in (Chunking, UnChunking) for o in (gen.make_op(), gen.make_op().grad_op())]
+    build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))

@@ -819,8 +819,8 @@ def test_infer_shape():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_fsa_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    for cls in (fsa.FastBaumWelchOp, fsa.MultiEndFastBaumWelchOp, fsa.SegmentFastBaumWelchOp, fsa.FastViterbiOp,
-                fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.CtcViterbiLossOp, fsa.HmmForwardBackwardOp):
-        op = cls.make_op()
-        for o in [op] + ([op.grad_op()] if op.c_bw_code else []):
-            build_with_nvcc(o.variant("float32", device="cuda"))
+    ops = [cls.make_op() for cls in (fsa.FastBaumWelchOp, fsa.MultiEndFastBaumWelchOp, fsa.SegmentFastBaumWelchOp,
+                                     fsa.FastViterbiOp, fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.CtcViterbiLossOp,
+                                     fsa.HmmForwardBackwardOp)]
+    ops += [op.grad_op() for op in ops if op.c_bw_code]
+    build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))

@@ -586,19 +586,17 @@ def test_log_likelihood_kernels_compile_with_nvcc(monkeypatch):
     """c_code/hmm.cu's CUDA text (the lanes are CPU-only): the forward op, its gradient op and the op computing both."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     op = fsa.HmmForwardBackwardOp.make_op()
-    for o in [op, op.grad_op(), fsa.HmmLikelihoodWithGradOp.make_op()]:
-        for dtype in DTYPES:
-            build_with_nvcc(o.variant(dtype, device="cuda"))
+    ops = [op, op.grad_op(), fsa.HmmLikelihoodWithGradOp.make_op()]
+    build_with_nvcc(*(o.variant(dtype, device="cuda") for o in ops for dtype in DTYPES))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_hmm_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    for cls in (hmm.HmmViterbiOp, hmm.HmmPosteriorsOp, hmm.HmmSampleStatesOp, hmm.HmmVaryingLikelihoodOp):
-        op = cls.make_op()
-        for o in [op] + ([op.grad_op()] if op.c_bw_code else []):
-            for dtype in DTYPES:
-                build_with_nvcc(o.variant(dtype, device="cuda"))
+    ops = [cls.make_op() for cls in (hmm.HmmViterbiOp, hmm.HmmPosteriorsOp, hmm.HmmSampleStatesOp,
+                                     hmm.HmmVaryingLikelihoodOp)]
+    ops += [op.grad_op() for op in ops if op.c_bw_code]
+    build_with_nvcc(*(o.variant(dtype, device="cuda") for o in ops for dtype in DTYPES))
 
 
 # ------------------------------------------------------------------ CPU threads

@@ -156,8 +156,7 @@ def test_inplace_on_projected_input(mode):
 def test_lstm_kernels_compile_with_nvcc(monkeypatch, dtype):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     op = LstmGenericBase.make_op()
-    for o in (op, op.grad_op()):
-        build_with_nvcc(o.variant(dtype, device="cuda"))
+    build_with_nvcc(op.variant(dtype, device="cuda"), op.grad_op().variant(dtype, device="cuda"))
 
 
 # ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
@@ -841,10 +840,10 @@ def test_new_ops_bad_input(mode):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_new_lstm_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    for cls in (NativeLstm2, NativeLstm2Layer, LstmLowMem, TwoDLSTM, LstmCell, LstmCellGrad, LstmCellGradGrad):
-        op = cls.make_op()
-        for o in ((op, op.grad_op()) if op.c_bw_code else (op,)):
-            build_with_nvcc(o.variant("float32", device="cuda"))
+    ops = [cls.make_op() for cls in (NativeLstm2, NativeLstm2Layer, LstmLowMem, TwoDLSTM, LstmCell, LstmCellGrad,
+                                     LstmCellGradGrad)]
+    ops += [op.grad_op() for op in ops if op.c_bw_code]
+    build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))
 
 
 # ---------------------------------------------------------------------- NaN and inf on padding (issue 14)

@@ -281,8 +281,8 @@ def test_infer_shape():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
+    ops = []
     for gen in (SubtensorBatchedIndex, SparseToDense, MaxAndArgmaxSparse, CrossEntropySoftmaxAndGradientZSparse):
         op = gen.make_op()
-        ops = [op, gen.make_strict_op()] + ([op.grad_op()] if gen.c_bw_code else [])
-        for o in ops:
-            build_with_nvcc(o.variant("float32", device="cuda"))
+        ops += [op, gen.make_strict_op()] + ([op.grad_op()] if gen.c_bw_code else [])
+    build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))
