@@ -142,8 +142,13 @@ def build_with_nvcc(*variants):
                                include_dirs=tuple(dict.fromkeys(d for v in variants for d in v.include_dirs)))
     path = build(unit)
     assert path.exists() and path.stat().st_size > 0, path
-    exported = set(subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
-                                  check=True).stdout.split())
+    exported = exported_functions(path)
     missing = [v.symbol for v in variants if v.plan is not None and v.symbol not in exported]
     assert not missing, f"{path.name} lacks the entry points {missing}"
     return path
+
+
+def exported_functions(path):
+    """The names of the functions the shared library ``path`` exports (``nm -D``)."""
+    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}

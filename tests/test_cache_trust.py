@@ -31,7 +31,6 @@ from ptnative.cache import RECORD_SUFFIX, CacheError, UntrustedLibraryWarning
 from ._ops_for_tests import double_spec
 from .forkserver import ForkServer
 
-ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
 

@@ -4,7 +4,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytensor
@@ -20,7 +19,7 @@ import pytensor.link.jax.dispatch  # noqa: E402,F401
 import ptnative  # noqa: E402
 from ptnative.ops import LstmGenericBase  # noqa: E402
 
-from .conftest import build_with_nvcc  # noqa: E402
+from .conftest import build_with_nvcc, exported_functions  # noqa: E402
 from .test_lstm import lstm_data, symbolic  # noqa: E402
 from .test_native_op import scale_op  # noqa: E402
 
@@ -273,16 +272,12 @@ def test_cuda_ffi_handler_compiles(monkeypatch):
     from ptnative.backends.ffi_source import HANDLER_SYMBOL, REGISTER_SYMBOL, handler_variant
     from ptnative.ops.edit_distance import EditDistanceOp
 
-    def exported(path):
-        out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
-        return {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}
-
     handler = handler_variant("cuda", jax.ffi.include_dir())
-    symbols = exported(build_with_nvcc(handler))
+    symbols = exported_functions(build_with_nvcc(handler))
     assert {HANDLER_SYMBOL, REGISTER_SYMBOL} <= symbols
     assert not any(s.startswith("ptn_") for s in symbols - {HANDLER_SYMBOL, REGISTER_SYMBOL}), symbols
     variant = EditDistanceOp.make_op().variant("float32", device="cuda")  # as tests/test_edit_distance.py builds it
-    assert f"ptn_{variant.symbol}_run_on_device" in exported(build_with_nvcc(variant))
+    assert f"ptn_{variant.symbol}_run_on_device" in exported_functions(build_with_nvcc(variant))
 
 
 def test_catalogue_functions_in_jax_mode():
