@@ -16,6 +16,86 @@ namespace ptn {
 
 typedef void (*body_t)(int, Ndarray**, int, Ndarray***);
 
+// What an entry point knows of its op: the argument plan's tables (ptnative/plan.py), filled into each variant's
+// translation unit (c_code/variant_unit.cc).  Per-array tables list the inputs, then the outputs.
+struct EntryPlan {
+  int n_in, n_out;
+  const int* ndims;           // per array: its rank
+  const int* itemsizes;       // per array: bytes per element
+  const int* dtype_codes;     // per array: its element type, ord(kind) << 8 | itemsize (ptnative.plan.dtype_code)
+  const char* const* labels;  // per array: how messages name it ("input 'x'")
+  const int* inplace_of;      // per input: the output that starts as its copy, or -1
+  const int* host_memory;     // per input: 1 where the CUDA build reads it on the host
+  const int* fully_written;   // per output: 1 where the kernel writes every element (not zeroed first)
+  int n_checks;               // fixed input sizes: input check_input[c] has check_size[c] elements in check_dim[c]
+  const int* check_input;
+  const int* check_dim;
+  const int64_t* check_size;
+  const int64_t* out_dims;    // per output, PTN_MAX_NDIM each: a size >= 0, or -1 - (input * PTN_MAX_NDIM + dim)
+};
+
+// "float64" for ord('f') << 8 | 8, the name numpy gives the type.
+inline std::string dtype_name(int32_t code) {
+  const int kind = code >> 8, size = code & 0xFF;
+  switch (kind) {
+    case 'f': return "float" + std::to_string(8 * size);
+    case 'i': return "int" + std::to_string(8 * size);
+    case 'u': return "uint" + std::to_string(8 * size);
+    case 'c': return "complex" + std::to_string(8 * size);
+    case 'b': return size == 1 ? std::string("bool") : "a " + std::to_string(size) + "-byte boolean";
+    default: return "an unsupported type of " + std::to_string(size) + " bytes";
+  }
+}
+
+// The one check of a call's arguments, for every glue (Python, Numba, PyTensor's C module, the XLA FFI handler;
+// the device entry point too): each array's rank and element type (`types`: two entries per array, as the
+// caller's array has them) and every size the op fixes, against the plan.  Throws Error(PTN_STATUS_VALUE) with a
+// message in the op's terms ("input 'x' must have size 4 in dim 1"; the glue puts "NativeOp 'name': " before it)
+// on the first mismatch; touches no buffer.  `shapes` holds PTN_MAX_NDIM entries per array, of which the first
+// rank are read.
+inline void check_arguments(const EntryPlan& plan, const int32_t* types, const int64_t* shapes) {
+  const int n = plan.n_in + plan.n_out;
+  for (int j = 0; j < n; ++j) {
+    const int rank = types[2 * j], want = plan.ndims[j];
+    if (rank != want) {
+      std::ostringstream s;
+      s << plan.labels[j] << " has " << rank << (rank == 1 ? " dimension" : " dimensions") << " where the op takes "
+        << want;
+      raise(PTN_STATUS_VALUE, s.str());
+    }
+    if (types[2 * j + 1] != plan.dtype_codes[j])
+      raise(PTN_STATUS_VALUE, std::string(plan.labels[j]) + " has dtype " + dtype_name(types[2 * j + 1]) +
+                                  " where the op takes " + dtype_name(plan.dtype_codes[j]));
+    for (int d = 0; d < rank; ++d) {
+      if (shapes[(size_t)j * PTN_MAX_NDIM + d] < 0) {
+        std::ostringstream s;
+        s << plan.labels[j] << " has a negative size in dim " << d;
+        raise(PTN_STATUS_VALUE, s.str());
+      }
+    }
+  }
+  for (int c = 0; c < plan.n_checks; ++c) {
+    const int i = plan.check_input[c], d = plan.check_dim[c];
+    if (shapes[(size_t)i * PTN_MAX_NDIM + d] != plan.check_size[c]) {
+      std::ostringstream s;
+      s << plan.labels[i] << " must have size " << plan.check_size[c] << " in dim " << d;
+      raise(PTN_STATUS_VALUE, s.str());
+    }
+  }
+  for (int k = 0; k < plan.n_out; ++k) {  // the glue allocates outputs from the plan: only a hand-made call differs
+    const int j = plan.n_in + k;
+    for (int d = 0; d < plan.ndims[j]; ++d) {
+      const int64_t code = plan.out_dims[(size_t)k * PTN_MAX_NDIM + d];
+      const int64_t want = code >= 0 ? code : shapes[(size_t)(-1 - code)];
+      if (shapes[(size_t)j * PTN_MAX_NDIM + d] != want) {
+        std::ostringstream s;
+        s << plan.labels[j] << " must have size " << want << " in dim " << d;
+        raise(PTN_STATUS_VALUE, s.str());
+      }
+    }
+  }
+}
+
 // The last failure's message on this thread, also readable one character at a
 // time (`error_char`) by callers that cannot read back a buffer we wrote.
 static thread_local std::string last_error;
@@ -50,14 +130,16 @@ struct DeviceBuffers {
 };
 #endif
 
-inline std::vector<Ndarray> make_views(int n, const int* ndims, const int* itemsizes, void** data,
-                                       const int64_t* shapes, const int64_t* strides) {
+// The arrays as Ndarray views, after check_arguments.
+inline std::vector<Ndarray> make_views(const EntryPlan& plan, void** data, const int64_t* shapes,
+                                       const int64_t* strides) {
+  const int n = plan.n_in + plan.n_out;
   std::vector<Ndarray> views(n);
   for (int j = 0; j < n; ++j) {
     Ndarray& v = views[j];
     v.data = data[j];
-    v.ndim = ndims[j];
-    v.itemsize = itemsizes[j];
+    v.ndim = plan.ndims[j];
+    v.itemsize = plan.itemsizes[j];
     for (int d = 0; d < PTN_MAX_NDIM; ++d) {
       v.dims[d] = d < v.ndim ? shapes[j * PTN_MAX_NDIM + d] : 1;
       v.strides[d] = d < v.ndim ? strides[j * PTN_MAX_NDIM + d] : v.itemsize;
@@ -153,15 +235,23 @@ int guarded(F&& f, char* err, int64_t errlen) {
   }
 }
 
-// Host arrays in, host arrays out; outputs that are not an input's copy arrive
-// uninitialised and start at zero unless fully_written (zero_fresh_outputs).  On the CPU the body works on them directly;
-// the CUDA build copies (C-contiguous) arrays to device buffers kept for the next
-// call, runs, and copies the outputs back.  `host_memory` inputs stay on the host.
-inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const int* itemsizes, const int* inplace_of,
-                     const int* host_memory, const int* fully_written, void** data, const int64_t* shapes, const int64_t* strides, char* err,
-                     int64_t errlen) {
+// check_arguments as a status and a message: the entry point's <symbol>_check_arguments, for glues that check
+// before they allocate or copy (the XLA FFI handler, JAX mode when it traces a call).
+inline int run_check(const EntryPlan& plan, const int32_t* types, const int64_t* shapes, char* err, int64_t errlen) {
+  return guarded([&]() { check_arguments(plan, types, shapes); }, err, errlen);
+}
+
+// Host arrays in, host arrays out, checked first (check_arguments); outputs that are not an input's copy arrive
+// uninitialised and start at zero unless fully_written (zero_fresh_outputs).  On the CPU the body works on them
+// directly; the CUDA build copies (C-contiguous) arrays to device buffers kept for the next call, runs, and copies
+// the outputs back.  `host_memory` inputs stay on the host.
+inline int run_entry(body_t body, const EntryPlan& plan, void** data, const int32_t* types, const int64_t* shapes,
+                     const int64_t* strides, char* err, int64_t errlen) {
   return guarded([&]() {
-    std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
+    check_arguments(plan, types, shapes);
+    const int n_in = plan.n_in, n_out = plan.n_out;
+    const int* inplace_of = plan.inplace_of;
+    std::vector<Ndarray> views = make_views(plan, data, shapes, strides);
 #if PTN_CUDA
     static std::mutex lock;
     std::lock_guard<std::mutex> guard(lock);
@@ -171,7 +261,7 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
     for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) input_of[inplace_of[i]] = i;
     for (int j = 0; j < n_in + n_out; ++j) {
       Ndarray& v = views[j];
-      if (j < n_in && (host_memory[j] || inplace_of[j] >= 0)) continue;  // host value / the output's buffer
+      if (j < n_in && (plan.host_memory[j] || inplace_of[j] >= 0)) continue;  // host value / the output's buffer
       size_t bytes = (size_t)n_elements(&v) * v.itemsize;
       int64_t stride = v.itemsize;
       for (int d = v.ndim - 1; d >= 0; --d) { v.strides[d] = stride; stride *= v.dims[d]; }
@@ -180,10 +270,8 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
       if (bytes && (j < n_in || input_of[j - n_in] >= 0))  // inputs, and outputs holding an input's copy
         cuda_check(cudaMemcpyAsync(v.data, host, bytes, cudaMemcpyHostToDevice, current_stream), __FILE__, __LINE__);
     }
-#else
-    (void)host_memory;
 #endif
-    zero_fresh_outputs(n_in, n_out, inplace_of, fully_written, views);
+    zero_fresh_outputs(n_in, n_out, inplace_of, plan.fully_written, views);
     call_body(body, n_in, n_out, inplace_of, views);
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
@@ -201,14 +289,15 @@ inline int run_entry(body_t body, int n_in, int n_out, const int* ndims, const i
 
 #if PTN_CUDA
 // Device buffers in and out (XLA's), on the caller's stream: no copies, no synchronisation.
-inline int run_entry_device(cudaStream_t stream, body_t body, int n_in, int n_out, const int* ndims,
-                            const int* itemsizes, const int* inplace_of, const int* fully_written, void** data, const int64_t* shapes,
-                            const int64_t* strides, char* err, int64_t errlen) {
+inline int run_entry_device(cudaStream_t stream, body_t body, const EntryPlan& plan, void** data,
+                            const int32_t* types, const int64_t* shapes, const int64_t* strides, char* err,
+                            int64_t errlen) {
   return guarded([&]() {
-    std::vector<Ndarray> views = make_views(n_in + n_out, ndims, itemsizes, data, shapes, strides);
+    check_arguments(plan, types, shapes);
+    std::vector<Ndarray> views = make_views(plan, data, shapes, strides);
     current_stream = stream;
-    zero_fresh_outputs(n_in, n_out, inplace_of, fully_written, views);
-    call_body(body, n_in, n_out, inplace_of, views);
+    zero_fresh_outputs(plan.n_in, plan.n_out, plan.inplace_of, plan.fully_written, views);
+    call_body(body, plan.n_in, plan.n_out, plan.inplace_of, views);
     HANDLE_LAST_ERROR();
   }, err, errlen);
 }

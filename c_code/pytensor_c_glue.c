@@ -2,7 +2,8 @@
  *
  * The kernel is not compiled into PyTensor's module.  It lives in the library that ptnative builds itself, with
  * its own compiler and flags (ptnative/build.py); this module only wraps PyTensor's arrays (contiguous copies,
- * size checks, output allocation, exactly as the Python driver does) and calls the library's entry point.  So no
+ * output allocation, exactly as the Python driver does) and calls the library's entry point, which checks them
+ * (ranks, element types, the op's fixed sizes: the same check in every mode).  So no
  * flag in pytensor.config.gcc__cxxflags (PyMC's -fno-exceptions, a user's -ffast-math) can reach a kernel, and
  * nothing here throws or needs a C++ runtime.
  *
@@ -27,8 +28,9 @@
 #define PTN_GLUE_MAX_NDIM @MAX_NDIM@
 #define PTN_GLUE_STATUS_VALUE @STATUS_VALUE@
 
-/* int <symbol>(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen) */
-typedef int (*ptn_glue_entry_t)(void**, const int64_t*, const int64_t*, char*, int64_t);
+/* int <symbol>(void** data, const int32_t* types, const int64_t* shapes, const int64_t* strides, char* err,
+ *              int64_t errlen) */
+typedef int (*ptn_glue_entry_t)(void**, const int32_t*, const int64_t*, const int64_t*, char*, int64_t);
 
 /* What calling one node needs to know about its op, made from the spec; ptnative.backends.c.Layout mirrors it. */
 typedef struct {
@@ -41,11 +43,6 @@ typedef struct {
   const int* destroys;         /* per output: 1 when it may be its input's own buffer (the inplace op) */
   const int* typenum;          /* per output */
   const int64_t* out_dims;     /* per output, PTN_GLUE_MAX_NDIM each: a size >= 0, or -1 - (input * MAX_NDIM + dim) */
-  int n_checks;                /* fixed sizes the inputs must have: */
-  const int* check_input;
-  const int* check_dim;
-  const int64_t* check_size;
-  const char* const* check_message;
 } ptn_glue_layout;
 
 /* The layout that a node's params stand for: ptnative.backends.c.layout_address builds the op's library if
@@ -79,10 +76,10 @@ static PyObject* ptn_glue_error_class(int status) {
   return cls;
 }
 
-/* Make inputs contiguous where needed, check fixed sizes, allocate the outputs, call the entry point.
+/* Make inputs contiguous where needed, allocate the outputs, call the entry point (which checks the arguments).
  * 0, or -1 with a Python exception set.  `in` may be replaced by the copies in `tmp`, which the caller releases. */
 static int ptn_glue_run(const ptn_glue_layout* op, PyArrayObject** in, PyArrayObject** tmp, PyArrayObject*** out,
-                        void** data, int64_t* shapes, int64_t* strides) {
+                        void** data, int32_t* types, int64_t* shapes, int64_t* strides) {
   char err[2048];
   int i, j, k, d, nd, status;
   PyObject* error_class;
@@ -92,12 +89,6 @@ static int ptn_glue_run(const ptn_glue_layout* op, PyArrayObject** in, PyArrayOb
       tmp[i] = (PyArrayObject*)PyArray_NewCopy(in[i], NPY_CORDER);
       if (!tmp[i]) return -1;
       in[i] = tmp[i];
-    }
-  }
-  for (i = 0; i < op->n_checks; ++i) {
-    if (PyArray_DIMS(in[op->check_input[i]])[op->check_dim[i]] != op->check_size[i]) {
-      PyErr_SetString(PyExc_ValueError, op->check_message[i]);
-      return -1;
     }
   }
   for (k = 0; k < op->n_out; ++k) {
@@ -130,14 +121,16 @@ static int ptn_glue_run(const ptn_glue_layout* op, PyArrayObject** in, PyArrayOb
   }
   for (j = 0; j < op->n_in + op->n_out; ++j) {
     PyArrayObject* a = j < op->n_in ? in[j] : *out[j - op->n_in];
-    nd = op->ndim[j];
+    nd = PyArray_NDIM(a) < PTN_GLUE_MAX_NDIM ? PyArray_NDIM(a) : PTN_GLUE_MAX_NDIM;
     data[j] = PyArray_DATA(a);
+    types[2 * j] = PyArray_NDIM(a);
+    types[2 * j + 1] = (int32_t)((unsigned char)PyArray_DESCR(a)->kind << 8 | (int)PyArray_ITEMSIZE(a));
     for (d = 0; d < PTN_GLUE_MAX_NDIM; ++d) {
       shapes[j * PTN_GLUE_MAX_NDIM + d] = d < nd ? (int64_t)PyArray_DIMS(a)[d] : 0;
       strides[j * PTN_GLUE_MAX_NDIM + d] = d < nd ? (int64_t)PyArray_STRIDES(a)[d] : 0;
     }
   }
-  status = op->entry(data, shapes, strides, err, (int64_t)sizeof(err));
+  status = op->entry(data, types, shapes, strides, err, (int64_t)sizeof(err));
   if (status == 0) return 0;
   err[sizeof(err) - 1] = 0;
   error_class = ptn_glue_error_class(status);
@@ -160,10 +153,12 @@ if (!@NAME@_layout) { @FAIL@ }
   PyArrayObject* ptn_tmp[@N_IN@ + 1] = {NULL};
   PyArrayObject** ptn_out[@N_OUT@ + 1] = {@OUTPUTS@};
   void* ptn_data[@N@ + 1];
+  int32_t ptn_types[2 * (@N@ + 1)];
   int64_t ptn_shapes[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
   int64_t ptn_strides[(@N@ + 1) * PTN_GLUE_MAX_NDIM];
   int ptn_i;
-  int ptn_status = ptn_glue_run(@NAME@_layout, ptn_in, ptn_tmp, ptn_out, ptn_data, ptn_shapes, ptn_strides);
+  int ptn_status = ptn_glue_run(@NAME@_layout, ptn_in, ptn_tmp, ptn_out, ptn_data, ptn_types, ptn_shapes,
+                                    ptn_strides);
   for (ptn_i = 0; ptn_i < @N_IN@; ++ptn_i) Py_XDECREF(ptn_tmp[ptn_i]);
   if (ptn_status != 0) { @FAIL@ }
 }

@@ -5,8 +5,11 @@
 // it.  Each call names its variant by the string attribute "symbol" (the variant's entry point symbol, a hash of
 // its source: the same in every process, unlike an address); the handler looks it up here and calls the entry
 // point of the variant's own library (the one every mode loads, c_code/variant_unit.cc):
-//   CPU:  int <symbol>(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen)
+//   CPU:  int <symbol>(void** data, const int32_t* types, const int64_t* shapes, const int64_t* strides, char* err,
+//                      int64_t errlen)
 //   CUDA: int ptn_<symbol>_run_on_device(cudaStream_t stream, <the same arguments>)
+// after the variant's argument check, <symbol>_check_arguments(types, shapes, err, errlen): the check every mode's
+// calls go through (ranks, element types, the op's fixed sizes), run here before any buffer is copied.
 //
 // Python fills the section with plain substitutions only:
 //   @MAX_NDIM@      PTN_MAX_NDIM of the entry point's ABI (ptnative.spec.MAX_NDIM)
@@ -43,19 +46,21 @@ constexpr int kMaxNdim = @MAX_NDIM@;
 constexpr int kStatusValue = @STATUS_VALUE@;
 
 #if PTN_CUDA
-typedef int (*EntryPoint)(cudaStream_t stream, void** data, const int64_t* shapes, const int64_t* strides, char* err,
-                          int64_t errlen);
+typedef int (*EntryPoint)(cudaStream_t stream, void** data, const int32_t* types, const int64_t* shapes,
+                          const int64_t* strides, char* err, int64_t errlen);
 #else
-typedef int (*EntryPoint)(void** data, const int64_t* shapes, const int64_t* strides, char* err, int64_t errlen);
+typedef int (*EntryPoint)(void** data, const int32_t* types, const int64_t* shapes, const int64_t* strides, char* err,
+                          int64_t errlen);
 #endif
+typedef int (*CheckArguments)(const int32_t* types, const int64_t* shapes, char* err, int64_t errlen);
 
 // One registered op variant: what the handler needs to call its entry point.
 struct Variant {
   std::string symbol;
   std::string op_name;
   EntryPoint entry;
+  CheckArguments check;
   int n_in, n_out;
-  std::vector<int> itemsizes;    // per input then output: bytes per element
   std::vector<int> source_of;    // per output: the input whose buffer it starts as (want_inplace), or -1
   std::vector<int> host_memory;  // per input: 1 where the kernel reads it on the host
 
@@ -92,42 +97,54 @@ Registry& registry() {
   return *r;
 }
 
-// The entry point's arguments for one call: per array its address, shape and byte strides (kMaxNdim each).
-// One per thread, reused: no allocation per call once it has grown to the largest op's size.
+// The entry point's arguments for one call: per array its address, rank and element type, shape and byte strides
+// (kMaxNdim each).  One per thread, reused: no allocation per call once it has grown to the largest op's size.
 struct Frame {
   std::vector<void*> data;
+  std::vector<int32_t> types;
   std::vector<int64_t> shapes, strides;
   std::vector<size_t> bytes;
 
   void reset(int n_arrays) {
     data.assign(n_arrays, nullptr);
+    types.assign((size_t)n_arrays * 2, 0);
     shapes.assign((size_t)n_arrays * kMaxNdim, 0);
     strides.assign((size_t)n_arrays * kMaxNdim, 0);
     bytes.assign(n_arrays, 0);
   }
 };
 
-// Array j of the entry point's ABI from an XLA buffer.
-ffi::Error describe(const Variant& v, const ffi::AnyBuffer& b, int j, Frame& f) {
+// The entry point's name of an XLA element type: ord(kind) << 8 | bytes, as numpy names it (ptnative.plan.dtype_code);
+// another kind ('V') for types numpy has no kind for, which no op takes.
+int32_t dtype_code(ffi::DataType t) {
+  using T = ffi::DataType;
+  int kind;
+  switch (t) {
+    case T::F16: case T::F32: case T::F64: kind = 'f'; break;
+    case T::S8: case T::S16: case T::S32: case T::S64: kind = 'i'; break;
+    case T::U8: case T::U16: case T::U32: case T::U64: kind = 'u'; break;
+    case T::C64: case T::C128: kind = 'c'; break;
+    case T::PRED: kind = 'b'; break;
+    default: kind = 'V';
+  }
+  return (int32_t)(kind << 8 | ((int)ffi::ByteWidth(t) & 0xFF));
+}
+
+// Array j of the entry point's ABI from an XLA buffer: its rank and type as they are (the variant's argument check
+// compares them with the op's), at most kMaxNdim sizes and strides.
+void describe(const ffi::AnyBuffer& b, int j, Frame& f) {
   auto dims = b.dimensions();
-  auto which = [&] { return j < v.n_in ? "input " + std::to_string(j) : "output " + std::to_string(j - v.n_in); };
-  if ((int)dims.size() > kMaxNdim)
-    return v.failure(ffi::ErrorCode::kInvalidArgument,
-                     which() + " has more than " + std::to_string(kMaxNdim) + " dimensions");
-  const int width = (int)ffi::ByteWidth(b.element_type());
-  if (width != v.itemsizes[j])
-    return v.failure(ffi::ErrorCode::kInvalidArgument,
-                     which() + " has " + std::to_string(width) + "-byte elements where the op takes " +
-                         std::to_string(v.itemsizes[j]) + "-byte ones (float64 under JAX needs jax_enable_x64)");
+  f.types[2 * j] = (int32_t)dims.size();
+  f.types[2 * j + 1] = dtype_code(b.element_type());
   f.data[j] = b.untyped_data();
   f.bytes[j] = b.size_bytes();
-  int64_t stride = v.itemsizes[j];
+  if ((int)dims.size() > kMaxNdim) return;  // refused by the check: no op has more
+  int64_t stride = (int64_t)ffi::ByteWidth(b.element_type());
   for (int d = (int)dims.size() - 1; d >= 0; --d) {
     f.shapes[(size_t)j * kMaxNdim + d] = dims[d];
     f.strides[(size_t)j * kMaxNdim + d] = stride;
     stride *= dims[d];
   }
-  return ffi::Error::Success();
 }
 
 #if PTN_CUDA
@@ -153,8 +170,16 @@ ffi::Error call(std::string_view symbol, ffi::RemainingArgs args, ffi::Remaining
   for (int i = 0; i < n_in; ++i) {
     auto b = args.get<ffi::AnyBuffer>(i);
     if (!b.has_value()) return b.error();
-    if (auto e = describe(v, b.value(), i, f); e.failure()) return e;
+    describe(b.value(), i, f);
   }
+  for (int k = 0; k < n_out; ++k) {
+    auto r = rets.get<ffi::AnyBuffer>(k);
+    if (!r.has_value()) return r.error();
+    describe(*r.value(), n_in + k, f);
+  }
+  char err[2048] = {0};
+  if (v.check(f.types.data(), f.shapes.data(), err, sizeof(err)) != 0)
+    return v.failure(ffi::ErrorCode::kInvalidArgument, err);
 #if PTN_CUDA
   // host_memory inputs (scalars, small parameter vectors) are read on the host: copy them there.
   std::vector<std::vector<char>> host_copies;
@@ -169,15 +194,12 @@ ffi::Error call(std::string_view symbol, ffi::RemainingArgs args, ffi::Remaining
   }
 #endif
   for (int k = 0; k < n_out; ++k) {
-    auto r = rets.get<ffi::AnyBuffer>(k);
-    if (!r.has_value()) return r.error();
-    if (auto e = describe(v, *r.value(), n_in + k, f); e.failure()) return e;
-  }
-  for (int k = 0; k < n_out; ++k) {
     void* out = f.data[n_in + k];
     const int i = v.source_of[k];
     const size_t size = f.bytes[n_in + k];
     if (!size || i < 0 || out == f.data[i]) continue;
+    if (f.bytes[i] != size)  // the check compared the shapes; the element types may still differ in width
+      return v.failure(ffi::ErrorCode::kInvalidArgument, "an output that starts as its input's copy has another size");
 #if PTN_CUDA
     const cudaError_t status = cudaMemcpyAsync(out, f.data[i], size, cudaMemcpyDeviceToDevice, stream);
     if (status != cudaSuccess) return v.failure(ffi::ErrorCode::kInternal, cudaGetErrorString(status));
@@ -185,11 +207,11 @@ ffi::Error call(std::string_view symbol, ffi::RemainingArgs args, ffi::Remaining
     memcpy(out, f.data[i], size);
 #endif
   }
-  char err[2048] = {0};
 #if PTN_CUDA
-  const int status = v.entry(stream, f.data.data(), f.shapes.data(), f.strides.data(), err, sizeof(err));
+  const int status = v.entry(stream, f.data.data(), f.types.data(), f.shapes.data(), f.strides.data(), err,
+                             sizeof(err));
 #else
-  const int status = v.entry(f.data.data(), f.shapes.data(), f.strides.data(), err, sizeof(err));
+  const int status = v.entry(f.data.data(), f.types.data(), f.shapes.data(), f.strides.data(), err, sizeof(err));
 #endif
   if (status != 0)
     return v.failure(status == kStatusValue ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal, err);
@@ -202,14 +224,14 @@ ffi::Error call(std::string_view symbol, ffi::RemainingArgs args, ffi::Remaining
 extern "C" PTN_EXPORT int ptn_xla_ffi_register(
     const char* symbol,       // the variant's entry point symbol (NUL-terminated)
     void* entry,              // its entry point: <symbol> on the CPU, ptn_<symbol>_run_on_device on CUDA
+    void* check,              // its argument check: <symbol>_check_arguments
     int n_in,                 // the number of inputs
     int n_out,                // the number of outputs (dummy ones included)
-    const int* itemsizes,     // n_in + n_out entries: bytes per element of each input, then each output
     const int* source_of,     // n_out entries: the input each output starts as a copy of, or -1
     const int* host_memory,   // n_in entries: 1 where the kernel reads the input on the host
     const char* op_name) {    // the op's name, for error messages (NUL-terminated UTF-8)
-  if (!symbol || !entry || !op_name || n_in < 0 || n_out < 0 || (n_in + n_out && !itemsizes) ||
-      (n_out && !source_of) || (n_in && !host_memory))
+  if (!symbol || !entry || !check || !op_name || n_in < 0 || n_out < 0 || (n_out && !source_of) ||
+      (n_in && !host_memory))
     return 1;
   for (int k = 0; k < n_out; ++k)
     if (source_of[k] < -1 || source_of[k] >= n_in) return 1;
@@ -217,9 +239,9 @@ extern "C" PTN_EXPORT int ptn_xla_ffi_register(
   v->symbol = symbol;
   v->op_name = op_name;
   v->entry = reinterpret_cast<ptn_xla_ffi::EntryPoint>(entry);
+  v->check = reinterpret_cast<ptn_xla_ffi::CheckArguments>(check);
   v->n_in = n_in;
   v->n_out = n_out;
-  v->itemsizes.assign(itemsizes, itemsizes + n_in + n_out);
   v->source_of.assign(source_of, source_of + n_out);
   v->host_memory.assign(host_memory, host_memory + n_in);
   ptn_xla_ffi::registry().add(std::move(v));

@@ -24,13 +24,16 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 from . import blas, prebuilt
 from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
 from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
 from .cache import proc_fd_usable
+from .plan import dtype_code
 from .source import Variant
+from .spec import MAX_NDIM
 
 __all__ = ["CompileError", "CacheError", "UntrustedLibraryWarning", "cache_dir", "cache_status", "build",
            "open_library", "open_cached", "load", "loaded", "library_path", "Library"]
@@ -373,7 +376,7 @@ class Library:
         self.cdll = cdll
         self.dlopen_name = cdll._name
         self.run = getattr(self.cdll, variant.symbol)
-        self.run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64]
+        self.run.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64]
         self.run.restype = ctypes.c_int
         set_blas = getattr(self.cdll, variant.symbol + "_set_blas")
         set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -385,6 +388,25 @@ class Library:
 
 
 _loaded: dict[str, Library] = {}
+
+
+def argument_error(variant: Variant, shapes, dtypes) -> str | None:
+    """What ``variant``'s entry point would say of arrays of ``shapes`` and ``dtypes`` (every input, then every
+    output), without running it: the message of its argument check (``<symbol>_check_arguments``, the check every
+    call goes through; ``"input 'x' must have size 4 in dim 1"``), or None when they pass.  For glues that check
+    before they call (JAX mode, when it traces a call)."""
+    check = getattr(open_library(variant), variant.symbol + "_check_arguments")
+    check.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+    check.restype = ctypes.c_int
+    types = np.zeros(2 * len(shapes), np.int32)
+    dims = np.zeros(len(shapes) * MAX_NDIM, np.int64)
+    for j, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        types[2 * j:2 * j + 2] = len(shape), dtype_code(dtype)
+        dims[j * MAX_NDIM:j * MAX_NDIM + min(len(shape), MAX_NDIM)] = shape[:MAX_NDIM]
+    err = ctypes.create_string_buffer(2048)
+    if check(types.ctypes.data, dims.ctypes.data, err, len(err)) == 0:
+        return None
+    return err.value.decode("utf-8", "replace")
 
 
 def load(variant: Variant) -> Library:

@@ -21,10 +21,10 @@ def kernel_message(op_name: str, symbol: str) -> str:
     from .build import loaded
 
     lib = loaded(symbol)
-    chars = []
-    while lib is not None and (c := lib.error_char(len(chars))) != 0:
-        chars.append(chr(c))
-    return f"NativeOp {op_name!r}: " + ("".join(chars) or "the kernel reported a failure")
+    data = bytearray()
+    while lib is not None and (c := lib.error_char(len(data))) != 0:
+        data.append(c)
+    return f"NativeOp {op_name!r}: " + (data.decode("utf-8", "replace") or "the kernel reported a failure")
 
 
 class _KernelError(Exception):

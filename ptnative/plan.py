@@ -7,7 +7,11 @@ itself (``c_code/native_op_entry.h``).  They all do the same steps from the same
 plan's fields, so that no glue reads the spec again:
 
 1. make the ``contiguous`` inputs C-contiguous;
-2. check the fixed input sizes (``size_checks``, each with its message);
+2. hand the entry point each array's rank and element type (``types``, see :func:`dtype_code`): the entry point
+   checks them and the fixed input sizes (``size_checks``) against this plan before it touches a buffer, the one
+   place every mode's arguments are checked (``ptn::check_arguments`` in ``c_code/native_op_entry.h``, also
+   exported as ``<symbol>_check_arguments`` for glues that check before they allocate, as JAX mode does when it
+   traces a call);
 3. allocate the outputs in ``out_dtypes`` and ``out_shapes`` (sizes, and refs ``(input, dim)`` into the inputs'
    shapes; :meth:`ArgumentPlan.output_shapes` resolves them);
 4. initialise them: output ``k`` starts as a copy of input ``source_of[k]`` (that input's own buffer when the op
@@ -29,17 +33,24 @@ from typing import Any
 
 import numpy as np
 
-from .spec import array_dtype, resolve_shape
+from .spec import MAX_NDIM, array_dtype, resolve_shape
+
+
+def dtype_code(dtype) -> int:
+    """How the entry point's ABI names an element type: ``ord(kind) << 8 | itemsize`` of the numpy dtype (float64 is
+    ``ord("f") << 8 | 8``); ``ptn::dtype_name`` in ``c_code/native_op_entry.h`` reads it back."""
+    dt = np.dtype(dtype)
+    return ord(dt.kind) << 8 | dt.itemsize
 
 
 @dataclass(frozen=True)
 class SizeCheck:
-    """Input ``input`` must have ``size`` elements in dimension ``dim``; ``message`` says so when it has not."""
+    """Input ``input`` must have ``size`` elements in dimension ``dim`` (the entry point's message:
+    ``input 'x' must have size 4 in dim 1``)."""
 
     input: int
     dim: int
     size: int
-    message: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class ArgumentPlan:
     source_of: tuple[int, ...]  #: per output: the input it starts as a copy of, or -1 (starts at zero)
     fully_written: tuple[bool, ...]  #: per output: the kernel writes every element (not zeroed first)
     out_shapes: tuple[tuple[Any, ...], ...]  #: per output: an int size or an ``(input, dim)`` ref per dimension
+    array_labels: tuple[str, ...]  #: per array: how messages name it (``input 'x'``, ``output 'y'``)
     size_checks: tuple[SizeCheck, ...]
 
     @classmethod
@@ -64,7 +76,6 @@ class ArgumentPlan:
         """The plan of ``spec`` (a :class:`ptnative.spec.NativeOpBase`) computing in ``float_dtype`` on ``device``
         (``"cpu"`` or ``"cuda"``)."""
         in_info, out_info = spec.in_info, spec.out_info
-        label = f"NativeOp {spec.name!r}"
         source_of = [-1] * len(out_info)
         for i, k in spec.want_inplace_map.items():
             source_of[k] = i
@@ -80,10 +91,10 @@ class ArgumentPlan:
             source_of=tuple(source_of),
             fully_written=tuple(bool(info.get("fully_written")) for info in out_info),
             out_shapes=tuple(tuple(info["shape"]) for info in out_info),
-            size_checks=tuple(
-                SizeCheck(i, d, s, f"{label}: input {info.get('name', i)!r} must have size {s} in dim {d}")
-                for i, info in enumerate(in_info) for d, s in enumerate(info.get("shape") or ())
-                if isinstance(s, int)),
+            array_labels=tuple(f"input {info.get('name', i)!r}" for i, info in enumerate(in_info))
+            + tuple(f"output {info.get('name', k)!r}" for k, info in enumerate(out_info)),
+            size_checks=tuple(SizeCheck(i, d, s) for i, info in enumerate(in_info)
+                              for d, s in enumerate(info.get("shape") or ()) if isinstance(s, int)),
         )
 
     @property
@@ -94,6 +105,21 @@ class ArgumentPlan:
     @property
     def out_dtypes(self) -> tuple[str, ...]:
         return self.dtypes[self.n_in:]
+
+    @property
+    def dtype_codes(self) -> tuple[int, ...]:
+        """Per array, its element type as the entry point's ABI names it (:func:`dtype_code`)."""
+        return tuple(dtype_code(d) for d in self.dtypes)
+
+    @property
+    def out_dim_codes(self) -> tuple[int, ...]:
+        """The outputs' shapes as the C glues read them: ``MAX_NDIM`` entries per output, each a size ``>= 0`` or
+        ``-1 - (input * MAX_NDIM + dim)`` for a ref ``(input, dim)`` (unused entries 0)."""
+        codes = []
+        for shape in self.out_shapes:
+            dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in shape]
+            codes += dims + [0] * (MAX_NDIM - len(dims))
+        return tuple(codes)
 
     @property
     def itemsizes(self) -> tuple[int, ...]:

@@ -7,11 +7,16 @@ argument plan (:mod:`ptnative.plan`).
 text is compiled by ptnative's own build (g++ or nvcc, see :mod:`ptnative.build`); every glue
 (:mod:`ptnative.backends`) calls its entry point as the plan says.  The entry point's ABI::
 
-    int <symbol>(void** data, const int64_t* shapes, const int64_t* strides,
-                 char* err, int64_t errlen);
+    int <symbol>(void** data, const int32_t* types, const int64_t* shapes,
+                 const int64_t* strides, char* err, int64_t errlen);
+    int <symbol>_check_arguments(const int32_t* types, const int64_t* shapes,
+                                 char* err, int64_t errlen);
 
-``data`` holds the inputs' then the outputs' buffer addresses; ``shapes`` and
-``strides`` (bytes) hold ``PTN_MAX_NDIM`` entries per array in the same order.
+``data`` holds the inputs' then the outputs' buffer addresses; ``types`` two int32 per array in the same order,
+the array's rank and its element type (:func:`ptnative.plan.dtype_code`); ``shapes`` and
+``strides`` (bytes) hold ``PTN_MAX_NDIM`` entries per array.  The entry point checks ranks, types and the fixed
+sizes against the plan before anything else (``<symbol>_check_arguments`` does only that): the one place where
+every mode's arguments are checked.
 Outputs are allocated by the caller and zeroed by the entry point; a
 ``want_inplace`` input and its output are the same buffer.  The return value is 0, or a ``PTN_STATUS_*`` with a
 message in ``err``.  The CUDA build takes host arrays too (C-contiguous ones):
@@ -39,7 +44,7 @@ STATUS_VALUE = 2
 #: The template of every variant's translation unit (see :func:`generate`).
 UNIT_FILE = "variant_unit.cc"
 #: Bumped whenever the generated glue changes incompatibly.
-GLUE_VERSION = 5
+GLUE_VERSION = 6
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
@@ -194,9 +199,13 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
         "OP": repr(spec.name), "CTYPE": ctype, "DEVICE": device,
         "DIALECT": dialect_header(), "TYPED": read_kernel_file("native_op_typed.h"),
         "SUPPORT": spec.c_extra_support_code, "BODY": body,
-        "NDIMS": c_array(plan.ndims), "ITEMSIZES": c_array(plan.itemsizes), "INPLACE_OF": c_array(plan.inplace_of),
-        "HOST_MEMORY": c_array(plan.host_memory),
-        "FULLY_WRITTEN": c_array(plan.fully_written), "N_IN": plan.n_in, "N_OUT": plan.n_out,
+        "NDIMS": c_array(plan.ndims), "ITEMSIZES": c_array(plan.itemsizes), "DTYPE_CODES": c_array(plan.dtype_codes),
+        "LABELS": c_array(map(c_string_literal, plan.array_labels)), "INPLACE_OF": c_array(plan.inplace_of),
+        "HOST_MEMORY": c_array(plan.host_memory), "FULLY_WRITTEN": c_array(plan.fully_written),
+        "CHECK_INPUT": c_array(c.input for c in plan.size_checks), "CHECK_DIM": c_array(c.dim for c in plan.size_checks),
+        "CHECK_SIZE": c_array(c.size for c in plan.size_checks), "N_CHECKS": len(plan.size_checks),
+        "OUT_DIMS": c_array(plan.out_dim_codes),
+        "N_IN": plan.n_in, "N_OUT": plan.n_out,
         "NS": "@NS@", "SYM": "@SYM@",  # filled after hashing
     })
     digest = hashlib.sha256(f"{GLUE_VERSION}\0{text}".encode()).hexdigest()[:16]

@@ -150,15 +150,23 @@ def test_c_modules_are_shared_between_ops(tmp_path):
 
 @pytest.mark.parametrize("mode", ["C", "CVM", "FAST_COMPILE", None])
 def test_ops_with_one_kernel_text_keep_their_own_plans(mode, tmp_path):
-    """Two specs whose kernel text is the same (same translation unit and symbol) but whose outputs have other
-    shapes: each function allocates its own op's shapes (the C modes once took the first op's plan for both)."""
-    code = f"/* {tmp_path.name} */"
-    by_input = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), code, name="Same")
+    """Two specs whose kernel text is the same (same translation unit and symbol) but whose glues differ (one makes
+    its input contiguous, the other not): each function calls with its own op's plan (the C modes once took the
+    first op's plan for both).  The kernel writes the input's stride (in elements) into every output element.
+    Specs whose outputs have other shapes have their own units: the entry point checks output shapes too."""
+    code = f"/* {tmp_path.name} */" + """
+  for (int64_t j = 0; j < Ndarray_DIMS(*outputs[0])[0]; ++j)
+    Ndarray_DEV_DATA(*outputs[0])[j] = (Float)Ndarray_STRIDE(inputs[0], 0);"""
+    as_is = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), code, name="Same")
+    contiguous = NativeOp(({"name": "x", "ndim": 1, "need_contiguous": True},),
+                          ({"name": "y", "ndim": 1, "shape": ((0, 0),)},), code, name="Same")
     fixed = NativeOp(({"name": "x", "ndim": 1},), ({"name": "y", "ndim": 1, "shape": (3,)},), code, name="Same")
-    assert by_input.variant("float64").symbol == fixed.variant("float64").symbol
+    assert as_is.variant("float64").symbol == contiguous.variant("float64").symbol
+    assert fixed.variant("float64").symbol != as_is.variant("float64").symbol
     x = pt.vector()
-    for op, shape in ((by_input, (5,)), (fixed, (3,)), (by_input, (5,))):
-        np.testing.assert_array_equal(pytensor.function([x], op(x), mode=mode)(np.ones(5)), np.zeros(shape))
+    for op, want in ((as_is, np.full(5, 2.0)), (contiguous, np.ones(5)), (as_is, np.full(5, 2.0)),
+                     (fixed, np.full(3, 2.0))):
+        np.testing.assert_array_equal(pytensor.function([x], op(x[::2]), mode=mode)(np.ones(10)), want)
 
 
 _FLAGS_CHILD = r'''

@@ -91,8 +91,8 @@ def test_unregistered_symbol_wrong_arity_and_element_size_are_errors():
     # float32 buffers for the float64 variant: what a float64 op gets when jax_enable_x64 is off (PyTensor turns
     # it off with floatX float32)
     outs = [jax.ShapeDtypeStruct((2, 3), np.float32), jax.ShapeDtypeStruct((2,), np.float32)]
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': input 0 has "
-                                                         r"4-byte elements where the op takes 8-byte ones"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INVALID_ARGUMENT: NativeOp 'ScaleRows': input 'x' has "
+                                                         r"dtype float32 where the op takes float64"):
         jax.block_until_ready(jax.ffi.ffi_call(target, outs)(x.astype(np.float32), np.ones(3, np.float32),
                                                              np.int32(1), symbol=variant.symbol))
     x64 = jax.config.jax_enable_x64

@@ -29,7 +29,7 @@ from ..source import MAX_NDIM, STATUS_VALUE, Variant, fill_glue, glue_sections, 
 
 GLUE_FILE = "pytensor_c_glue.c"
 #: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
-TRAMPOLINE_VERSION = 2
+TRAMPOLINE_VERSION = 3
 
 _INTS = ctypes.POINTER(ctypes.c_int)
 _INT64S = ctypes.POINTER(ctypes.c_int64)
@@ -40,9 +40,7 @@ class Layout(ctypes.Structure):
 
     _fields_ = [("entry", ctypes.c_void_p), ("label", ctypes.c_char_p), ("n_in", ctypes.c_int),
                 ("n_out", ctypes.c_int), ("ndim", _INTS), ("contiguous", _INTS), ("source_of", _INTS),
-                ("destroys", _INTS), ("typenum", _INTS), ("out_dims", _INT64S), ("n_checks", ctypes.c_int),
-                ("check_input", _INTS), ("check_dim", _INTS), ("check_size", _INT64S),
-                ("check_message", ctypes.POINTER(ctypes.c_char_p))]
+                ("destroys", _INTS), ("typenum", _INTS), ("out_dims", _INT64S)]
 
 
 #: The variants whose layouts this process may hand out, by (symbol, plan key) (see :func:`params`).
@@ -59,7 +57,7 @@ def fill(section: str, fields: dict[str, object]) -> str:
 @cache
 def plan_key(variant: Variant) -> str:
     """A digest of ``variant``'s argument plan.  The symbol alone does not fix the plan: specs that differ only in
-    what the glue does (output shapes, size checks) compile to the same translation unit and symbol."""
+    what the glue does (which inputs it makes contiguous) compile to the same translation unit and symbol."""
     return hashlib.sha256(repr(variant.plan).encode()).hexdigest()[:16]
 
 
@@ -86,22 +84,13 @@ def _array(ctype, values):
 
 def _layout(variant: Variant, inplace: tuple[int, ...]) -> Layout:
     plan = variant.plan
-    out_dims = []
-    for shape in plan.out_shapes:
-        dims = [s if isinstance(s, int) else -1 - (s[0] * MAX_NDIM + s[1]) for s in shape]
-        out_dims += dims + [0] * (MAX_NDIM - len(dims))
-    checks = plan.size_checks
-    messages = (ctypes.c_char_p * max(len(checks), 1))(*[_utf8(c.message) for c in checks])
     # The structure keeps every array and string it points to (ctypes' _objects).
     return Layout(entry=ctypes.cast(load(variant).run, ctypes.c_void_p).value, label=_utf8(plan.label),
                   n_in=plan.n_in, n_out=plan.n_out, ndim=_array(ctypes.c_int, plan.ndims),
                   contiguous=_array(ctypes.c_int, plan.contiguous), source_of=_array(ctypes.c_int, plan.source_of),
                   destroys=_array(ctypes.c_int, plan.destroys(inplace)),
                   typenum=_array(ctypes.c_int, (np.dtype(d).num for d in plan.out_dtypes)),
-                  out_dims=_array(ctypes.c_int64, out_dims), n_checks=len(checks),
-                  check_input=_array(ctypes.c_int, (c.input for c in checks)),
-                  check_dim=_array(ctypes.c_int, (c.dim for c in checks)),
-                  check_size=_array(ctypes.c_int64, (c.size for c in checks)), check_message=messages)
+                  out_dims=_array(ctypes.c_int64, plan.out_dim_codes))
 
 
 def layout_address(node_params: tuple[str, str, tuple[int, ...]]) -> int:

@@ -5,10 +5,10 @@ as an ``ExternalFunction``): one text, so both paths behave the same.
 It is two functions.  ``ptn_run`` makes ``need_contiguous`` inputs contiguous,
 allocates the outputs (uninitialised: the entry point zeroes those not ``fully_written``; a
 ``want_inplace`` output starts as a copy of its input, or is the input itself
-when the op destroys it), calls the entry point and returns its status with the
-outputs; it never raises.  ``ptn_driver`` checks int shape entries, calls
-``ptn_run`` and raises :class:`~ptnative.KernelValueError` /
-:class:`~ptnative.KernelRuntimeError` with the kernel's message.
+when the op destroys it), calls the entry point with every array's rank and element type and returns its status
+with the outputs; it never raises.  The entry point checks the arguments (ranks, types, the fixed sizes of the
+spec: ``ptn::check_arguments``, the same check in every mode).  ``ptn_driver`` calls ``ptn_run`` and raises
+:class:`~ptnative.KernelValueError` / :class:`~ptnative.KernelRuntimeError` with the kernel's message.
 
 Every ``raise`` is in ``ptn_driver``, whose only arrays are ``ptn_run``'s
 results, because Numba releases a frame's references before a ``raise``
@@ -29,7 +29,14 @@ import numpy as np
 from ..build import load
 from ..errors import FROM_KERNEL, KernelRuntimeError, KernelValueError
 from ..op import register_glue
+from ..plan import dtype_code
 from ..source import MAX_NDIM, STATUS_VALUE, Variant
+
+
+def array_type_code(a) -> int:
+    """``a``'s element type as the entry point's ABI names it (:func:`ptnative.plan.dtype_code`); under Numba a
+    constant of the array's type (:mod:`ptnative.backends.numba` overloads it)."""
+    return dtype_code(a.dtype)
 
 
 @dataclass(frozen=True)
@@ -58,9 +65,6 @@ def driver_source(variant: Variant, inplace: tuple[int, ...] = (), tuple_return:
     run = [f"def ptn_run({args}):"]
     driver = [f"def ptn_driver({args}):"]
     run += [f"    i{i} = np.ascontiguousarray(i{i})" for i in range(n_in) if plan.contiguous[i]]
-    for check in plan.size_checks:
-        driver.append(f"    if i{check.input}.shape[{check.dim}] != {check.size}:")
-        driver.append(f"        raise ValueError({check.message!r})")  # static: Numba can raise it
     destroys = plan.destroys(inplace)
     for k, (i, shape, dtype) in enumerate(zip(plan.source_of, plan.out_shapes, plan.out_dtypes)):
         if i >= 0:
@@ -69,19 +73,22 @@ def driver_source(variant: Variant, inplace: tuple[int, ...] = (), tuple_return:
             dims = [str(s) if isinstance(s, int) else f"i{s[0]}.shape[{s[1]}]" for s in shape]
             run.append(f"    o{k} = np.empty(({''.join(d + ', ' for d in dims)}), dtype=np.{dtype})")  # zeroed by ext
     n = len(arrays)
-    run += [  # one block (one allocation) for the three arrays of the entry point
-        f"    block = np.zeros({n + 2 * n * MAX_NDIM}, dtype=np.int64)",
+    run += [  # one block (one allocation) for the four arrays of the entry point; types: 2 int32 per array
+        f"    block = np.zeros({2 * n + 2 * n * MAX_NDIM}, dtype=np.int64)",
         f"    data = block[:{n}]",
-        f"    shapes = block[{n}:{n + n * MAX_NDIM}]",
-        f"    strides = block[{n + n * MAX_NDIM}:]",
+        f"    types = block[{n}:{2 * n}].view(np.int32)",
+        f"    shapes = block[{2 * n}:{2 * n + n * MAX_NDIM}]",
+        f"    strides = block[{2 * n + n * MAX_NDIM}:]",
     ]
     for j, (a, ndim) in enumerate(zip(arrays, plan.ndims)):
         run.append(f"    data[{j}] = {a}.ctypes.data")
+        run.append(f"    types[{2 * j}] = {a}.ndim")
+        run.append(f"    types[{2 * j + 1}] = array_type_code({a})")
         for d in range(ndim):
             run.append(f"    shapes[{j * MAX_NDIM + d}] = {a}.shape[{d}]")
             run.append(f"    strides[{j * MAX_NDIM + d}] = {a}.strides[{d}]")
     run += [
-        "    status = ext(data.ctypes, shapes.ctypes, strides.ctypes, data.ctypes, 0)",
+        "    status = ext(data.ctypes, types.ctypes, shapes.ctypes, strides.ctypes, data.ctypes, 0)",
         f"    return status, {outs}",
     ]
     driver += [
@@ -98,7 +105,7 @@ def driver_source(variant: Variant, inplace: tuple[int, ...] = (), tuple_return:
 
 
 DRIVER_GLOBALS = {"np": np, "KernelValueError": KernelValueError, "KernelRuntimeError": KernelRuntimeError,
-                  "FROM_KERNEL": FROM_KERNEL}
+                  "FROM_KERNEL": FROM_KERNEL, "array_type_code": array_type_code}
 #: The Python drivers made in this process, by (variant, destroyed inputs).
 _python_drivers: dict[tuple[Variant, tuple[int, ...]], object] = {}
 

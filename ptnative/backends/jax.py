@@ -65,8 +65,8 @@ def handler_library(device: str):
         if register is None:
             lib = open_library(handler_variant(device, jax.ffi.include_dir()))
             register = getattr(lib, REGISTER_SYMBOL)
-            register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, _INTS, _INTS, _INTS,
-                                 ctypes.c_char_p]
+            register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, _INTS,
+                                 _INTS, ctypes.c_char_p]
             register.restype = ctypes.c_int
             handler = jax.ffi.pycapsule(getattr(lib, HANDLER_SYMBOL))
             jax.ffi.register_ffi_target(target_name(device), handler, platform="cpu" if device == "cpu" else "CUDA")
@@ -74,10 +74,11 @@ def handler_library(device: str):
     return register
 
 
-def entry_point(variant) -> int:
-    """The address of ``variant``'s entry point in its own library (the one every mode loads: built or taken
-    from the package's prebuilt libraries, checked, loaded once; BLAS set up on the CPU, cuBLAS found on CUDA):
-    ``<symbol>`` on the CPU, ``ptn_<symbol>_run_on_device`` (on a given stream) on CUDA."""
+def entry_point(variant) -> tuple[int, int]:
+    """The addresses of ``variant``'s entry point in its own library (the one every mode loads: built or taken
+    from the package's prebuilt libraries, checked, loaded once; BLAS set up on the CPU, cuBLAS found on CUDA),
+    ``<symbol>`` on the CPU and ``ptn_<symbol>_run_on_device`` (on a given stream) on CUDA, and of its argument
+    check ``<symbol>_check_arguments``."""
     from ..build import load, open_library
 
     if variant.device == "cpu":
@@ -87,7 +88,8 @@ def entry_point(variant) -> int:
 
         load_cublas()  # where the kernels' dlopen("libcublas.so.13") finds it
         function = getattr(open_library(variant), f"ptn_{variant.symbol}_run_on_device")
-    return ctypes.cast(function, ctypes.c_void_p).value
+    check = getattr(open_library(variant), f"{variant.symbol}_check_arguments")
+    return ctypes.cast(function, ctypes.c_void_p).value, ctypes.cast(check, ctypes.c_void_p).value
 
 
 def _ints(values) -> ctypes.Array:
@@ -103,8 +105,8 @@ def ffi_target(variant) -> str:
         register = handler_library(variant.device)
         plan = variant.plan
         name = plan.name.encode("utf-8", "surrogatepass").replace(b"\0", b"\\0")
-        status = register(variant.symbol.encode(), entry_point(variant), plan.n_in, plan.n_out,
-                          _ints(plan.itemsizes), _ints(plan.source_of), _ints(plan.host_memory), name)
+        status = register(variant.symbol.encode(), *entry_point(variant), plan.n_in, plan.n_out,
+                          _ints(plan.source_of), _ints(plan.host_memory), name)
         if status != 0:
             raise RuntimeError(f"NativeOp {plan.name!r}: the XLA FFI handler refused its argument plan")
         _variants_registered.add(key)
@@ -132,6 +134,7 @@ def ffi_forward(op, node):
                             "jax_enable_x64 off, so it would get 32-bit ones: turn it on "
                             "(jax.config.update('jax_enable_x64', True); PyTensor does when floatX is float64) or "
                             "give the op float32 inputs")
+        check_traced_call(variant, inputs)
         shapes = plan.output_shapes([np.shape(x) for x in inputs])
         result_types = [jax.ShapeDtypeStruct(tuple(shape), dt) for shape, dt in zip(shapes, plan.out_dtypes)]
         return tuple(jax.ffi.ffi_call(target, result_types, input_output_aliases=aliases,
@@ -144,6 +147,25 @@ def ffi_forward(op, node):
         return tuple(make_varying(o, axes) for o in mapped(*inputs))
 
     return forward
+
+
+def check_traced_call(variant, inputs) -> None:
+    """Raise the ``KernelValueError`` that ``variant``'s entry point would (its argument check, the same in every
+    mode: ranks, element types, the op's fixed sizes) for a call of ``inputs``, whose shapes and dtypes are known
+    when JAX traces the call.  The handler runs the same check again on every call."""
+    from ..build import argument_error
+    from ..errors import KernelValueError
+
+    plan = variant.plan
+    shapes = [tuple(np.shape(x)) for x in inputs]
+    try:
+        shapes += plan.output_shapes(shapes)
+    except IndexError:  # an input has too few dimensions, which the check reports before it reads an output
+        shapes += [(0,) * n for n in plan.ndims[plan.n_in:]]
+    dtypes = [np.dtype(x.dtype) for x in inputs] + list(plan.out_dtypes)
+    message = argument_error(variant, shapes, dtypes)
+    if message is not None:
+        raise KernelValueError(f"{plan.label}: {message}")
 
 
 def wide_dtypes(plan) -> list[str]:
@@ -323,14 +345,24 @@ def funcify_native_op(op, node=None, **kwargs):
     single = len(node.outputs) == 1
 
     def call(*inputs):
-        # Constants may come as Python scalars: the kernel needs the exact dtypes of its spec.  Under shard_map
-        # one FFI call takes inputs that vary along the same mesh axes.
-        inputs = [jnp.asarray(x, dtype=dt) for x, dt in zip(inputs, in_dtypes)]
+        # Constants may come as Python scalars, and an array may be of a type that converts without loss: the
+        # kernel gets the exact dtypes of its node.  Any other array keeps its type, which the argument check
+        # refuses (see check_traced_call).  Under shard_map one FFI call takes inputs that vary along the same
+        # mesh axes.
+        inputs = [jnp.asarray(x, dtype=dt) if exactly_convertible(x, dt) else x for x, dt in zip(inputs, in_dtypes)]
         axes = varying_axes(*inputs)
         outputs = native_op(*(make_varying(x, axes) for x in inputs))
         return outputs[0] if single else outputs
 
     return call
+
+
+def exactly_convertible(x, dtype) -> bool:
+    """Whether ``x`` may be handed to a kernel taking ``dtype`` converted: a Python scalar or a weakly typed JAX
+    value (a literal), or an array whose every value ``dtype`` holds exactly (numpy's "safe" casting)."""
+    if not hasattr(x, "dtype") or getattr(x, "weak_type", False):
+        return True
+    return np.can_cast(x.dtype, dtype, casting="safe")
 
 
 def register() -> None:

@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 from numba import types
+from numba.extending import overload
+from numba.np.numpy_support import as_dtype
 from pytensor.link.numba.cache import compile_numba_function_src
 from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
 
 from ..build import load
 from ..op import NativeOp
+from ..plan import dtype_code
 from ..settings import config
-from .driver import DRIVER_GLOBALS, driver_source
+from .driver import DRIVER_GLOBALS, array_type_code, driver_source
 
-ENTRY_SIGNATURE = types.int32(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64)
+ENTRY_SIGNATURE = types.int32(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64)
+
+
+@overload(array_type_code)
+def _array_type_code(a):
+    code = dtype_code(as_dtype(a.dtype))  # the array's type is known when Numba compiles: a constant
+    return lambda a: code
 _loaded_permanently: set[str] = set()
 
 
