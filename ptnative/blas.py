@@ -25,7 +25,7 @@ def gemm_addresses() -> tuple[int, int]:
     return addresses[0], addresses[1]
 
 
-# The symbols by which the kernels find OpenBLAS's worker pool (c_code/native_op_blas.h, set_blas).
+# The symbols by which the kernels find OpenBLAS's worker pool (c_code/dialect/native_op_blas.h, set_blas).
 POOL_RUN = "gotoblas_pthread"
 POOL_SIZE = ("openblas_get_num_threads", "scipy_openblas_get_num_threads")
 

@@ -2,14 +2,14 @@
 
 Each mode calls a variant's entry point (the ABI is in :mod:`ptnative.source`) through a glue of its own: the
 Python/Numba driver (:mod:`ptnative.backends.driver`), PyTensor's C module (:mod:`ptnative.backends.c`), the XLA
-FFI handler (``c_code/xla_ffi_handler.cc``, given the plan by :mod:`ptnative.backends.jax`) and the entry point
-itself (``c_code/native_op_entry.h``).  They all do the same steps from the same facts, and those facts are this
+FFI handler (``c_code/glue/xla_ffi_handler.cc``, given the plan by :mod:`ptnative.backends.jax`) and the entry point
+itself (``c_code/dialect/native_op_entry.h``).  They all do the same steps from the same facts, and those facts are this
 plan's fields, so that no glue reads the spec again:
 
 1. make the ``contiguous`` inputs C-contiguous;
 2. hand the entry point each array's rank and element type (``types``, see :func:`dtype_code`): the entry point
    checks them and the fixed input sizes (``size_checks``) against this plan before it touches a buffer, the one
-   place every mode's arguments are checked (``ptn::check_arguments`` in ``c_code/native_op_entry.h``, also
+   place every mode's arguments are checked (``ptn::check_arguments`` in ``c_code/dialect/native_op_entry.h``, also
    exported as ``<symbol>_check_arguments`` for glues that check before they allocate, as JAX mode does when it
    traces a call);
 3. allocate the outputs in ``out_dtypes`` and ``out_shapes`` (sizes, and refs ``(input, dim)`` into the inputs'
@@ -38,7 +38,7 @@ from .spec import MAX_NDIM, array_dtype, resolve_shape
 
 def dtype_code(dtype) -> int:
     """How the entry point's ABI names an element type: ``ord(kind) << 8 | itemsize`` of the numpy dtype (float64 is
-    ``ord("f") << 8 | 8``); ``ptn::dtype_name`` in ``c_code/native_op_entry.h`` reads it back."""
+    ``ord("f") << 8 | 8``); ``ptn::dtype_name`` in ``c_code/dialect/native_op_entry.h`` reads it back."""
     dt = np.dtype(dtype)
     return ord(dt.kind) << 8 | dt.itemsize
 

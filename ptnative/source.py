@@ -1,7 +1,7 @@
 """Variants: what a spec compiles to per floating type and device, made once and shared by every glue.
 
 A :class:`Variant` is the translation unit of one op variant (dialect headers, the op's support code and its fw
-code wrapped in a C entry point: the template ``c_code/variant_unit.cc``, filled), its entry point's symbol and its
+code wrapped in a C entry point: the template ``c_code/glue/variant_unit.cc``, filled), its entry point's symbol and its
 argument plan (:mod:`ptnative.plan`).
 :func:`variant` makes each once per (spec, floating type, device); :func:`generate` is the computation.  The
 text is compiled by ptnative's own build (g++ or nvcc, see :mod:`ptnative.build`); every glue
@@ -30,6 +30,7 @@ sections).
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 import threading
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from .spec import MAX_NDIM
 
 STATUS_VALUE = 2
 #: The template of every variant's translation unit (see :func:`generate`).
-UNIT_FILE = "variant_unit.cc"
+UNIT_FILE = "glue/variant_unit.cc"
 #: Bumped whenever the generated glue changes incompatibly.
 GLUE_VERSION = 6
 
@@ -59,42 +60,53 @@ def kernel_dir():
 
 
 @cache
-def read_kernel_file(filename: str) -> str:
-    """The text of a file in ``c_code/``."""
-    return kernel_dir().joinpath(filename).read_text()
+def read_kernel_file(path: str) -> str:
+    """The text of a file in ``c_code/``, by its path there (``"hmm/hmm.cu"``)."""
+    return kernel_dir().joinpath(*path.split("/")).read_text()
 
 
-def inline_includes(text: str, seen: set[str] | None = None) -> str:
-    """Replace ``#include "x.h"`` of files in ``c_code/`` by their text (once each)."""
+def inline_includes(text: str, seen: set[str] | None = None, folder: str = "") -> str:
+    """Replace each ``#include "x.h"`` of ``text`` (a file in ``c_code/folder``) by the text of the file it names,
+    resolved as the preprocessor does (relative to the including file's folder), once each: a later include of a
+    file in ``seen`` (paths in ``c_code/``) is dropped, as its include guard would drop it."""
     seen = set() if seen is None else seen
 
     def repl(m):
-        name = m.group(1)
-        if name in seen:
+        path = posixpath.normpath(posixpath.join(folder, m.group(1)))
+        if path in seen:
             return ""
-        seen.add(name)
-        return inline_includes(read_kernel_file(name), seen)
+        seen.add(path)
+        return inline_includes(read_kernel_file(path), seen, posixpath.dirname(path))
 
     return _LOCAL_INCLUDE.sub(repl, text)
+
+
+#: The dialect: every variant's unit opens with it (``native_op.h`` and what it includes), declares ``Float`` and
+#: includes ``native_op_typed.h`` in the op's namespace.  ``kernel.h`` is what kernel files include to get the same
+#: when compiled on their own.
+DIALECT_HEADER = "dialect/native_op.h"
+TYPED_HEADER = "dialect/native_op_typed.h"
+KERNEL_HEADER = "dialect/kernel.h"
 
 
 @cache
 def _dialect_files() -> frozenset[str]:
     seen: set[str] = set()
-    inline_includes('#include "native_op.h"\n', seen)
-    return frozenset(seen | {"native_op_typed.h"})
+    dialect_header(seen)
+    return frozenset(seen | {TYPED_HEADER, KERNEL_HEADER})
 
 
-def dialect_header() -> str:
-    return inline_includes('#include "native_op.h"\n')
+def dialect_header(seen: set[str] | None = None) -> str:
+    """``dialect/native_op.h`` with its includes inlined."""
+    return inline_includes(f'#include "{DIALECT_HEADER}"\n', seen)
 
 
 @cache
-def kernel_unit(filename: str) -> str:
-    """Support code from ``c_code/filename``: its text with the ``#include "x"`` of other files in ``c_code/``
-    inlined once each, in include order; the dialect headers (which open every translation unit already) are
-    dropped.  A kernel file thus names what it needs itself and is read as one unit."""
-    return inline_includes(read_kernel_file(filename), set(_dialect_files()))
+def kernel_unit(path: str) -> str:
+    """Support code from ``c_code/<path>`` (``"hmm/hmm.cu"``): its text with the ``#include "x"`` of other files in
+    ``c_code/`` inlined once each, in include order; the dialect headers (which open every translation unit already)
+    are dropped.  A kernel file thus names what it needs itself, compiles on its own, and is read as one unit."""
+    return inline_includes(read_kernel_file(path), set(_dialect_files()), posixpath.dirname(path))
 
 
 def c_name(name: str) -> str:
@@ -197,7 +209,7 @@ def generate(spec, float_dtype: str, device: str = "cpu") -> Variant:
 
     text = fill_glue(glue_sections(UNIT_FILE)["unit"], {
         "OP": repr(spec.name), "CTYPE": ctype, "DEVICE": device,
-        "DIALECT": dialect_header(), "TYPED": read_kernel_file("native_op_typed.h"),
+        "DIALECT": dialect_header(), "TYPED": read_kernel_file(TYPED_HEADER),
         "SUPPORT": spec.c_extra_support_code, "BODY": body,
         "NDIMS": c_array(plan.ndims), "ITEMSIZES": c_array(plan.itemsizes), "DTYPE_CODES": c_array(plan.dtype_codes),
         "LABELS": c_array(map(c_string_literal, plan.array_labels)), "INPLACE_OF": c_array(plan.inplace_of),

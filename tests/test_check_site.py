@@ -1,7 +1,7 @@
 """One check site: every mode refuses wrong arguments with the entry point's own check and message.
 
 The checks of a call (each array's rank and element type, the sizes the spec fixes, the outputs' shapes) live in
-the entry point (``ptn::check_arguments``, c_code/native_op_entry.h), which every glue calls: the Python and Numba
+the entry point (``ptn::check_arguments``, c_code/dialect/native_op_entry.h), which every glue calls: the Python and Numba
 driver, PyTensor's C module, the XLA FFI handler (on every call, before it copies a buffer) and JAX mode when it
 traces a call.  Specs are generated (hypothesis): fixed sizes, ranks and dtypes; each is fed a wrong-sized,
 wrong-rank and wrong-dtype input in every mode, ``jax.jit`` of the jaxified graph and the bare FFI call included,

@@ -219,7 +219,7 @@ def test_posteriors_one_sequence_few_states(K, hard):
 
 @pytest.mark.parametrize("K", [1, 2, 3, 4])
 def test_log_likelihood_one_sequence_few_states(K):
-    """hmm_log_likelihood with B = 1, K <= 4 (the CPU's register path, c_code/hmm_loglik_small.h): value and
+    """hmm_log_likelihood with B = 1, K <= 4 (the CPU's register path, c_code/hmm/hmm_loglik_small.h): value and
     gradients against the numpy reference and the same sequence computed among others, huge log-densities, a gap
     beyond double's range within one step (the log-space fallback), NaN, +inf, zero upstream gradient."""
     rng = np.random.default_rng(80 + K)
@@ -583,7 +583,7 @@ def test_exported():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_log_likelihood_kernels_compile_with_nvcc(monkeypatch):
-    """c_code/hmm.cu's CUDA text (the lanes are CPU-only): the forward op, its gradient op and the op computing both."""
+    """c_code/hmm/hmm.cu's CUDA text (the lanes are CPU-only): the forward op, its gradient op and the op computing both."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     op = fsa.HmmForwardBackwardOp.make_op()
     ops = [op, op.grad_op(), fsa.HmmLikelihoodWithGradOp.make_op()]
@@ -700,7 +700,7 @@ def check_against_references(got, args, lens, upstream, rtol, atol):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_log_likelihood_lanes_any_batch(mode, dtype):
-    """B = 1..24 and K = 1..33 on both CPU paths (c_code/hmm_lanes.h's hmm_use_lanes: groups of eight sequences in
+    """B = 1..24 and K = 1..33 on both CPU paths (c_code/hmm/hmm_lanes.h's hmm_use_lanes: groups of eight sequences in
     vector lanes, full, partial and several, with K = 16, 17, 33 transposed eight states at a time and the rest; or
     time outer and batch inner, e.g. B = 1, 3 x 8, 5 x 17, 17 x 16), ragged lengths with empty sequences, against
     the numpy log-space references; an upstream gradient that depends on the value (separate forward and gradient
@@ -882,7 +882,7 @@ def posteriors_gradient_function(dtype, mode):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_posteriors_lanes_any_batch(mode, dtype):
-    """B = 2..24 and K = 1..33 (c_code/hmm_posteriors.cu: B >= 3 in groups of eight sequences in vector lanes, full,
+    """B = 2..24 and K = 1..33 (c_code/hmm/hmm_posteriors.cu: B >= 3 in groups of eight sequences in vector lanes, full,
     partial and several, K = 16, 17, 33 transposed eight states at a time and the rest; B = 2 time outer and batch
     inner), ragged lengths with empty sequences and T_b = 1, against the numpy log-space forward-backward; marginals
     summing to 1 on valid frames and 0 on padded ones; both ops give the same marginals and counts, the same bits on

@@ -1,4 +1,4 @@
-"""hmm_viterbi with the batch in vector lanes (c_code/hmm_viterbi_lanes.h: groups of 8 sequences on the CPU):
+"""hmm_viterbi with the batch in vector lanes (c_code/hmm/hmm_viterbi_lanes.h: groups of 8 sequences on the CPU):
 full, partly full and several groups, ragged masks, ties, float32, NaN / +inf / no path inside a group, threads,
 against enumeration of all state paths (tests/reference/hmm.py brute_force), a numpy max-plus Viterbi
 (reference viterbi), and the same sequence computed alone (B = 1: the sequence-at-a-time path), bit for bit."""

@@ -340,7 +340,8 @@ def test_parallel_builds_share_one_library(tmp_path):
 def test_kernel_files_are_found():
     """c_code/ ships as package data: an installed (non-editable) ptnative finds its kernels."""
     kernels = ptnative.source.kernel_dir()
-    assert kernels.joinpath("native_op.h").is_file() and kernels.joinpath("lstm.cu").is_file()
+    assert kernels.joinpath("dialect", "native_op.h").is_file() and kernels.joinpath("lstm", "lstm.cu").is_file()
+    assert kernels.joinpath("glue", "variant_unit.cc").is_file() and kernels.joinpath("hmm", "hmm_rows.h").is_file()
     if "site-packages" in ptnative.__file__:
         assert "site-packages" in str(kernels)
 
@@ -355,7 +356,8 @@ def test_kernel_sources_stay_on_the_ops_stream():
 
     legacy = re.compile(r"\b(cudaMemcpy|cudaMemset|cudaMemcpyFromSymbol|cudaMemcpyToSymbol|cudaDeviceSynchronize)"
                         r"\s*\(")
-    files = [f for f in kernel_dir().iterdir() if f.name.endswith((".cu", ".h"))]
+    files = [f for folder in kernel_dir().iterdir() if folder.is_dir() for f in folder.iterdir()
+             if f.name.endswith((".cu", ".h"))]
     assert len(files) > 5, f"kernel sources not found in {kernel_dir()}"
     found = [f"{f.name}:{n}: {line.strip()}" for f in files
              for n, line in enumerate(f.read_text().splitlines(), 1)

@@ -6,7 +6,7 @@ build and the Numba and Python drivers do.  So flags in ``pytensor.config.gcc__c
 ``-fno-exceptions``; users add ``-ffast-math``) never reach a kernel, and each node's module compiles in a
 fraction of a second.
 
-The module's C text is ``c_code/pytensor_c_glue.c`` (sections that start with ``//@section <name>``, filled by
+The module's C text is ``c_code/glue/pytensor_c_glue.c`` (sections that start with ``//@section <name>``, filled by
 plain substitution), the same for every op: the node's params (:func:`params`, a constant that PyTensor hands to
 the module) name the variant, and when the module's struct is initialised it asks :func:`layout_address` for the
 variant's :class:`Layout` (entry point and argument plan).  PyTensor reuses a module whose text and version it
@@ -27,7 +27,7 @@ from ..build import build, load
 from ..op import register_glue
 from ..source import MAX_NDIM, STATUS_VALUE, Variant, fill_glue, glue_sections, read_kernel_file
 
-GLUE_FILE = "pytensor_c_glue.c"
+GLUE_FILE = "glue/pytensor_c_glue.c"
 #: Bumped when the way the glue file is filled changes (the file's own text is in the cache key too).
 TRAMPOLINE_VERSION = 3
 
@@ -36,7 +36,7 @@ _INT64S = ctypes.POINTER(ctypes.c_int64)
 
 
 class Layout(ctypes.Structure):
-    """``ptn_glue_layout`` of ``c_code/pytensor_c_glue.c``: how the module calls one variant."""
+    """``ptn_glue_layout`` of ``c_code/glue/pytensor_c_glue.c``: how the module calls one variant."""
 
     _fields_ = [("entry", ctypes.c_void_p), ("label", ctypes.c_char_p), ("n_in", ctypes.c_int),
                 ("n_out", ctypes.c_int), ("ndim", _INTS), ("contiguous", _INTS), ("source_of", _INTS),
@@ -50,7 +50,7 @@ _layouts: dict[tuple[str, str, tuple[int, ...]], Layout] = {}
 
 
 def fill(section: str, fields: dict[str, object]) -> str:
-    """One section of ``c_code/pytensor_c_glue.c``, filled (see :func:`ptnative.source.fill_glue`)."""
+    """One section of ``c_code/glue/pytensor_c_glue.c``, filled (see :func:`ptnative.source.fill_glue`)."""
     return fill_glue(glue_sections(GLUE_FILE)[section], fields)
 
 

@@ -1,6 +1,6 @@
 """The translation unit of JAX mode's XLA FFI handler library: one per device, holding no op's code.
 
-The handler's C++ lives in ``c_code/xla_ffi_handler.cc``; this module fills its two constants of the entry point's
+The handler's C++ lives in ``c_code/glue/xla_ffi_handler.cc``; this module fills its two constants of the entry point's
 ABI (plain substitutions, :func:`ptnative.source.fill_glue`) and makes it a :class:`~ptnative.source.Variant`
 that :mod:`ptnative.build` compiles and caches like a kernel library (g++ for ``"cpu"``, nvcc for ``"cuda"``),
 with jaxlib's ``xla/ffi/api/ffi.h`` on the include path.  :mod:`ptnative.backends.jax` registers each op
@@ -15,7 +15,7 @@ from functools import cache
 from ..source import STATUS_VALUE, Variant, fill_glue, glue_sections
 from ..spec import MAX_NDIM
 
-HANDLER_FILE = "xla_ffi_handler.cc"
+HANDLER_FILE = "glue/xla_ffi_handler.cc"
 #: What the handler library exports: the XLA FFI handler, and the function that registers an op variant with it.
 HANDLER_SYMBOL = "ptn_xla_ffi_handler"
 REGISTER_SYMBOL = "ptn_xla_ffi_register"

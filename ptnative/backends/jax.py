@@ -1,5 +1,5 @@
 """JAX mode: each NativeOp becomes an XLA FFI call (``jax.ffi.ffi_call``), so it runs inside XLA on the device JAX
-uses (CPU, or CUDA), with no host round trip.  One generic handler library per device (``c_code/xla_ffi_handler.cc``,
+uses (CPU, or CUDA), with no host round trip.  One generic handler library per device (``c_code/glue/xla_ffi_handler.cc``,
 :mod:`ptnative.backends.ffi_source`; built by nvcc for CUDA) serves every op: each op variant is registered with it
 once per process (its entry point, in the variant's own library that every mode loads, and its argument plan), and
 each call names the variant by the string attribute ``symbol`` (a hash of its source, the same in every process).
@@ -51,7 +51,7 @@ def target_name(device: str) -> str:
 def handler_library(device: str):
     """Build if needed (cached like every library, :func:`ptnative.build.open_library`), load and register with
     XLA, once per process, the generic XLA FFI handler of ``device``; return its registration function
-    (``ptn_xla_ffi_register``, see ``c_code/xla_ffi_handler.cc``)."""
+    (``ptn_xla_ffi_register``, see ``c_code/glue/xla_ffi_handler.cc``)."""
     register = _handlers.get(device)
     if register is not None:
         return register

@@ -1,5 +1,5 @@
 """Chunking / UnChunking: cut the time axis into overlapping chunks and put them
-back together (kernels in ``c_code/chunking.cu``).
+back together (kernels in ``c_code/chunking/chunking.cu``).
 
 Layout: a sequence batch ``(n_time, n_batch, n_dim)`` becomes
 ``(chunk_size, n_batch * n_chunks, n_dim)``, chunk ``c`` of sequence ``b`` in
@@ -15,12 +15,12 @@ import numbers
 import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
-from ..source import read_kernel_file
+from ..source import kernel_unit
 from ._args import float_tensor, int_size, python_int, real_tensor
 
 __all__ = ["Chunking", "UnChunking", "chunk", "unchunk", "naive_chunk_start_frames", "n_chunks"]
 
-_SUPPORT = {"chunking": read_kernel_file("chunking.cu")}
+_SUPPORT = {"chunking": kernel_unit("chunking/chunking.cu")}
 
 
 class Chunking(NativeOpGenBase):

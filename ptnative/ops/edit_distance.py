@@ -1,4 +1,4 @@
-"""Edit-distance ops (kernels in ``c_code/edit_distance.cu``).
+"""Edit-distance ops (kernels in ``c_code/edit_distance/edit_distance.cu``).
 
 All inputs and outputs are int32; sequences are batch-major ``(B, T)`` arrays
 with a length per batch entry (entries past the length are ignored).  ``D[i, j]``
@@ -16,10 +16,10 @@ import numpy as np
 import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
-from ..source import read_kernel_file
+from ..source import kernel_unit
 from ._args import flag, host_int32_scalar, int32_scalar, int_tensor, python_int
 
-_SUPPORT = {"edit_distance": read_kernel_file("edit_distance.cu")}
+_SUPPORT = {"edit_distance": kernel_unit("edit_distance/edit_distance.cu")}
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Sequence models on automata (kernels in ``c_code/fsa_*.cu``, ``c_code/ctc_*.cu`` and ``c_code/hmm.cu``).
+"""Sequence models on automata (kernels in ``c_code/fsa_*.cu``, ``c_code/ctc_*.cu`` and ``c_code/hmm/hmm.cu``).
 
 Automata are edge lists: ``edges`` (4, E) int32 with rows ``(from state, to state,
 emission index, sequence index)``, ``weights`` (E,), ``start_end_states`` (2, B)
@@ -122,7 +122,7 @@ class FastBaumWelchOp(NativeOpGenBase):
         {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
         {"name": "sums", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
     )
-    c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
+    c_extra_support_code = kernel_unit("fsa/fsa_baum_welch.cu")
     c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -149,7 +149,7 @@ class MultiEndFastBaumWelchOp(NativeOpGenBase):
         _arr("state_buffer", 2, shape=(2, None)),
     )
     out_info = FastBaumWelchOp.out_info
-    c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
+    c_extra_support_code = kernel_unit("fsa/fsa_baum_welch.cu")
     c_fw_code = "multi_end_fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -210,7 +210,7 @@ class SegmentFastBaumWelchOp(NativeOpGenBase):
         {"name": "normalization_factors", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
         {"name": "posterior_weigths", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
     )
-    c_extra_support_code = kernel_unit("fsa_segmental.cu")
+    c_extra_support_code = kernel_unit("fsa/fsa_segmental.cu")
     c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
     code_version = (2,)
 
@@ -249,7 +249,7 @@ class FastViterbiOp(NativeOpGenBase):
         {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
         {"name": "scores", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
     )
-    c_extra_support_code = kernel_unit("fsa_viterbi.cu")
+    c_extra_support_code = kernel_unit("fsa/fsa_viterbi.cu")
     c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -284,7 +284,7 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
         {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
         {"name": "start_end_states", "ndim": 2, "shape": (2, (1, 0)), "dtype": "int32", "need_contiguous": True},
     )
-    c_extra_support_code = kernel_unit("ctc_fsa.cu")
+    c_extra_support_code = kernel_unit("ctc/ctc_fsa.cu")
     c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (2,)
 
@@ -325,7 +325,7 @@ class CtcFsaLossOp(NativeOpGenBase):
         _out("loss", ((0, 1),), 0),
         _out("grad", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
     )
-    c_extra_support_code = kernel_unit("ctc_loss.cu")
+    c_extra_support_code = kernel_unit("ctc/ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
     op_class = _CtcLossOp
@@ -344,7 +344,7 @@ class CtcViterbiLossOp(NativeOpGenBase):
 
     in_info = CtcFsaLossOp.in_info
     out_info = CtcFsaLossOp.out_info
-    c_extra_support_code = kernel_unit("ctc_loss_viterbi.cu")
+    c_extra_support_code = kernel_unit("ctc/ctc_loss_viterbi.cu")
     c_fw_code = "ctc_loss_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
     op_class = _CtcLossOp
@@ -363,7 +363,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     out_info = (_out("log_likelihood", ((0, 1),), 0),)
     # gradient op inputs: the five inputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6)
-    c_extra_support_code = kernel_unit("hmm.cu")
+    c_extra_support_code = kernel_unit("hmm/hmm.cu")
     c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (5,)
@@ -397,7 +397,7 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
         _out("D_log_initial", ((2, 0),)),
         _out("D_log_final", ((3, 0),)),
     )
-    c_extra_support_code = kernel_unit("hmm.cu")
+    c_extra_support_code = kernel_unit("hmm/hmm.cu")
     c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
     op_class = _LikelihoodWithGradOp

@@ -1,5 +1,5 @@
-"""Inference in dense K-state HMMs beyond the likelihood (kernels in ``c_code/hmm_infer.cu``,
-``c_code/hmm_viterbi.cu``, ``c_code/hmm_posteriors.cu``, ``c_code/hmm_sample.cu``).
+"""Inference in dense K-state HMMs beyond the likelihood (kernels in ``c_code/hmm/hmm_infer.h``,
+``c_code/hmm/hmm_viterbi.cu``, ``c_code/hmm/hmm_posteriors.cu``, ``c_code/hmm/hmm_sample.cu``).
 
 * :class:`HmmViterbiOp`: the most likely state path and its log score (:func:`hmm_viterbi`).
 * :class:`HmmPosteriorsOp`: smoothed state marginals and expected transition counts, with
@@ -27,7 +27,7 @@ from .fsa import _arr, _hidden, _hmm_inputs, _out
 
 def _support(name):
     """The support code of the op in ``c_code/hmm_<name>.cu`` (which includes what it needs)."""
-    return kernel_unit(f"hmm_{name}.cu")
+    return kernel_unit(f"hmm/hmm_{name}.cu")
 
 
 _PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32", fully_written=True)  # padded frames: -1

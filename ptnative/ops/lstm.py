@@ -86,7 +86,7 @@ class LstmGenericBase(NativeOpGenBase):
     def grad_input_map(cls, Z, V_h, c, i, Y, H, d, DY, DH, Dd):
         return V_h, c, i, Y, H, DY, Dd
 
-    c_extra_support_code = kernel_unit("lstm_generic.cu")
+    c_extra_support_code = kernel_unit("lstm/lstm_generic.cu")
     c_fw_code = "lstm_generic_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "lstm_generic_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -97,7 +97,7 @@ NativeLstm = LstmGenericBase
 
 
 # ====================================================================== NativeLstm2, LstmLowMem, TwoDLSTM,
-# lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm.cu (NativeLstm2), lstm_lowmem.cu, twod_lstm.cu,
+# lstm_cell and the lstm() layer helper.  Kernels: c_code/lstm/lstm.cu (NativeLstm2), lstm_lowmem.cu, twod_lstm.cu,
 # lstm_cell.cu.
 
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
@@ -149,7 +149,7 @@ class NativeLstm2(NativeOpGenBase):
     def grad_input_map(cls, X, W, y0, c0, i, start, step, Y, C, H, d, DY, DC, DH, Dd):
         return W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd
 
-    c_extra_support_code = kernel_unit("lstm.cu")
+    c_extra_support_code = kernel_unit("lstm/lstm.cu")
     c_fw_code = "native_lstm2_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "native_lstm2_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -227,7 +227,7 @@ class LstmLowMem(NativeOpGenBase):
     def grad_input_map(cls, X, W, b, y0, c0, i, start, step, Y, C, d, DY, DC, Dd):
         return X, W, b, y0, c0, i, start, step, Y, C, DY, DC, Dd
 
-    c_extra_support_code = kernel_unit("lstm_lowmem.cu")
+    c_extra_support_code = kernel_unit("lstm/lstm_lowmem.cu")
     c_fw_code = "lstm_lowmem_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "lstm_lowmem_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -267,14 +267,14 @@ class TwoDLSTM(NativeOpGenBase):
         _output("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
         _output("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
     )
-    c_extra_support_code = kernel_unit("twod_lstm.cu")
+    c_extra_support_code = kernel_unit("lstm/twod_lstm.cu")
     c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "twod_lstm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
 
 
 # ---------------------------------------------------------------------- chainer's LSTM activation
-_CELL_SUPPORT = kernel_unit("lstm_cell.cu")
+_CELL_SUPPORT = kernel_unit("lstm/lstm_cell.cu")
 
 
 def _zeros_where_disconnected(cotangents, outputs):

@@ -1,4 +1,4 @@
-"""RNN-Transducer losses, standard and multi-blank (kernels in ``c_code/rnnt.cu``).
+"""RNN-Transducer losses, standard and multi-blank (kernels in ``c_code/rnnt/rnnt.cu``).
 
 :class:`MultiBlankRnntLoss` is one native op computing the whole lattice of a
 batch (log-softmax denominators, alphas, betas, per-sequence log-likelihood,
@@ -91,7 +91,7 @@ class MultiBlankRnntLoss(NativeOpGenBase):
         {"name": "lognorm", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True,
          "batch_axis": 0},
     )
-    c_extra_support_code = kernel_unit("rnnt.cu")
+    c_extra_support_code = kernel_unit("rnnt/rnnt.cu")
     c_fw_code = "rnnt_multiblank_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = None  # the gradient is the `grads` output (RnntLossOp.pullback)
     code_version = (2,)

@@ -1,4 +1,4 @@
-"""Batched indexing and sparse (COO) ops (kernels in ``c_code/sparse.cu``).
+"""Batched indexing and sparse (COO) ops (kernels in ``c_code/sparse/sparse.cu``).
 
 Conventions shared by the sparse ops:
 
@@ -19,7 +19,7 @@ from pytensor.configdefaults import config
 from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_implemented
 
 from ..op import NativeOp, NativeOpGenBase
-from ..source import read_kernel_file
+from ..source import kernel_unit
 from ._args import float_tensor, int_size, real_tensor, tensor
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "crossentropy_softmax_and_gradient_z_sparse", "onehot_to_sparse",
 ]
 
-_SUPPORT = {"sparse": read_kernel_file("sparse.cu")}
+_SUPPORT = {"sparse": kernel_unit("sparse/sparse.cu")}
 
 
 def _call(function: str, strict: str = "") -> str:

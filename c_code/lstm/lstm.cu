@@ -1,0 +1,320 @@
+// NativeLstm2: an LSTM over precomputed input projections, with y0, direction and stride (the op that
+// ptnative.ops.lstm.lstm(impl="native2") runs).  The other LSTM ops: lstm_generic.cu, lstm_lowmem.cu,
+// twod_lstm.cu, lstm_cell.cu; what they share: lstm_common.h, lstm_packed.h.
+#include "../dialect/kernel.h"
+#include "lstm_common.h"
+#include "lstm_packed.h"
+
+// H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
+// on exit; y_carry is y_prev on entry and the carried output (y, or y_prev on masked frames) on exit.
+LSTM_WIDE_LOOPS
+DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry,
+                               const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
+                               int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    Float* g = h + b * 4 * n_cells + j;
+    int64_t idx = b * n_cells + j;
+    Float m = mask[b];
+    LstmGates q = lstm_gates(g[0], g[n_cells], g[2 * n_cells], g[3 * n_cells]);
+    g[0] = q.a;
+    g[n_cells] = q.ig;
+    g[2 * n_cells] = q.fg;
+    g[3 * n_cells] = q.og;
+    Float cp = c_prev[idx];
+    Float cv = lstm_blend(m, cp * q.fg + q.a * q.ig, cp);
+    Float yv = lstm_masked(m, lstm_tanh(cv) * q.og);
+    c[idx] = cv;
+    y[idx] = yv;
+    y_carry[idx] = yv + y_carry[idx] * (Float(1) - m);
+  }
+}
+
+// yp_next = y + yp * (1 - m): the recurrent input of the next visited frame (yp's rows ld apart).
+DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, const Float* mask, int64_t n_batch,
+                            int64_t n_cells, int64_t ld) {
+  LSTM_FOR_BJ(b, j, n_batch, n_cells) {
+    yp_next[b * ld + j] = y[b * n_cells + j] + yp[b * ld + j] * (Float(1) - mask[b]);
+  }
+}
+
+// Backward through one visited frame.  dy_carry: dL/d(carried output of this frame) without DY[t]; on
+// exit the part that reaches y_prev through the carry.  dc: dL/dC[t] on entry, dL/dc_prev on exit.
+// gd (B, 4n): the frame's activated gates (H[t]) on entry, dL/dX[t] on exit.  One cell, mask value m:
+template <bool kValid>
+DEV_FUNC inline void lstm2_bw_cell(int64_t b, int64_t j, Float m, Float* __restrict__ gd, const Float* __restrict__ c,
+                                   const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                                   const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
+                                   int64_t n_cells) {
+  int64_t idx = b * n_cells + j;
+  Float* d = gd + b * 4 * n_cells + j;
+  LstmGates q = {d[0], d[n_cells], d[2 * n_cells], d[3 * n_cells]};
+  Float dct = lstm_cell_backward<kValid>(m, q, lstm_tanh(c[idx]), c_prev[idx], dY[idx] + dy_carry[idx],
+                                         dc[idx] + dC[idx], d, n_cells);
+  dc[idx] = lstm_carry_grad_by<kValid>(m, dct, q.fg);
+  dy_carry[idx] *= Float(1) - m;
+}
+
+LSTM_WIDE_LOOPS
+DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
+                               const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                               const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
+                               int64_t n_batch, int64_t n_cells) {
+  LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
+}
+
+// out[c] = the sum of column c of the (rows, cols) row-major X, accumulated in double row by row (CUDA: one
+// thread per column).
+DEF_KERNEL void lstm2_column_sums(const Float* __restrict__ X, int64_t rows, int64_t cols, Float* __restrict__ out) {
+  LSTM_FOR_BJ(unused, c, 1, cols) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; ++r) s += (double)X[r * cols + c];
+    out[c] = (Float)s;
+  }
+}
+
+// H: the gates buffer (X's buffer and shape).
+static void check_lstm2_shapes(Ndarray* H, Ndarray* W, Ndarray* y0, Ndarray* c0, Ndarray* i) {
+  int64_t T = Ndarray_DIMS(i)[0], n_batch = Ndarray_DIMS(i)[1], n_cells = Ndarray_DIMS(y0)[1];
+  ptn::require_dim(H, "X", 0, T, "T (i.shape[0])");
+  ptn::require_dim(H, "X", 1, n_batch, "B (i.shape[1])");
+  ptn::require_dim(H, "X", 2, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(W, "W", 0, n_cells, "n (y0.shape[1])");
+  ptn::require_dim(W, "W", 1, 4 * n_cells, "4 * n (n = y0.shape[1])");
+  ptn::require_dim(y0, "y0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 0, n_batch, "B (i.shape[1])");
+  ptn::require_dim(c0, "c0", 1, n_cells, "n (y0.shape[1])");
+}
+
+// NativeLstm2Layer's input projection: H = x (T, B, n_in) . W_in (n_in, 4n) before the recurrence.
+struct Lstm2Input {
+  Ndarray *x, *W_in;
+};
+
+// The forward pass of NativeLstm2 (b = null, proj = null) and NativeLstm2Layer (H = proj's x . W_in over all frames,
+// then b added to each visited frame's H[t] before its recurrent product).  inputs: W, y0, c0, i, start, step;
+// outputs Y, C, H [X's buffer], d.
+static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndarray*** outputs) {
+  Ndarray *W = in[0], *y0 = in[1], *c0 = in[2], *i = in[3];
+  Ndarray *Y = *outputs[0], *C = *outputs[1], *H = *outputs[2], *d = *outputs[3];
+  check_lstm2_shapes(H, W, y0, c0, i);
+  if (b) ptn::require_dim(b, "b", 0, Ndarray_DIMS(W)[1], "4 * n (n = y0.shape[1])");
+  const Float* bias = b ? Ndarray_DEV_DATA(b) : nullptr;
+  const LstmCall call = lstm_call(i, y0, in[4], in[5], false);
+  const LstmFrames& fr = call.fr;
+  const int64_t n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame, step = fr.step;
+  const int64_t T = Ndarray_DIMS(i)[0], g = 4 * n_cells, n_in = proj ? Ndarray_DIMS(proj->x)[2] : 0;
+  const std::vector<char> visited = lstm_visited(fr, T);
+  lstm_zero_unvisited(visited, Y);
+  lstm_zero_unvisited(visited, C);
+  if (fr.count == 0 && !proj) return lstm_final_state(d, C, c0, call);
+  ptn::Scratch scratch;
+  Float* y_carry = scratch.get<Float>(frame);
+  Ndarray_memcpy(y_carry, Ndarray_DEV_DATA(y0), frame * sizeof(Float));
+#if CUDA
+  if (proj)
+    lstm_gemm(Ndarray_DEV_DATA(proj->x), false, Ndarray_DEV_DATA(proj->W_in), false, Ndarray_DEV_DATA(H), T * n_batch,
+              g, n_in, 0.0);
+  for (int64_t k = 0; k < fr.count; ++k) {
+    int64_t t = fr.at(k);
+    if (bias) start_dev_kernel(lstm_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
+    lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
+    start_dev_kernel(lstm2_fw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, y_carry,
+                                      k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
+                                      data_ptr(C, t), n_batch, n_cells));
+  }
+#else
+  // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.
+  LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, g);
+  LstmPacked packed_W_in = proj ? lstm_pack(Ndarray_DEV_DATA(proj->W_in), false, n_in, g) : LstmPacked();
+  lstm_cpu_rows(n_batch, n_cells, std::max<int64_t>(fr.count, proj ? T : 0), [&](int64_t r0, int64_t r1) {
+    if (proj)
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(proj->x) + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g,
+                              LstmRowBlocks{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g}, nullptr, true);
+    for (int64_t k = 0; k < fr.count; ++k) {
+      int64_t t = fr.at(k);
+      Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
+      lstm_packed_gemm(y_carry + r0 * n_cells, n_cells, packed_W, h, 4 * n_cells, r1 - r0, bias);
+      lstm2_fw_frame(h, Ndarray_DEV_DATA(i) + t * n_batch + r0, y_carry + r0 * n_cells,
+                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + r0 * n_cells,
+                     data_ptr(Y, t) + r0 * n_cells, data_ptr(C, t) + r0 * n_cells, r1 - r0, n_cells);
+    }
+  }, ptn::PartsOn::own_threads);
+#endif
+  HANDLE_LAST_ERROR();
+  lstm_final_state(d, C, c0, call);
+}
+
+// inputs: X (T,B,4n) [H is X's buffer], W (n,4n), y0, c0 (B,n), i (T,B), start, step;
+// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).
+static void native_lstm2_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 7);
+  assert_cmp(n_outputs, ==, 4);
+  lstm2_forward(inputs + 1, nullptr, nullptr, outputs);
+}
+
+// What NativeLstm2Layer's backward pass computes besides NativeLstm2's: the input projection's gradients.
+struct Lstm2LayerGrads {
+  Ndarray *x, *W_in;          // the layer's input (T, B, n_in) and input weights (n_in, 4n)
+  Ndarray *Dx, *DW_in, *Db;  // their gradients and the bias's
+};
+
+// The backward pass of NativeLstm2 and (with `layer`) NativeLstm2Layer.
+// in: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs DX [H's buffer], DW, Dy0, Dc0.
+static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGrads* layer) {
+  Ndarray *W = in[0], *y0 = in[1], *c0 = in[2], *i = in[3];
+  Ndarray *Y = in[6], *C = in[7], *H = in[8], *DY = in[9], *DC = in[10], *Dd = in[11];
+  Ndarray *DX = *outputs[0], *DW = *outputs[1], *Dy0 = *outputs[2], *Dc0 = *outputs[3];
+  check_lstm2_shapes(H, W, y0, c0, i);
+  const LstmCall call = lstm_call(i, y0, in[4], in[5], false);
+  const LstmFrames& fr = call.fr;
+  const int64_t T = Ndarray_DIMS(i)[0], n_batch = call.n_batch, n_cells = call.n_cells, frame = call.frame;
+  const int64_t step = fr.step, g = 4 * n_cells;
+  check_lstm_bw_shapes(i, n_cells, Y, C, DY, DC, Dd);
+  Ndarray_memcpy(Ndarray_DEV_DATA(Dc0), Ndarray_DEV_DATA(Dd), frame * sizeof(Float));
+  // Every output is written in full below (the glue does not zero them).  DX starts as a copy of H (or is H):
+  // every visited frame is overwritten below, the others are zeroed.  Dy0 is the running dL/dy_prev.
+  const std::vector<char> visited = lstm_visited(fr, T);
+  lstm_zero_unvisited(visited, DX);
+  Ndarray_memset(Ndarray_DEV_DATA(Dy0), 0, frame * sizeof(Float));
+  if (fr.count == 0) {  // no frame: the weights, y0 and the layer's input get no gradient
+    Ndarray_set_zero(DW);
+    if (layer) {
+      Ndarray_set_zero(layer->Dx);
+      Ndarray_set_zero(layer->DW_in);
+      Ndarray_set_zero(layer->Db);
+    }
+    return;
+  }
+  // P (T*B rows of ld = n_in + n): [x[t] (0 on padded rows) | Yp[t]], Yp[t] the recurrent input of visited frame t
+  // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one product over all
+  // frames and both weights (n_in = 0 without the layer: DW alone).  On the CPU no product goes to BLAS: the row
+  // parts compute their rows' x . W_in (forward) and dx = DX . W_in^T, the recurrent products, and then, split by
+  // columns, the weight gradients (lstm_packed.h), P written in the layout that product reads.
+  const Float* mask = Ndarray_DEV_DATA(i);
+  const int64_t n_in = layer ? Ndarray_DIMS(layer->x)[2] : 0, ld = n_in + n_cells;
+  ptn::Scratch scratch;
+  const Float* x = layer ? Ndarray_DEV_DATA(layer->x) : nullptr;
+  Float* db_out = layer ? Ndarray_DEV_DATA(layer->Db) : nullptr;
+#if CUDA
+  Float* P = scratch.get<Float>(T * n_batch * ld);  // row-major
+  auto yp_at = [&](int64_t t) { return P + t * n_batch * ld + n_in; };
+  for (int64_t t = 0; t < T; ++t)
+    if (!visited[t]) Ndarray_memset(P + t * n_batch * ld, 0, n_batch * ld * sizeof(Float));
+  for (int64_t k = 0; k < fr.count; ++k) {
+    int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
+    if (layer) start_dev_kernel(lstm_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
+                                                n_batch, n_in, ld));
+    if (k == 0)
+      start_dev_kernel(lstm_rows_to, (Ndarray_DEV_DATA(y0), (const Float*)nullptr, yp_at(t), n_batch, n_cells, ld));
+    else
+      start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), yp_at(tp), yp_at(t), mask + tp * n_batch, n_batch, n_cells, ld));
+  }
+  for (int64_t k = fr.count - 1; k >= 0; --k) {
+    int64_t t = fr.at(k);
+    start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), mask + t * n_batch, data_ptr(C, t),
+                                      k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(DY, t),
+                                      data_ptr(DC, t), Ndarray_DEV_DATA(Dy0), Ndarray_DEV_DATA(Dc0), n_batch,
+                                      n_cells));
+    // dL/dy_prev += DX[t] . W^T
+    lstm_gemm(data_ptr(DX, t), false, Ndarray_DEV_DATA(W), true, Ndarray_DEV_DATA(Dy0), n_batch, n_cells, g, 1.0);
+  }
+  if (layer) start_dev_kernel(lstm2_column_sums, (Ndarray_DEV_DATA(DX), T * n_batch, g, db_out));
+  const Float* DXd = Ndarray_DEV_DATA(DX);
+  if (!layer) {
+    lstm_gemm(P, true, DXd, false, Ndarray_DEV_DATA(DW), n_cells, g, T * n_batch, 0.0);
+  } else {
+    Float* DWs = scratch.get<Float>(ld * g);  // [DW_in; DW]
+    lstm_gemm(P, true, DXd, false, DWs, ld, g, T * n_batch, 0.0);
+    Ndarray_memcpy(Ndarray_DEV_DATA(layer->DW_in), DWs, n_in * g * sizeof(Float));
+    Ndarray_memcpy(Ndarray_DEV_DATA(DW), DWs + n_in * g, n_cells * g * sizeof(Float));
+    lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
+  }
+#else
+  const LstmTnRows P(scratch.get<Float>(LstmTnRows::size(T * n_batch, ld)), T * n_batch, ld);
+  LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
+  LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
+  // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
+  // sums are added in part order (the same result for a given thread count).
+  const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
+  std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
+  lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
+    Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
+    double* db = layer ? db_parts.data() + p * g : nullptr;
+    // the part's rows of P, frame by frame: [x[t] (0 on padded rows) | the recurrent input yp], 0 where not visited
+    std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells);
+    for (int64_t k = 0; k < fr.count; ++k) {
+      const int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
+      if (k > 0)  // the carried output of the frame before
+        lstm2_carry(data_ptr(Y, tp) + r0 * n_cells, yp.data(), yp.data(), mask + tp * n_batch + r0, r1 - r0, n_cells,
+                    n_cells);
+      for (int64_t r = r0; r < r1; ++r)
+        P.put(t * n_batch + r, layer && mask[t * n_batch + r] != Float(0) ? x + (t * n_batch + r) * n_in : nullptr,
+              n_in, yp.data() + (r - r0) * n_cells);
+    }
+    const std::vector<Float> zeros(n_cells, Float(0));
+    for (int64_t t = 0; t < T; ++t)
+      if (!visited[t])
+        for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, nullptr, n_in, zeros.data());
+    for (int64_t k = fr.count - 1; k >= 0; --k) {
+      int64_t t = fr.at(k), at = r0 * n_cells;
+      Float* dx = data_ptr(DX, t) + r0 * g;
+      lstm2_bw_frame(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
+                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
+                     data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
+      if (db) lstm_add_rows(dx, r1 - r0, g, db);
+      lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
+    }
+    if (layer)  // dx = DX . W_in^T, the part's rows of every frame
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Ndarray_DEV_DATA(layer->Dx) + r0 * n_in,
+                              LstmRowBlocks{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in}, nullptr, true);
+  }, ptn::PartsOn::own_threads);
+  if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
+  // [DW_in; DW] = P^T . DX over all frames, the columns split over the parts: each element is the same sum whatever
+  // the thread count.
+  lstm_weight_grad(nullptr, 0, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g,
+                   layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr, n_in, Ndarray_DEV_DATA(DW), parts,
+                   LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data);
+#endif
+  HANDLE_LAST_ERROR();
+}
+
+// inputs: W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd; outputs: DX [H's buffer], DW, Dy0, Dc0.
+static void native_lstm2_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 12);
+  assert_cmp(n_outputs, ==, 4);
+  lstm2_backward(inputs, outputs, nullptr);
+}
+
+// x (T, B, n_in) and W_in (n_in, 4n) of NativeLstm2Layer against the gates buffer H (T, B, 4n).
+static void check_lstm2_layer_shapes(Ndarray* x, Ndarray* W_in, Ndarray* H) {
+  ptn::require_dim(x, "x", 0, Ndarray_DIMS(H)[0], "T (i.shape[0])");
+  ptn::require_dim(x, "x", 1, Ndarray_DIMS(H)[1], "B (i.shape[1])");
+  ptn::require_dim(W_in, "W_in", 0, Ndarray_DIMS(x)[2], "n_in (x.shape[2])");
+  ptn::require_dim(W_in, "W_in", 1, Ndarray_DIMS(H)[2], "4 * n (n = y0.shape[1])");
+}
+
+// inputs: x (T,B,n_in), W_in (n_in,4n), W (n,4n), b (4n), y0, c0 (B,n), i (T,B), start, step;
+// outputs: Y, C (T,B,n), H (T,B,4n), d (B,n).  H = x . W_in, then NativeLstm2's pass with the bias.
+static void native_lstm2_layer_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 9);
+  assert_cmp(n_outputs, ==, 4);
+  Ndarray *x = inputs[0], *W_in = inputs[1], *H = *outputs[2];
+  check_lstm2_shapes(H, inputs[2], inputs[4], inputs[5], inputs[6]);
+  check_lstm2_layer_shapes(x, W_in, H);
+  Ndarray* in[6] = {inputs[2], inputs[4], inputs[5], inputs[6], inputs[7], inputs[8]};
+  const Lstm2Input proj = {x, W_in};
+  lstm2_forward(in, inputs[3], &proj, outputs);
+}
+
+// inputs: x, W_in, W, y0, c0, i, start, step, Y, C, H, DY, DC, Dd;
+// outputs: Dx, DW_in, DW, Db, Dy0, Dc0, DX [H's buffer, scratch].
+static void native_lstm2_layer_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 14);
+  assert_cmp(n_outputs, ==, 7);
+  Ndarray *x = inputs[0], *W_in = inputs[1];
+  check_lstm2_shapes(inputs[10], inputs[2], inputs[3], inputs[4], inputs[5]);
+  check_lstm2_layer_shapes(x, W_in, inputs[10]);
+  Lstm2LayerGrads layer = {x, W_in, *outputs[0], *outputs[1], *outputs[3]};
+  Ndarray** out[4] = {outputs[6], outputs[2], outputs[4], outputs[5]};
+  lstm2_backward(inputs + 2, out, &layer);
+}
