@@ -35,34 +35,10 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import flag, float_tensor, host_int32_scalar, int_tensor, real_tensor
+from ._args import (flag, float_tensor, hidden_output, host_int32_scalar, input_entry, int_tensor, output_entry,
+                    real_tensor)
 from ._borrowed_grad import BorrowedGradientOp
 from ._loss import LossWithGradOp
-
-
-def _hidden(name, shape, batch_axis=None, **extra):
-    """A float64 output that calling the op does not return (it feeds the gradient op)."""
-    return _out(name, shape, batch_axis, dtype="float64", dummy=True, **extra)
-
-
-def _arr(name, ndim, dtype=None, shape=None, disc=True, batch_axis=None):
-    info = {"name": name, "ndim": ndim, "shape": shape if shape is not None else (None,) * ndim,
-            "need_contiguous": True}
-    if dtype:
-        info["dtype"] = dtype
-    if disc:
-        info["gradient"] = "disconnected"
-    if batch_axis is not None:
-        info["batch_axis"] = batch_axis
-    return info
-
-
-def _out(name, shape, batch_axis=None, **extra):
-    """An output entry (its sequences along ``batch_axis``, if given: see docs/scaling.md)."""
-    info = {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
-    if batch_axis is not None:
-        info["batch_axis"] = batch_axis
-    return info
 
 
 def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
@@ -70,15 +46,15 @@ def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
     (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
     gradient for any (the mask never has one).  The gradient ops write every element of ``log_emissions``'s gradient
     (padded frames and sequences without a path: zeros), so it is ``fully_written``."""
-    emissions = _arr("log_emissions", 3, disc=disc, batch_axis=1)
+    emissions = input_entry("log_emissions", 3, differentiable=not disc, batch_axis=1)
     if not disc:
         emissions["bw_out_var"] = {"fully_written": True}
     return (
         emissions,
-        _arr("log_transitions", transitions_ndim, disc=disc),
-        _arr("log_initial", initial_ndim, disc=disc),
-        _arr("log_final", 1, disc=disc),
-        _arr("mask", 2, batch_axis=1),
+        input_entry("log_transitions", transitions_ndim, differentiable=not disc),
+        input_entry("log_initial", initial_ndim, differentiable=not disc),
+        input_entry("log_final", 1, differentiable=not disc),
+        input_entry("mask", 2, batch_axis=1),
     )
 
 
@@ -111,16 +87,16 @@ class FastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1),
-        _arr("start_end_states", 2, "int32", (2, None)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("state_buffer", 2, shape=(2, None)),
+        input_entry("am_scores", 3),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1),
+        input_entry("start_end_states", 2, shape=(2, None), dtype="int32"),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("state_buffer", 2, shape=(2, None)),
     )
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "sums", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1), (0, 2))),
+        output_entry("sums", ((0, 0), (0, 1))),
     )
     c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
     c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -139,14 +115,14 @@ class MultiEndFastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1),
-        _arr("start_states", 1, "int32"),
-        _arr("end_states", 2, "int32", (None, 2)),
-        _arr("end_state_weights", 1, shape=((4, 0),)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("state_buffer", 2, shape=(2, None)),
+        input_entry("am_scores", 3),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1),
+        input_entry("start_states", 1, dtype="int32"),
+        input_entry("end_states", 2, shape=(None, 2), dtype="int32"),
+        input_entry("end_state_weights", 1, shape=((4, 0),)),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("state_buffer", 2, shape=(2, None)),
     )
     out_info = FastBaumWelchOp.out_info
     c_extra_support_code = kernel_unit("fsa_baum_welch.cu")
@@ -195,20 +171,20 @@ class SegmentFastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("batch_idxs", 2, "int32"),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1, shape=((2, 1),)),
-        _arr("length_models", 2, shape=(None, (0, 0))),
-        _arr("start_end_states", 2, "int32", (2, None)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("am_score_scales", 1),
-        _arr("epoch", 0, shape=()),
+        input_entry("am_scores", 3),
+        input_entry("batch_idxs", 2, dtype="int32"),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1, shape=((2, 1),)),
+        input_entry("length_models", 2, shape=(None, (0, 0))),
+        input_entry("start_end_states", 2, shape=(2, None), dtype="int32"),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("am_score_scales", 1),
+        input_entry("epoch", 0, shape=()),
     )
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "normalization_factors", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
-        {"name": "posterior_weigths", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1), (0, 2))),
+        output_entry("normalization_factors", ((0, 0), (0, 1))),
+        output_entry("posterior_weigths", ((0, 0), (0, 1))),
     )
     c_extra_support_code = kernel_unit("fsa_segmental.cu")
     c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
@@ -238,16 +214,16 @@ class FastViterbiOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("am_seq_len", 1, "int32", ((0, 0),)),
-        _arr("edges", 2, "int32", (4, None)),
-        _arr("weights", 1, shape=((3, 1),)),
-        _arr("start_end_states", 2, "int32", (2, (0, 0))),
+        input_entry("am_scores", 3),
+        input_entry("am_seq_len", 1, shape=((0, 0),), dtype="int32"),
+        input_entry("edges", 2, shape=(4, None), dtype="int32"),
+        input_entry("weights", 1, shape=((3, 1),)),
+        input_entry("start_end_states", 2, shape=(2, (0, 0)), dtype="int32"),
         host_int32_scalar("n_states"),
     )
     out_info = (
-        {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
-        {"name": "scores", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1)), dtype="int32"),
+        output_entry("scores", ((0, 1),)),
     )
     c_extra_support_code = kernel_unit("fsa_viterbi.cu")
     c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -274,15 +250,15 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("targets", 2, "int32"),
-        _arr("seq_lens", 1, "int32"),
+        input_entry("targets", 2, dtype="int32"),
+        input_entry("seq_lens", 1, dtype="int32"),
         host_int32_scalar("blank_idx"),
-        _arr("weights", 1),
+        input_entry("weights", 1),
         host_int32_scalar("label_loop"),
     )
     out_info = (
-        {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
-        {"name": "start_end_states", "ndim": 2, "shape": (2, (1, 0)), "dtype": "int32", "need_contiguous": True},
+        output_entry("edges", (4, (3, 0)), dtype="int32"),
+        output_entry("start_end_states", (2, (1, 0)), dtype="int32"),
     )
     c_extra_support_code = kernel_unit("ctc_fsa.cu")
     c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -313,17 +289,17 @@ class CtcFsaLossOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("logits", 3, disc=False, batch_axis=1),
-        _arr("logits_seq_lens", 1, "int32", batch_axis=0),
-        _arr("targets", 2, "int32", batch_axis=0),
-        _arr("targets_seq_lens", 1, "int32", batch_axis=0),
+        input_entry("logits", 3, differentiable=True, batch_axis=1),
+        input_entry("logits_seq_lens", 1, dtype="int32", batch_axis=0),
+        input_entry("targets", 2, dtype="int32", batch_axis=0),
+        input_entry("targets_seq_lens", 1, dtype="int32", batch_axis=0),
         host_int32_scalar("blank_index"),
         host_int32_scalar("label_loop"),
         host_int32_scalar("logits_normalized"),
     )
     out_info = (
-        _out("loss", ((0, 1),), 0),
-        _out("grad", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
+        output_entry("loss", ((0, 1),), batch_axis=0),
+        output_entry("grad", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
     )
     c_extra_support_code = kernel_unit("ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -360,7 +336,7 @@ class HmmForwardBackwardOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(False)
-    out_info = (_out("log_likelihood", ((0, 1),), 0),)
+    out_info = (output_entry("log_likelihood", ((0, 1),), batch_axis=0),)
     # gradient op inputs: the five inputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6)
     c_extra_support_code = kernel_unit("hmm.cu")
@@ -389,13 +365,13 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
     one); the gradient outputs have none (second derivatives raise ``NullTypeGradError``).
     """
 
-    in_info = _hmm_inputs(False) + (_arr("D_log_likelihood", 1, shape=((0, 1),), disc=False, batch_axis=0),)
+    in_info = _hmm_inputs(False) + (input_entry("D_log_likelihood", 1, shape=((0, 1),), differentiable=True, batch_axis=0),)
     out_info = (
-        _out("log_likelihood", ((0, 1),), 0),
-        _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
-        _out("D_log_transitions", ((1, 0), (1, 1))),
-        _out("D_log_initial", ((2, 0),)),
-        _out("D_log_final", ((3, 0),)),
+        output_entry("log_likelihood", ((0, 1),), batch_axis=0),
+        output_entry("D_log_emissions", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
+        output_entry("D_log_transitions", ((1, 0), (1, 1))),
+        output_entry("D_log_initial", ((2, 0),)),
+        output_entry("D_log_final", ((3, 0),)),
     )
     c_extra_support_code = kernel_unit("hmm.cu")
     c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"

@@ -20,9 +20,9 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import float_tensor, real_tensor
+from ._args import float_tensor, hidden_output, input_entry, output_entry, real_tensor
 from ._borrowed_grad import BorrowedGradientOp
-from .fsa import _arr, _hidden, _hmm_inputs, _out
+from .fsa import _hmm_inputs
 
 
 def _support(name):
@@ -30,7 +30,7 @@ def _support(name):
     return kernel_unit(f"hmm_{name}.cu")
 
 
-_PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32", fully_written=True)  # padded frames: -1
+_PATH = output_entry("path", ((0, 0), (0, 1)), dtype="int32", batch_axis=1, fully_written=True)  # padded frames: -1
 
 
 class HmmViterbiOp(NativeOpGenBase):
@@ -42,7 +42,7 @@ class HmmViterbiOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(True)
-    out_info = (_PATH, _out("score", ((0, 1),), batch_axis=0, fully_written=True))
+    out_info = (_PATH, output_entry("score", ((0, 1),), batch_axis=0, fully_written=True))
     c_extra_support_code = _support("viterbi")
     c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -61,12 +61,12 @@ class HmmPosteriorsOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False)
     out_info = (
-        _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
-        _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # rows not read: 0
-        _hidden("scales", ((0, 0), (0, 1)), 1, fully_written=True),
-        _hidden("shifts", ((0, 0), (0, 1)), 1, fully_written=True),
-        _hidden("status", ((0, 1),), 0, fully_written=True),
+        output_entry("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
+        output_entry("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
+        hidden_output("alpha", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # rows not read: 0
+        hidden_output("scales", ((0, 0), (0, 1)), 1, fully_written=True),
+        hidden_output("shifts", ((0, 0), (0, 1)), 1, fully_written=True),
+        hidden_output("status", ((0, 1),), 0, fully_written=True),
     )
     # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
     grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
@@ -175,7 +175,7 @@ class HmmSampleStatesOp(NativeOpGenBase):
     Output: ``path`` (T, B) int32.
     """
 
-    in_info = (*_hmm_inputs(True), _arr("uniforms", 2, batch_axis=1))
+    in_info = (*_hmm_inputs(True), input_entry("uniforms", 2, batch_axis=1))
     out_info = (_PATH,)
     c_extra_support_code = _support("sample")
     c_fw_code = "hmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -195,11 +195,11 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
     out_info = (
-        {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
-        _hidden("scales", ((0, 0), (0, 1))),
-        _hidden("shifts", ((0, 0), (0, 1))),
-        _hidden("status", ((0, 1),)),
+        output_entry("log_likelihood", ((0, 1),)),
+        hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
+        hidden_output("scales", ((0, 0), (0, 1))),
+        hidden_output("shifts", ((0, 0), (0, 1))),
+        hidden_output("status", ((0, 1),)),
     )
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)

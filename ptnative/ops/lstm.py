@@ -15,36 +15,12 @@ from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import host_int32_scalar
+from ._args import WRITTEN, dims_of, host_int32_scalar, input_entry, output_entry
 
 __all__ = [
     "LstmGenericBase", "NativeLstm", "NativeLstm2", "NativeLstm2Layer", "LstmLowMem", "TwoDLSTM", "LstmCell",
     "LstmCellGrad", "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
 ]
-
-
-def _input(name, ndim, **extra):
-    """An ``in_info`` entry: a C-contiguous array of ``ndim`` dimensions of any size."""
-    return {"name": name, "ndim": ndim, "shape": (None,) * ndim, "need_contiguous": True, **extra}
-
-
-def _output(name, shape, **extra):
-    """An ``out_info`` entry: a C-contiguous array whose shape is given by input dimensions."""
-    return {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
-
-
-#: For an ``out_info`` entry (or in an input's ``bw_out_var``, for its gradient): the kernel writes every element of
-#: the output, padded and unvisited frames included, so the entry point does not zero it first.
-_WRITTEN = {"fully_written": True}
-
-
-def _like(name, k):
-    """An ``out_info`` entry shaped like the 3-D input ``k``."""
-    return {"name": name, "ndim": 3, "shape": ((k, 0), (k, 1), (k, 2))}
-
-
-def _mask(name="i", **extra):
-    return _input(name, 2, gradient="disconnected", **extra)
 
 
 class LstmGenericBase(NativeOpGenBase):
@@ -71,15 +47,16 @@ class LstmGenericBase(NativeOpGenBase):
     """
 
     in_info = (
-        _input("Z", 3, want_inplace=1, batch_axis=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
-        _input("V_h", 2, bw_out_var=_WRITTEN),
-        _input("c", 2, batch_axis=0, bw_out_var=_WRITTEN),
-        _mask(batch_axis=1),
+        input_entry("Z", 3, differentiable=True, batch_axis=1, want_inplace=1,
+                    bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
+        input_entry("V_h", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("c", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+        input_entry("i", 2, batch_axis=1),
     )
     out_info = (  # H starts as Z's copy (want_inplace), the gradient op's DZ as H's
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((2, 0), (2, 1)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        output_entry("d", ((2, 0), (2, 1)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -101,8 +78,9 @@ NativeLstm = LstmGenericBase
 # lstm_cell.cu.
 
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
-_STATE_MASK_FRAMES = (_input("y0", 2, batch_axis=0, bw_out_var=_WRITTEN),
-                      _input("c0", 2, batch_axis=0, bw_out_var=_WRITTEN), _mask(batch_axis=1),
+_STATE_MASK_FRAMES = (input_entry("y0", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+                      input_entry("c0", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+                      input_entry("i", 2, batch_axis=1),
                       host_int32_scalar("start"),
                       host_int32_scalar("step"))
 
@@ -134,15 +112,16 @@ class NativeLstm2(NativeOpGenBase):
     """
 
     in_info = (
-        _input("X", 3, want_inplace=2, batch_axis=1, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
-        _input("W", 2, bw_out_var=_WRITTEN),
+        input_entry("X", 3, differentiable=True, batch_axis=1, want_inplace=2,
+                    bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
+        input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
         *_STATE_MASK_FRAMES,
     )
     out_info = (  # H starts as X's copy (want_inplace), and so does the gradient op's DX as H's
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((0, 1), (1, 0)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        output_entry("d", ((0, 1), (1, 0)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -171,17 +150,17 @@ class NativeLstm2Layer(NativeOpGenBase):
     """
 
     in_info = (
-        _input("x", 3, batch_axis=1, bw_out_var=_WRITTEN),
-        _input("W_in", 2, bw_out_var=_WRITTEN),
-        _input("W", 2, bw_out_var=_WRITTEN),
-        _input("b", 1, bw_out_var={"shape": ((1, 1),), **_WRITTEN}),
+        input_entry("x", 3, differentiable=True, batch_axis=1, bw_out_var=WRITTEN),
+        input_entry("W_in", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("b", 1, differentiable=True, bw_out_var={"shape": ((1, 1),), **WRITTEN}),
         *_STATE_MASK_FRAMES,
     )
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}, **_WRITTEN),
-        _output("d", ((0, 1), (2, 0)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}, **WRITTEN),
+        output_entry("d", ((0, 1), (2, 0)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -215,12 +194,13 @@ class LstmLowMem(NativeOpGenBase):
     exact on masked frames too.  Float32 and float64.
     """
 
-    in_info = (_input("X", 3, batch_axis=1, bw_out_var=_WRITTEN), _input("W", 2, bw_out_var=_WRITTEN),
-               _input("b", 1, bw_out_var=_WRITTEN), *_STATE_MASK_FRAMES)
+    in_info = (input_entry("X", 3, differentiable=True, batch_axis=1, bw_out_var=WRITTEN),
+               input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
+               input_entry("b", 1, differentiable=True, bw_out_var=WRITTEN), *_STATE_MASK_FRAMES)
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
-        _output("d", ((0, 1), (4, 1)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **WRITTEN),
+        output_entry("d", ((0, 1), (4, 1)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -257,15 +237,15 @@ class TwoDLSTM(NativeOpGenBase):
     """
 
     in_info = (
-        _input("X", 4, bw_out_var={"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}),
-        _input("V_h", 2), _input("V_v", 2), _input("W", 2), _input("b", 1),
-        *(_input(name, ndim, gradient="disconnected") for name, ndim in (
+        input_entry("X", 4, differentiable=True, bw_out_var={"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}),
+        *(input_entry(name, ndim, differentiable=True) for name, ndim in (("V_h", 2), ("V_v", 2), ("W", 2), ("b", 1))),
+        *(input_entry(name, ndim) for name, ndim in (
             ("ptr_storage_fwd", 1), ("ptr_storage_bwd", 1), ("valid", 1), ("workmem", 5), ("workmem2", 3),
             ("sizes", 2), ("DYDummy", 4), ("initialState", 4), ("initialOutput", 4), ("iteration", 1))),
     )
     out_info = (
-        _output("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
-        _output("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
+        output_entry("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
+        output_entry("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
     )
     c_extra_support_code = kernel_unit("twod_lstm.cu")
     c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -286,8 +266,10 @@ class LstmCellGradGrad(NativeOpGenBase):
     """Second derivative of :class:`LstmCell`: the cotangents ``(ggc_prev, ggx)`` of LstmCellGrad's
     outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
 
-    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
-    out_info = tuple(_like(nm, k) for k, nm in enumerate(("g_c_prev", "g_x", "g_c", "g_gc", "g_gh")))
+    in_info = tuple(input_entry(nm, 3, differentiable=True) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev",
+                                                                        "ggx"))
+    out_info = tuple(output_entry(nm, dims_of(k, 3), contiguous=False)
+                     for k, nm in enumerate(("g_c_prev", "g_x", "g_c", "g_gc", "g_gh")))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw2(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -315,8 +297,9 @@ class LstmCellGrad(NativeOpGenBase):
     """Gradient of :class:`LstmCell`: ``(c_prev, x, c, gc, gh) -> (gc_prev, gx)``.  ``c`` is an input of
     its own (the forward's c, not recomputed).  Differentiable once more (:class:`LstmCellGradGrad`)."""
 
-    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh"))
-    out_info = (_like("gc_prev", 0), _like("gx", 1))
+    in_info = tuple(input_entry(nm, 3, differentiable=True) for nm in ("c_prev", "x", "c", "gc", "gh"))
+    out_info = (output_entry("gc_prev", dims_of(0, 3), contiguous=False),
+                output_entry("gx", dims_of(1, 3), contiguous=False))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -336,8 +319,9 @@ class LstmCell(NativeOpGenBase):
     ``tanh(a)*sigma(i) + sigma(f)*c_prev`` on the first Bx rows, ``c_prev`` on the others; ``h`` (Bx, H, R):
     ``sigma(o) * tanh(c)``.  Use :func:`lstm_cell` for any number of trailing dimensions."""
 
-    in_info = (_input("c_prev", 3), _input("x", 3))
-    out_info = (_like("c", 0), {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))})
+    in_info = (input_entry("c_prev", 3, differentiable=True), input_entry("x", 3, differentiable=True))
+    out_info = (output_entry("c", dims_of(0, 3), contiguous=False),
+                output_entry("h", ((1, 0), (0, 1), (0, 2)), contiguous=False))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
