@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.compile import optdb
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
-from pytensor.graph.rewriting.basic import GraphRewriter
 from pytensor.link.c.op import COp
-from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
+from ..backends import lstm_shape_check as shape_check
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
 from ._args import WRITTEN, dims_of, host_int32_scalar, input_entry, output_entry
@@ -415,7 +411,9 @@ class LstmShapeCheck(COp):
     conditions with the shape arithmetic of the layer (``T * B`` of a reshape), which JAX then traces, so that
     the shapes are no longer static under ``jit`` / ``shard_map``.  In JAX mode the rules are checked once, when
     the function is traced (the shapes are static there).  No ``infer_shape``: shapes computed from its outputs
-    wait for the check (with the inputs' shapes, FAST_COMPILE's broadcasting asserts on them ran first)."""
+    wait for the check (with the inputs' shapes, FAST_COMPILE's broadcasting asserts on them ran first).
+
+    Its C, Numba and JAX code is :mod:`ptnative.backends.lstm_shape_check`, rendered from the rules held here."""
 
     __props__ = ()
     view_map = {k: [k] for k in range(len(_LAYER_ARGS))}
@@ -443,69 +441,14 @@ class LstmShapeCheck(COp):
         return False
 
     def c_code(self, node, name, inputs, outputs, sub):
-        dims = {arg: f"PyArray_DIMS({v})" for arg, v in zip(_LAYER_ARGS, inputs)}
-        checks = []
-        for arg, k, ref, kr, factor, what in _LAYER_SHAPE_RULES:
-            got, want = f"{dims[arg]}[{k}]", f"{factor} * {dims[ref]}[{kr}]"
-            checks.append(f"""if ({got} != {want}) {{
-              PyErr_Format(PyExc_ValueError, "lstm: {arg}.shape[{k}] = %lld; expected {what} = %lld",
-                           (long long){got}, (long long)({want}));
-              {sub["fail"]}
-            }}""")
-        views = [f"Py_XDECREF({out}); {out} = {v}; Py_INCREF({out});" for v, out in zip(inputs, outputs)]
-        return "\n".join(checks + views)
+        return shape_check.c_code("lstm", _LAYER_ARGS, _LAYER_SHAPE_RULES, inputs, outputs, sub["fail"])
 
     def c_code_cache_version(self):
-        # crc32, not hash(): str hashes differ between processes, and so would the module's cache key.
-        return (1, zlib.crc32(repr(_LAYER_SHAPE_RULES).encode()))
+        return shape_check.c_code_cache_version(_LAYER_SHAPE_RULES)
 
 
-def _numba_layer_shape_check():
-    """The Numba source of :class:`LstmShapeCheck`: the rules unrolled in nopython code; a broken one raises the
-    message of :func:`_check_layer_shapes` from object mode (Numba cannot build it in a graph function)."""
-    rules = " and ".join(f"{arg}.shape[{k}] == {factor} * {ref}.shape[{kr}]"
-                         for arg, k, ref, kr, factor, _ in _LAYER_SHAPE_RULES)
-    args = ", ".join(_LAYER_ARGS)
-    shapes = ", ".join(f"{a}.shape" for a in _LAYER_ARGS)
-    return (f"def lstm_shape_check({args}):\n"
-            f"    if not ({rules}):\n"
-            f"        with numba.objmode():\n"
-            f"            check_layer_shapes(({shapes},))\n"
-            f"    return {args}\n")
-
-
-@register_funcify_and_cache_key(LstmShapeCheck)
-def _numba_funcify_lstm_shape_check(op, node, **kwargs):
-    import numba
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
-
-    src = _numba_layer_shape_check()
-    fn = compile_numba_function_src(src, "lstm_shape_check",
-                                    global_env={"numba": numba, "check_layer_shapes": _check_layer_shapes})
-    return numba_njit(fn), None
-
-
-def _jax_funcify_lstm_shape_check(op, node=None, **kwargs):
-    def lstm_shape_check(*arrays):
-        _check_layer_shapes([a.shape for a in arrays])
-        return arrays
-
-    return lstm_shape_check
-
-
-class _RegisterJaxShapeCheck(GraphRewriter):
-    """Run only when a graph is rewritten for JAX: registers LstmShapeCheck's JAX implementation (so that importing
-    ptnative does not import JAX), changing nothing."""
-
-    def apply(self, fgraph):
-        from pytensor.link.jax.dispatch import jax_funcify
-
-        jax_funcify.register(LstmShapeCheck)(_jax_funcify_lstm_shape_check)
-
-
-if "ptnative_lstm_shape_check_jax" not in optdb:
-    optdb.register("ptnative_lstm_shape_check_jax", _RegisterJaxShapeCheck(), "jax", position=0)
+# The Numba and JAX implementations (JAX's registered lazily: importing ptnative imports no JAX).
+shape_check.register(LstmShapeCheck, _LAYER_ARGS, _LAYER_SHAPE_RULES, _check_layer_shapes)
 
 
 def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):
