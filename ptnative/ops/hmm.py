@@ -470,5 +470,5 @@ for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
 __all__ = ["HmmForwardBackwardOp", "HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp",
-           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_log_likelihood", "hmm_viterbi",
-           "hmm_posteriors", "hmm_sample_states"]
+           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_log_likelihood",
+           "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]

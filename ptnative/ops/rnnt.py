@@ -27,9 +27,10 @@ from ._loss import LossWithGradOp
 __all__ = ["MultiBlankRnntLoss", "RnntLossOp", "RnntLattice", "multiblank_rnnt_lattice", "multiblank_rnnt_loss",
            "rnnt_loss"]
 
-#: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS).
+#: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS; tests/test_constants.py ties them).
 MAX_BIG_BLANKS = 32
-#: The functions, by the code they pass as ``params[3]`` (the kernel names them in its messages).
+#: The functions, by the code they pass as ``params[3]``: the kernel's ``names[]`` table, in its order, names them
+#: in its messages (tests/test_constants.py ties the two).
 RNNT_FUNCTIONS = ("multiblank_rnnt_loss", "rnnt_loss", "multiblank_rnnt_lattice")
 REDUCTIONS = ("none", "sum", "mean")
 
