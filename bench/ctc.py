@@ -20,7 +20,7 @@ import pytensor.tensor as pt
 from pytensor.tensor.special import log_softmax
 
 import ptnative
-from ptnative.ops import fsa
+from ptnative.ops import fsa, hmm
 from timing import measure, measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 
@@ -184,7 +184,7 @@ def bench_hmm(reps, long_T):
     print(f"hmm_log_likelihood + gradients (emissions, transitions, initial), T={T}, B={B}, K={K}, float64")
     le, lA, lpi = hmm_data(T, B, K)
     xs = [pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")]
-    ll = fsa.hmm_log_likelihood(*xs)
+    ll = hmm.hmm_log_likelihood(*xs)
     f = pytensor.function(xs, [ll] + pytensor.grad(ll.sum(), xs))
     ours = f(le, lA, lpi)
     med, mn = best_time(lambda: f(le, lA, lpi), reps)
@@ -204,7 +204,7 @@ def bench_hmm(reps, long_T):
     print("hmm_log_likelihood + gradients, B=1, K=4, emissions N(0, 30^2) (long sequences)")
     x = pt.tensor3("le")
     lA4, lpi4 = hmm_data(2, 1, 4)[1:]
-    ll = fsa.hmm_log_likelihood(x, lA4, lpi4)
+    ll = hmm.hmm_log_likelihood(x, lA4, lpi4)
     g = pytensor.function([x], [ll, pytensor.grad(ll.sum(), x)])
     for T in (10000, long_T):
         le4 = hmm_data(T, 1, 4, seed=1)[0] * 30

@@ -31,6 +31,7 @@ from . import blas, prebuilt
 from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
 from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
 from .cache import proc_fd_usable
+from .compilers import cxx, nvcc
 from .plan import dtype_code
 from .source import Variant
 from .spec import MAX_NDIM
@@ -76,20 +77,6 @@ def cache_status() -> tuple[Path, str | None]:
         return path, directory_problem()
     except CacheError as e:  # it could not be created
         return path, str(e)
-
-
-def cxx() -> str:
-    return os.environ.get("PTNATIVE_CXX") or os.environ.get("CXX") or "g++"
-
-
-def nvcc() -> str | None:
-    """The nvcc to use: ``$PTNATIVE_NVCC``, ``$CUDA_HOME/bin/nvcc`` or the one on PATH."""
-    if os.environ.get("PTNATIVE_NVCC"):
-        return os.environ["PTNATIVE_NVCC"]
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
-        return os.path.join(cuda_home, "bin", "nvcc")
-    return shutil.which("nvcc")
 
 
 @cache

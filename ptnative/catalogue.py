@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 
 from .op import NativeOpGenBase
 
 
 def catalogue() -> list[type[NativeOpGenBase]]:
-    """Every ``NativeOpGenBase`` subclass defined in ``ptnative.ops.*``, in module order."""
+    """Every ``NativeOpGenBase`` spec (with kernel code) that a family of ``ptnative.ops.FAMILIES`` defines, in the
+    families' order: the one list of families, which ``tests/test_ops_namespace.py`` ties to ``ptnative/ops/``."""
     from . import ops
 
     found = []
-    for info in pkgutil.iter_modules(ops.__path__):
-        module = importlib.import_module(f"{ops.__name__}.{info.name}")
-        for _, obj in inspect.getmembers(module, inspect.isclass):
-            if (issubclass(obj, NativeOpGenBase) and obj is not NativeOpGenBase and obj.__module__ == module.__name__
+    for family in ops.FAMILIES:
+        for _, obj in inspect.getmembers(family, inspect.isclass):
+            if (issubclass(obj, NativeOpGenBase) and obj is not NativeOpGenBase and obj.__module__ == family.__name__
                     and obj.c_fw_code is not None and obj not in found):
                 found.append(obj)
     return found

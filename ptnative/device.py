@@ -7,6 +7,7 @@ import glob
 import os
 from functools import cache
 
+from .compilers import nvcc
 from .settings import config
 
 
@@ -31,8 +32,6 @@ def resolve(op) -> str:
     ``RuntimeError`` when the choice cannot run here: ``"cuda"`` without a GPU, or a GPU-only op
     (``cpu_support=False``) without one.
     """
-    from .build import nvcc
-
     wanted = op.device or config.device
     has_gpu = cuda_device_count() > 0
     if wanted == "cuda" or (wanted == "auto" and has_gpu and nvcc() is not None):
@@ -51,8 +50,6 @@ def resolve(op) -> str:
 def cublas_candidates() -> list[str]:
     """Where cuBLAS may be, best first: ``$PTNATIVE_CUBLAS``, the ``nvidia-cublas`` wheel, the CUDA toolkit
     (``$CUDA_HOME``, next to the nvcc in use, ``/usr/local/cuda``), then the loader's own search by name."""
-    from .build import nvcc
-
     found = [os.environ["PTNATIVE_CUBLAS"]] if os.environ.get("PTNATIVE_CUBLAS") else []
     try:
         import nvidia.cublas

@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from .cache import RECORD_SUFFIX, Missing, PackagedDirectory, Untrusted
+from .compilers import cxx
 
 __all__ = ["prebuilt_dir", "enabled", "packaged", "main"]
 
@@ -80,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     """Build every CPU variant of the catalogue (and JAX mode's CPU handler where jax is importable) into ``DEST``
     (emptied first) with ``-j`` compilers at a time.
     Returns 0 also when no compiler is found or some libraries fail (those compile on first use)."""
-    from . import build
-
     parser = argparse.ArgumentParser(prog="python -m ptnative.prebuilt", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N")
@@ -89,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     dest = args.dest.resolve()
     if dest.exists():
         shutil.rmtree(dest)
-    if shutil.which(build.cxx()) is None:
-        print(f"ptnative: no C++ compiler ({build.cxx()!r}) found: no prebuilt libraries; the catalogue's kernels "
+    if shutil.which(cxx()) is None:
+        print(f"ptnative: no C++ compiler ({cxx()!r}) found: no prebuilt libraries; the catalogue's kernels "
               "will compile on first use", file=sys.stderr)
         return 0
     dest.mkdir(mode=0o700, parents=True)

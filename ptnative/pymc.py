@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops.fsa import hmm_log_likelihood
-from .ops.hmm import hmm_posteriors, hmm_sample_states, hmm_viterbi
+from .ops.hmm import hmm_log_likelihood, hmm_posteriors, hmm_sample_states, hmm_viterbi
 
 
 def hmm_marginal(name, log_emissions, log_transitions, log_initial, log_final=None, mask=None, model=None):

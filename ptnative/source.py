@@ -41,6 +41,7 @@ from pathlib import Path
 from .plan import ArgumentPlan
 from .spec import MAX_NDIM
 
+#: The entry point's status for a failed check (the dialect's PTN_STATUS_VALUE; tests/test_constants.py ties them).
 STATUS_VALUE = 2
 #: The template of every variant's translation unit (see :func:`generate`).
 UNIT_FILE = "glue/variant_unit.cc"

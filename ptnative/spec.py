@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: The most dimensions an array of a spec may have; the entry point's ABI (:mod:`ptnative.source`) reserves this
-#: many shape and stride entries per array.
+#: many shape and stride entries per array (the dialect's PTN_MAX_NDIM; tests/test_constants.py ties them).
 MAX_NDIM = 8
 #: ``"float32"`` is the generic floating type: the op runs in float32 or float64,
 #: whichever its inputs have.  The others are exact.

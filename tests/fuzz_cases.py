@@ -906,7 +906,7 @@ class Hmm(Harness):
     def graph(self, le, lA, lpi, lf, mask):
         import pytensor
 
-        from ptnative.ops.fsa import hmm_log_likelihood
+        from ptnative.ops.hmm import hmm_log_likelihood
 
         ll = hmm_log_likelihood(le, lA, lpi, lf, mask)
         return [ll, *pytensor.grad(ll.sum(), [le, lA, lpi, lf])]
@@ -976,7 +976,7 @@ class Hmm(Harness):
 
     def build_cases(self):
         pt = _pt()
-        from ptnative.ops.fsa import hmm_log_likelihood
+        from ptnative.ops.hmm import hmm_log_likelihood
 
         return [
             ("wrong_ndim:log_transitions", lambda: expect_error(

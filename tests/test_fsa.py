@@ -12,7 +12,7 @@ import pytest
 from pytensor.gradient import verify_grad
 
 from ptnative import NativeOp
-from ptnative.ops import fsa
+from ptnative.ops import fsa, hmm
 
 from .conftest import build_with_nvcc, check_infer_shape, compiled_once, tol
 from .reference import fsa as ref
@@ -637,7 +637,7 @@ def test_hmm_nan_and_empty_series(mode, dtype):
     le, lA, lpi, lf = hmm_data(rng, T, B, K)
     lens = np.array([5, 3, 0, 4])
     xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype)]
-    ll = fsa.hmm_log_likelihood(*xs, mask=mask_of(lens, T).astype(dtype))
+    ll = hmm.hmm_log_likelihood(*xs, mask=mask_of(lens, T).astype(dtype))
     f = pytensor.function(xs, [ll] + pytensor.grad(ll.sum(), xs), mode=mode)
     cast = [v.astype(dtype) for v in (le, lA, lpi, lf)]
     bad = cast[0].copy()
@@ -657,7 +657,7 @@ def test_hmm_nan_and_empty_series(mode, dtype):
     assert np.isnan(v[[0, 1, 3]]).all() and v[2] == 0 and np.all(d_e[:, 2] == 0)
     # the empty series alone and a whole batch with T = 0
     x = pt.tensor3(dtype=dtype)
-    ll0 = fsa.hmm_log_likelihood(x, *cast[1:])
+    ll0 = hmm.hmm_log_likelihood(x, *cast[1:])
     g0 = pytensor.function([x], [ll0] + pytensor.grad(ll0.sum(), [x]), mode=mode)
     v0, d0 = g0(np.zeros((0, 2, K), dtype))
     np.testing.assert_array_equal(v0, [0.0, 0.0])
@@ -673,7 +673,7 @@ def test_hmm_against_reference(mode, dtype):
     lens = np.array([7, 4, 1, 0])
     xs = [pt.tensor3(dtype=dtype), pt.matrix(dtype=dtype), pt.vector(dtype=dtype), pt.vector(dtype=dtype)]
     m = pt.matrix(dtype=dtype)
-    ll = fsa.hmm_log_likelihood(*xs, mask=m)
+    ll = hmm.hmm_log_likelihood(*xs, mask=m)
     up = rng.random(B)
     f = pytensor.function(xs + [m], [ll] + pytensor.grad((ll * up).sum(), xs), mode=mode)
     got = f(*(v.astype(dtype) for v in (le, lA, lpi, lf, mask_of(lens, T))))
@@ -694,7 +694,7 @@ def test_hmm_verify_grad_and_extremes():
     mask = mask_of([5, 3], 5)
 
     def cost(le, lA, lpi, lf):
-        return (fsa.hmm_log_likelihood(le, lA, lpi, lf, mask=mask) * np.array([1.0, 0.7])).sum()
+        return (hmm.hmm_log_likelihood(le, lA, lpi, lf, mask=mask) * np.array([1.0, 0.7])).sum()
 
     verify_grad(cost, [le, lA, lpi, lf], rng=rng)
     # long sequences with huge positive and negative log-densities: finite, exact
@@ -702,7 +702,7 @@ def test_hmm_verify_grad_and_extremes():
     le, lA, lpi, _ = hmm_data(rng, T, 1, 3, 1.0)
     le = le * 800 + 300
     x = pt.tensor3()
-    ll = fsa.hmm_log_likelihood(x, lA, lpi)
+    ll = hmm.hmm_log_likelihood(x, lA, lpi)
     f = pytensor.function([x], [ll, pytensor.grad(ll.sum(), x)])
     v, g = f(le)
     np.testing.assert_allclose(v, ref.hmm_forward(le, lA, lpi), rtol=1e-12)
@@ -723,7 +723,7 @@ def test_hmm_log_space_fallback(mode):
     le[1, 2] = -np.inf                                           # no path
     lens = np.array([3, 3, 2])
     xs = [pt.tensor3(), pt.matrix(), pt.vector(), pt.vector()]
-    ll = fsa.hmm_log_likelihood(*xs, mask=mask_of(lens, T))
+    ll = hmm.hmm_log_likelihood(*xs, mask=mask_of(lens, T))
     up = np.array([1.0, 0.5, 2.0])
     f = pytensor.function(xs, [ll] + pytensor.grad((ll * up).sum(), xs), mode=mode)
     v, d_e, d_A, d_pi, d_f = f(le, lA, lpi, lf)
@@ -741,7 +741,7 @@ def test_hmm_log_space_fallback(mode):
 
 def test_hmm_bad_input(mode):
     x, m, lA = pt.tensor3(), pt.matrix(), pt.matrix()
-    f = pytensor.function([x, m, lA], fsa.hmm_log_likelihood(x, lA, np.zeros(2), mask=m), mode=mode)
+    f = pytensor.function([x, m, lA], hmm.hmm_log_likelihood(x, lA, np.zeros(2), mask=m), mode=mode)
     A = np.zeros((2, 2))
     fn = "HmmForwardBackwardOp.*hmm_log_likelihood: "
     with pytest.raises(ValueError, match=fn + r"mask\[:, 0\] is not a prefix mask \(1 at frame 2 after a 0\)"):
@@ -812,7 +812,7 @@ def test_infer_shape():
     outs = fsa.get_ctc_fsa_fast_bw(tg, tl, 0)
     check_infer_shape([tg, tl], [outs[0], outs[2]], [np.ones((2, 3), np.int32), np.array([3, 1], np.int32)],
                       NativeOp)
-    ll = fsa.hmm_log_likelihood(a, np.zeros((3, 3)), np.zeros(3))
+    ll = hmm.hmm_log_likelihood(a, np.zeros((3, 3)), np.zeros(3))
     check_infer_shape([a], [ll], [rng.random((4, 2, 3))], NativeOp)
 
 
@@ -821,6 +821,6 @@ def test_fsa_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     ops = [cls.make_op() for cls in (fsa.FastBaumWelchOp, fsa.MultiEndFastBaumWelchOp, fsa.SegmentFastBaumWelchOp,
                                      fsa.FastViterbiOp, fsa.GetCtcFsaFastBwOp, fsa.CtcFsaLossOp, fsa.CtcViterbiLossOp,
-                                     fsa.HmmForwardBackwardOp)]
+                                     hmm.HmmForwardBackwardOp)]
     ops += [op.grad_op() for op in ops if op.c_bw_code]
     build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))

@@ -11,7 +11,7 @@ from pytensor.gradient import verify_grad
 
 import ptnative
 from ptnative import NativeOp
-from ptnative.ops import fsa, hmm
+from ptnative.ops import hmm
 
 from .conftest import build_with_nvcc, check_infer_shape, compiled_once, tol
 from .reference import fsa as ref_fsa
@@ -585,8 +585,8 @@ def test_exported():
 def test_log_likelihood_kernels_compile_with_nvcc(monkeypatch):
     """c_code/hmm/hmm.cu's CUDA text (the lanes are CPU-only): the forward op, its gradient op and the op computing both."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
-    op = fsa.HmmForwardBackwardOp.make_op()
-    ops = [op, op.grad_op(), fsa.HmmLikelihoodWithGradOp.make_op()]
+    op = hmm.HmmForwardBackwardOp.make_op()
+    ops = [op, op.grad_op(), hmm.HmmLikelihoodWithGradOp.make_op()]
     build_with_nvcc(*(o.variant(dtype, device="cuda") for o in ops for dtype in DTYPES))
 
 
@@ -780,7 +780,7 @@ def test_fused_ops_differentiate_like_the_ops_they_replace():
     le, lA, lpi, lf = model(rng, T, B, K, 2.0)
     mask = mask_of([12, 3, 0, 12, 7, 12, 1, 12, 9], T)
     xs = symbols("float64")
-    ll = fsa.hmm_log_likelihood(*xs[:4], mask=xs[4])
+    ll = hmm.hmm_log_likelihood(*xs[:4], mask=xs[4])
     cost = (ll * np.linspace(0.5, 1.5, B)).sum()
     grads = pytensor.grad(cost, xs[:4])
     gamma, xi = hmm.hmm_posteriors(*xs[:4], mask=xs[4])

@@ -15,7 +15,8 @@ jax = pytest.importorskip("jax")
 
 import ptnative  # noqa: E402
 from ptnative import NativeOp  # noqa: E402
-from ptnative.ops.fsa import CtcFsaLossOp, HmmForwardBackwardOp  # noqa: E402
+from ptnative.ops.fsa import CtcFsaLossOp  # noqa: E402
+from ptnative.ops.hmm import HmmForwardBackwardOp  # noqa: E402
 from ptnative.ops.sparse import SparseToDense  # noqa: E402
 
 from .test_fsa import hmm_data, mask_of  # noqa: E402

@@ -11,6 +11,9 @@ reverse.  Importing this package registers them:
 * :mod:`.numba`: the ``numba_funcify`` registration (imported by ``import ptnative``).
 * :mod:`.c`: the ``c_code`` of PyTensor's C backend (modes ``"C"`` and ``"CVM"``).
 * :mod:`.jax` and :mod:`.ffi_source`: JAX mode (registered lazily, see :func:`ptnative.backends.jax.install`).
+* :mod:`.jax_dispatch`: the one lazy registration with ``jax_funcify`` that JAX mode and any other op use.
+* :mod:`.lstm_shape_check`: the C, Numba and JAX code of :class:`ptnative.ops.lstm.LstmShapeCheck`, which the op
+  registers (it is no NativeOp: its code is its own).
 """
 
 from . import c, driver  # noqa: F401  (register NativeOp's C-backend and perform glues)

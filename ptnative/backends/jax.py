@@ -15,22 +15,21 @@ naming the op and the input when JAX asks for it.  The pullback graph holds grad
 second derivative works where the spec has one (the LSTM cell).
 
 Registration is lazy, so that importing ptnative does not import JAX: :func:`install` (run by ``import ptnative``)
-adds a graph rewrite tagged ``"jax"`` that registers the implementation; it runs only when a graph is rewritten for
-JAX (``pytensor.function(..., mode="JAX")``, PyMC's ``get_jaxified_graph``).  Code that calls ``jax_funcify`` on a
-graph it did not rewrite for JAX calls :func:`register` first (nothing else is needed when PyTensor's JAX dispatch
-was already imported before ptnative).
+hands the implementation to :func:`ptnative.backends.jax_dispatch.register_lazily`, whose graph rewrite tagged
+``"jax"`` registers it; it runs only when a graph is rewritten for JAX (``pytensor.function(..., mode="JAX")``,
+PyMC's ``get_jaxified_graph``).  Code that calls ``jax_funcify`` on a graph it did not rewrite for JAX calls
+:func:`register` first (nothing else is needed when PyTensor's JAX dispatch was already imported before ptnative).
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 
 import numpy as np
-from pytensor.graph.rewriting.basic import GraphRewriter
 
-_DISPATCH_MODULE = "pytensor.link.jax.dispatch"
+from .jax_dispatch import register_all, register_lazily
+
 #: How ``jax.vmap`` maps a NativeOp's FFI call that cannot be folded into the op's batch axis (see
 #: :func:`fold_vmap`): one call per element of the mapped axis.
 VMAP_METHOD = "sequential"
@@ -40,7 +39,6 @@ _handlers: dict[str, ctypes._CFuncPtr] = {}
 #: The (symbol, device) of every op variant registered with a handler in this process.
 _variants_registered: set[tuple[str, str]] = set()
 _lock = threading.Lock()
-_registered = False
 
 
 def target_name(device: str) -> str:
@@ -366,30 +364,15 @@ def exactly_convertible(x, dtype) -> bool:
 
 
 def register() -> None:
-    """Register NativeOp's JAX implementation with PyTensor's ``jax_funcify`` (imports JAX; idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    from ..op import NativeOp
-
-    jax_funcify.register(NativeOp)(funcify_native_op)
-    _registered = True
-
-
-class RegisterJaxDispatch(GraphRewriter):
-    """A rewrite run only when a graph is rewritten for JAX: it registers the JAX implementation, changing nothing."""
-
-    def apply(self, fgraph):
-        register()
+    """Register NativeOp's JAX implementation (and every other pending one) with PyTensor's ``jax_funcify`` now
+    (imports JAX; idempotent)."""
+    install()
+    register_all()
 
 
 def install() -> None:
-    """Make JAX mode find the NativeOp implementation without importing JAX now (see the module docstring)."""
-    from pytensor.compile import optdb
+    """Make JAX mode find the NativeOp implementation without importing JAX now (see the module docstring and
+    :mod:`ptnative.backends.jax_dispatch`)."""
+    from ..op import NativeOp
 
-    if "ptnative_jax_dispatch" not in optdb:
-        optdb.register("ptnative_jax_dispatch", RegisterJaxDispatch(), "jax", position=0)
-    if _DISPATCH_MODULE in sys.modules:
-        register()
+    register_lazily(NativeOp, funcify_native_op)

@@ -1,4 +1,4 @@
-"""Argument checks shared by every op family's functions, and spec entries shared by their ops.
+"""Argument checks shared by every op family's functions, and the spec-entry vocabulary of their ops.
 
 One rule for every catalogue function (``fn`` is its name, ``name`` the argument's):
 
@@ -11,6 +11,9 @@ One rule for every catalogue function (``fn`` is its name, ``name`` the argument
 * a symbolic size out of range -> ``ValueError("fn: name must be >= m")`` when the graph runs.
 
 Integer tensors are cast to int32 (the kernels' index type); a Python int must then fit in int32.
+
+Every family writes its ops' ``in_info`` / ``out_info`` with the same few words: :func:`input_entry`,
+:func:`output_entry`, :func:`hidden_output`, :func:`host_int32_scalar` and :func:`dims_of`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytensor.tensor as pt
 from pytensor.raise_op import CheckAndRaise
 
 __all__ = ["tensor", "int_tensor", "float_tensor", "real_tensor", "int32_scalar", "flag", "int_size",
-           "python_int", "real_number", "host_int32_scalar"]
+           "python_int", "real_number", "input_entry", "output_entry", "hidden_output", "host_int32_scalar", "dims_of"]
 
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
@@ -152,8 +155,59 @@ def int_size(fn: str, name: str, value, minimum: int):
 
 
 # ------------------------------------------------------------------------------------------ spec entries
+#: The ``fully_written`` flag of an entry (or of an input's ``bw_out_var``, for its gradient): the kernel writes every
+#: element of the output, padded and unvisited frames included, so the entry point does not zero it first.
+WRITTEN = {"fully_written": True}
+
+
+def input_entry(name: str, ndim: int, *, shape=None, dtype: str | None = None, differentiable: bool = False,
+                contiguous: bool = True, batch_axis: int | None = None, **keys) -> dict:
+    """The ``in_info`` entry of input ``name``: ``ndim`` dimensions, of any size unless ``shape`` says (per
+    dimension a size, ``None`` or a ref ``(input, dim)``); of the exact ``dtype`` if given, else the op's floating
+    type; made C-contiguous unless ``contiguous=False``; without a gradient unless ``differentiable``; its
+    sequences along ``batch_axis`` if given (docs/scaling.md).  ``keys``: any other spec key (``want_inplace``,
+    ``host_memory``, ``bw_out_var``, ...), as is."""
+    info = {"name": name, "ndim": ndim, "shape": shape if shape is not None else (None,) * ndim}
+    if dtype is not None:
+        info["dtype"] = dtype
+    if contiguous:
+        info["need_contiguous"] = True
+    if not differentiable:
+        info["gradient"] = "disconnected"
+    if batch_axis is not None:
+        info["batch_axis"] = batch_axis
+    info.update(keys)
+    return info
+
+
+def output_entry(name: str, shape, *, dtype: str | None = None, contiguous: bool = True,
+                 batch_axis: int | None = None, **keys) -> dict:
+    """The ``out_info`` entry of output ``name`` of shape ``shape`` (per dimension a size or a ref ``(input,
+    dim)``; see :func:`dims_of`): of the exact ``dtype`` if given, else the op's floating type; declared
+    C-contiguous unless ``contiguous=False``; its sequences along ``batch_axis`` if given.  ``keys``: any other spec
+    key (``fully_written``, ``bw_grad_var``, ...), as is."""
+    info = {"name": name, "ndim": len(shape), "shape": shape}
+    if dtype is not None:
+        info["dtype"] = dtype
+    if contiguous:
+        info["need_contiguous"] = True
+    if batch_axis is not None:
+        info["batch_axis"] = batch_axis
+    info.update(keys)
+    return info
+
+
+def hidden_output(name: str, shape, batch_axis: int | None = None, **keys) -> dict:
+    """A float64 output that calling the op does not return (``dummy``: it feeds the gradient op)."""
+    return output_entry(name, shape, dtype="float64", batch_axis=batch_axis, dummy=True, **keys)
+
+
 def host_int32_scalar(name: str) -> dict:
     """The ``in_info`` entry of an int32 scalar input that the kernel reads on the host (a size, an index
     or a flag; no gradient)."""
-    return {"name": name, "ndim": 0, "shape": (), "dtype": "int32", "need_contiguous": True, "host_memory": True,
-            "gradient": "disconnected"}
+    return input_entry(name, 0, shape=(), dtype="int32", host_memory=True)
+
+
+def dims_of(k: int, ndim: int) -> tuple:
+    """The shape refs of input ``k``'s first ``ndim`` dimensions: an output shaped like that input."""
+    return tuple((k, d) for d in range(ndim))

@@ -16,7 +16,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
-from ._args import float_tensor, int_size, python_int, real_tensor
+from ._args import dims_of, float_tensor, input_entry, int_size, output_entry, python_int, real_tensor
 
 __all__ = ["Chunking", "UnChunking", "chunk", "unchunk", "naive_chunk_start_frames", "n_chunks"]
 
@@ -42,16 +42,15 @@ class Chunking(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "input", "ndim": 3, "shape": (None, None, None)},
-        {"name": "index", "ndim": 2, "shape": (None, None), "gradient": "disconnected"},
-        {"name": "output_buffer", "ndim": 3, "shape": (None, None, None), "want_inplace": 0,
-         "gradient": "disconnected"},
-        {"name": "oindex_buffer", "ndim": 2, "shape": (None, None), "want_inplace": 1, "gradient": "disconnected"},
-        {"name": "chunk_params", "ndim": 1, "shape": (2,), "need_contiguous": True, "gradient": "disconnected"},
+        input_entry("input", 3, differentiable=True, contiguous=False),
+        input_entry("index", 2, contiguous=False),
+        input_entry("output_buffer", 3, contiguous=False, want_inplace=0),
+        input_entry("oindex_buffer", 2, contiguous=False, want_inplace=1),
+        input_entry("chunk_params", 1, shape=(2,)),
     )
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((2, 0), (2, 1), (2, 2))},
-        {"name": "oindex", "ndim": 2, "shape": ((3, 0), (3, 1))},
+        output_entry("output", dims_of(2, 3), contiguous=False),
+        output_entry("oindex", dims_of(3, 2), contiguous=False),
     )
 
     @classmethod
@@ -88,12 +87,12 @@ class UnChunking(NativeOpGenBase):
     """
 
     in_info = Chunking.in_info[:4] + (
-        {"name": "ofactors_buffer", "ndim": 2, "shape": (None, None), "want_inplace": 2, "gradient": "disconnected"},
+        input_entry("ofactors_buffer", 2, contiguous=False, want_inplace=2),
     ) + Chunking.in_info[4:]
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((2, 0), (2, 1), (2, 2))},
-        {"name": "oindex", "ndim": 2, "shape": ((3, 0), (3, 1))},
-        {"name": "ofactors", "ndim": 2, "shape": ((4, 0), (4, 1))},
+        output_entry("output", dims_of(2, 3), contiguous=False),
+        output_entry("oindex", dims_of(3, 2), contiguous=False),
+        output_entry("ofactors", dims_of(4, 2), contiguous=False),
     )
 
     @classmethod

@@ -17,7 +17,7 @@ import pytensor.tensor as pt
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
-from ._args import flag, host_int32_scalar, int32_scalar, int_tensor, python_int
+from ._args import flag, host_int32_scalar, input_entry, int32_scalar, int_tensor, output_entry, python_int
 
 _SUPPORT = {"edit_distance": kernel_unit("edit_distance/edit_distance.cu")}
 
@@ -29,20 +29,17 @@ __all__ = [
 ]
 
 def _seq(name, batch=True):
-    """A (B, T) int32 entry (``batch``: its axis 0 is the batch axis)."""
-    return {"name": name, "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
-            "gradient": "disconnected", **({"batch_axis": 0} if batch else {})}
+    """A (B, T) int32 input (``batch``: its axis 0 is the batch axis)."""
+    return input_entry(name, 2, dtype="int32", batch_axis=0 if batch else None)
 
 
 def _vec(name, batch=True):
-    """A (B,) int32 entry (``batch``: one per sequence), or (L,) shared by all (``batch=False``)."""
-    return {"name": name, "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-            "gradient": "disconnected", **({"batch_axis": 0} if batch else {})}
+    """A (B,) int32 input (``batch``: one per sequence), or (L,) shared by all (``batch=False``)."""
+    return input_entry(name, 1, dtype="int32", batch_axis=0 if batch else None)
 
 
 #: The (B,) int32 output of the distances, one per pair.
-_DISTANCES = {"name": "output", "ndim": 1, "shape": ((0, 0),), "dtype": "int32", "need_contiguous": True,
-              "batch_axis": 0}
+_DISTANCES = output_entry("output", ((0, 0),), dtype="int32", batch_axis=0)
 
 
 class _EditDistanceBase(NativeOpGenBase):
@@ -85,8 +82,7 @@ class OptimalCompletionEditDistancePerSuccessorOp(_EditDistanceBase):
     """
 
     in_info = EditDistanceOp.in_info + (_vec("successors", batch=False),)
-    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (4, 0)), "dtype": "int32", "need_contiguous": True,
-                 "batch_axis": 0},)
+    out_info = (output_entry("output", ((0, 0), (4, 0)), dtype="int32", batch_axis=0),)
     c_fw_code = "optimal_completion_edit_distance_per_successor_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
@@ -106,8 +102,7 @@ class NextEditDistanceRowOp(_EditDistanceBase):
     in_info = (
         _seq("last_row"), _vec("a"), _vec("a_n"), _vec("a_ended"), _seq("b"), _vec("b_len"),
     )
-    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True,
-                 "batch_axis": 0},)
+    out_info = (output_entry("output", ((0, 0), (0, 1)), dtype="int32", batch_axis=0),)
     c_fw_code = "next_edit_distance_row_fw(n_inputs, inputs, n_outputs, outputs);"
 
 
@@ -127,7 +122,7 @@ class NextEditDistanceReduceOp(_EditDistanceBase):
     # one call per element (folding would need to know which form ``a`` has).
     in_info = NextEditDistanceRowOp.in_info[:1] + (_seq("a", batch=False),) + NextEditDistanceRowOp.in_info[2:] + (
         host_int32_scalar("optimal_completion"), host_int32_scalar("a_blank_idx"))
-    out_info = ({"name": "output", "ndim": 2, "shape": ((0, 0), (1, 1)), "dtype": "int32", "need_contiguous": True},)
+    out_info = (output_entry("output", ((0, 0), (1, 1)), dtype="int32"),)
     c_fw_code = "next_edit_distance_reduce_fw(n_inputs, inputs, n_outputs, outputs);"
 
 

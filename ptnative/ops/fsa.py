@@ -1,4 +1,4 @@
-"""Sequence models on automata (kernels in ``c_code/fsa_*.cu``, ``c_code/ctc_*.cu`` and ``c_code/hmm/hmm.cu``).
+"""Sequence models on automata (kernels in ``c_code/fsa/`` and ``c_code/ctc/``).
 
 Automata are edge lists: ``edges`` (4, E) int32 with rows ``(from state, to state,
 emission index, sequence index)``, ``weights`` (E,), ``start_end_states`` (2, B)
@@ -14,72 +14,20 @@ start state to its end state.
 * :class:`GetCtcFsaFastBwOp`: the CTC (or RNA) automaton of a batch of label sequences.
 * :class:`CtcFsaLossOp`, :class:`CtcViterbiLossOp`: fused CTC losses and their gradients
   (used by :func:`ctc_loss` and :func:`ctc_loss_viterbi`).
-* :class:`HmmForwardBackwardOp`: the log-likelihood of a dense K-state HMM and its
-  gradients (used by :func:`hmm_log_likelihood`).
-
 The functional API: :func:`get_ctc_fsa_fast_bw`, :func:`fast_baum_welch`,
-:func:`fast_viterbi`, :func:`ctc_loss`, :func:`ctc_loss_viterbi`,
-:func:`hmm_log_likelihood`.  See ``docs/fsa.md``.
+:func:`fast_viterbi`, :func:`ctc_loss`, :func:`ctc_loss_viterbi`.  See ``docs/fsa.md``.  The dense
+HMM (:func:`ptnative.hmm_log_likelihood` and the rest) is :mod:`ptnative.ops.hmm`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
-try:
-    from pytensor.graph.traversal import ancestors
-except ImportError:  # PyTensor before the traversal module
-    from pytensor.graph.basic import ancestors
-from pytensor.graph.rewriting.basic import node_rewriter
-from pytensor.tensor.rewriting.basic import register_specialize
 
-from ..op import NativeOp, NativeOpGenBase
+from ..op import NativeOpGenBase
 from ..source import kernel_unit
-from ._args import flag, float_tensor, host_int32_scalar, int_tensor, real_tensor
-from ._borrowed_grad import BorrowedGradientOp
+from ._args import flag, float_tensor, host_int32_scalar, input_entry, int_tensor, output_entry, real_tensor
 from ._loss import LossWithGradOp
-
-
-def _hidden(name, shape, batch_axis=None, **extra):
-    """A float64 output that calling the op does not return (it feeds the gradient op)."""
-    return _out(name, shape, batch_axis, dtype="float64", dummy=True, **extra)
-
-
-def _arr(name, ndim, dtype=None, shape=None, disc=True, batch_axis=None):
-    info = {"name": name, "ndim": ndim, "shape": shape if shape is not None else (None,) * ndim,
-            "need_contiguous": True}
-    if dtype:
-        info["dtype"] = dtype
-    if disc:
-        info["gradient"] = "disconnected"
-    if batch_axis is not None:
-        info["batch_axis"] = batch_axis
-    return info
-
-
-def _out(name, shape, batch_axis=None, **extra):
-    """An output entry (its sequences along ``batch_axis``, if given: see docs/scaling.md)."""
-    info = {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
-    if batch_axis is not None:
-        info["batch_axis"] = batch_axis
-    return info
-
-
-def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
-    """The inputs of the dense HMM ops (here and in ops/hmm.py): ``log_emissions`` (T, B, K), ``log_transitions``
-    (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
-    gradient for any (the mask never has one).  The gradient ops write every element of ``log_emissions``'s gradient
-    (padded frames and sequences without a path: zeros), so it is ``fully_written``."""
-    emissions = _arr("log_emissions", 3, disc=disc, batch_axis=1)
-    if not disc:
-        emissions["bw_out_var"] = {"fully_written": True}
-    return (
-        emissions,
-        _arr("log_transitions", transitions_ndim, disc=disc),
-        _arr("log_initial", initial_ndim, disc=disc),
-        _arr("log_final", 1, disc=disc),
-        _arr("mask", 2, batch_axis=1),
-    )
 
 
 class FastBaumWelchOp(NativeOpGenBase):
@@ -111,16 +59,16 @@ class FastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1),
-        _arr("start_end_states", 2, "int32", (2, None)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("state_buffer", 2, shape=(2, None)),
+        input_entry("am_scores", 3),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1),
+        input_entry("start_end_states", 2, shape=(2, None), dtype="int32"),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("state_buffer", 2, shape=(2, None)),
     )
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "sums", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1), (0, 2))),
+        output_entry("sums", ((0, 0), (0, 1))),
     )
     c_extra_support_code = kernel_unit("fsa/fsa_baum_welch.cu")
     c_fw_code = "fast_bw_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -139,14 +87,14 @@ class MultiEndFastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1),
-        _arr("start_states", 1, "int32"),
-        _arr("end_states", 2, "int32", (None, 2)),
-        _arr("end_state_weights", 1, shape=((4, 0),)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("state_buffer", 2, shape=(2, None)),
+        input_entry("am_scores", 3),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1),
+        input_entry("start_states", 1, dtype="int32"),
+        input_entry("end_states", 2, shape=(None, 2), dtype="int32"),
+        input_entry("end_state_weights", 1, shape=((4, 0),)),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("state_buffer", 2, shape=(2, None)),
     )
     out_info = FastBaumWelchOp.out_info
     c_extra_support_code = kernel_unit("fsa/fsa_baum_welch.cu")
@@ -195,20 +143,20 @@ class SegmentFastBaumWelchOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("batch_idxs", 2, "int32"),
-        _arr("edges", 2, "int32"),
-        _arr("weights", 1, shape=((2, 1),)),
-        _arr("length_models", 2, shape=(None, (0, 0))),
-        _arr("start_end_states", 2, "int32", (2, None)),
-        _arr("index", 2, shape=((0, 0), (0, 1))),
-        _arr("am_score_scales", 1),
-        _arr("epoch", 0, shape=()),
+        input_entry("am_scores", 3),
+        input_entry("batch_idxs", 2, dtype="int32"),
+        input_entry("edges", 2, dtype="int32"),
+        input_entry("weights", 1, shape=((2, 1),)),
+        input_entry("length_models", 2, shape=(None, (0, 0))),
+        input_entry("start_end_states", 2, shape=(2, None), dtype="int32"),
+        input_entry("index", 2, shape=((0, 0), (0, 1))),
+        input_entry("am_score_scales", 1),
+        input_entry("epoch", 0, shape=()),
     )
     out_info = (
-        {"name": "output", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True},
-        {"name": "normalization_factors", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
-        {"name": "posterior_weigths", "ndim": 2, "shape": ((0, 0), (0, 1)), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1), (0, 2))),
+        output_entry("normalization_factors", ((0, 0), (0, 1))),
+        output_entry("posterior_weigths", ((0, 0), (0, 1))),
     )
     c_extra_support_code = kernel_unit("fsa/fsa_segmental.cu")
     c_fw_code = "segment_fast_bw_fw(n_inputs, inputs, n_outputs, outputs, false);"
@@ -238,16 +186,16 @@ class FastViterbiOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("am_scores", 3),
-        _arr("am_seq_len", 1, "int32", ((0, 0),)),
-        _arr("edges", 2, "int32", (4, None)),
-        _arr("weights", 1, shape=((3, 1),)),
-        _arr("start_end_states", 2, "int32", (2, (0, 0))),
+        input_entry("am_scores", 3),
+        input_entry("am_seq_len", 1, shape=((0, 0),), dtype="int32"),
+        input_entry("edges", 2, shape=(4, None), dtype="int32"),
+        input_entry("weights", 1, shape=((3, 1),)),
+        input_entry("start_end_states", 2, shape=(2, (0, 0)), dtype="int32"),
         host_int32_scalar("n_states"),
     )
     out_info = (
-        {"name": "output", "ndim": 2, "shape": ((0, 0), (0, 1)), "dtype": "int32", "need_contiguous": True},
-        {"name": "scores", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
+        output_entry("output", ((0, 0), (0, 1)), dtype="int32"),
+        output_entry("scores", ((0, 1),)),
     )
     c_extra_support_code = kernel_unit("fsa/fsa_viterbi.cu")
     c_fw_code = "fast_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -274,15 +222,15 @@ class GetCtcFsaFastBwOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("targets", 2, "int32"),
-        _arr("seq_lens", 1, "int32"),
+        input_entry("targets", 2, dtype="int32"),
+        input_entry("seq_lens", 1, dtype="int32"),
         host_int32_scalar("blank_idx"),
-        _arr("weights", 1),
+        input_entry("weights", 1),
         host_int32_scalar("label_loop"),
     )
     out_info = (
-        {"name": "edges", "ndim": 2, "shape": (4, (3, 0)), "dtype": "int32", "need_contiguous": True},
-        {"name": "start_end_states", "ndim": 2, "shape": (2, (1, 0)), "dtype": "int32", "need_contiguous": True},
+        output_entry("edges", (4, (3, 0)), dtype="int32"),
+        output_entry("start_end_states", (2, (1, 0)), dtype="int32"),
     )
     c_extra_support_code = kernel_unit("ctc/ctc_fsa.cu")
     c_fw_code = "ctc_fsa_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -313,17 +261,17 @@ class CtcFsaLossOp(NativeOpGenBase):
     """
 
     in_info = (
-        _arr("logits", 3, disc=False, batch_axis=1),
-        _arr("logits_seq_lens", 1, "int32", batch_axis=0),
-        _arr("targets", 2, "int32", batch_axis=0),
-        _arr("targets_seq_lens", 1, "int32", batch_axis=0),
+        input_entry("logits", 3, differentiable=True, batch_axis=1),
+        input_entry("logits_seq_lens", 1, dtype="int32", batch_axis=0),
+        input_entry("targets", 2, dtype="int32", batch_axis=0),
+        input_entry("targets_seq_lens", 1, dtype="int32", batch_axis=0),
         host_int32_scalar("blank_index"),
         host_int32_scalar("label_loop"),
         host_int32_scalar("logits_normalized"),
     )
     out_info = (
-        _out("loss", ((0, 1),), 0),
-        _out("grad", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
+        output_entry("loss", ((0, 1),), batch_axis=0),
+        output_entry("grad", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
     )
     c_extra_support_code = kernel_unit("ctc/ctc_loss.cu")
     c_fw_code = "ctc_loss_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -348,82 +296,6 @@ class CtcViterbiLossOp(NativeOpGenBase):
     c_fw_code = "ctc_loss_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (3,)
     op_class = _CtcLossOp
-
-
-class HmmForwardBackwardOp(NativeOpGenBase):
-    """Log-likelihood of a dense K-state HMM, with gradients (see :func:`hmm_log_likelihood`).
-
-    Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
-    ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask (no gradient).
-    Output: ``log_likelihood`` (B,).  The gradient op runs the forward pass again (keeping its
-    forward vectors in memory of its own): cheaper than handing them over in (T, B, K) outputs.
-    """
-
-    in_info = _hmm_inputs(False)
-    out_info = (_out("log_likelihood", ((0, 1),), 0),)
-    # gradient op inputs: the five inputs and the log-likelihood's gradient
-    grad_input_map = (0, 1, 2, 3, 4, 6)
-    c_extra_support_code = kernel_unit("hmm/hmm.cu")
-    c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
-    c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (5,)
-
-
-class _LikelihoodWithGradOp(BorrowedGradientOp):
-    """HmmLikelihoodWithGradOp's Op: the log-likelihood's gradient is HmmForwardBackwardOp's; the fused gradients
-    have none (second derivatives raise)."""
-
-    gradient_spec = HmmForwardBackwardOp
-    shared_outputs = 1
-
-
-class HmmLikelihoodWithGradOp(NativeOpGenBase):
-    """:class:`HmmForwardBackwardOp`'s value and gradient in one call (one forward pass instead of two).
-
-    Inputs: those of the gradient op, ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial``
-    (K,), ``log_final`` (K,), ``mask`` (T, B), ``D_log_likelihood`` (B,) the upstream gradient.  Outputs: the
-    log-likelihood (B,), then its gradients for the first four inputs (weighted by ``D_log_likelihood``).  Not built
-    by users: the rewrite ``_fuse_hmm_value_and_gradient`` puts it where a graph computes both and the upstream
-    gradient does not depend on the value (as for ``ll.sum()``).  The log-likelihood's gradient is
-    :class:`HmmForwardBackwardOp`'s (a graph differentiated after the rewrites, as JAX differentiates a jaxified
-    one); the gradient outputs have none (second derivatives raise ``NullTypeGradError``).
-    """
-
-    in_info = _hmm_inputs(False) + (_arr("D_log_likelihood", 1, shape=((0, 1),), disc=False, batch_axis=0),)
-    out_info = (
-        _out("log_likelihood", ((0, 1),), 0),
-        _out("D_log_emissions", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # padded frames included
-        _out("D_log_transitions", ((1, 0), (1, 1))),
-        _out("D_log_initial", ((2, 0),)),
-        _out("D_log_final", ((3, 0),)),
-    )
-    c_extra_support_code = kernel_unit("hmm/hmm.cu")
-    c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
-    code_version = (1,)
-    op_class = _LikelihoodWithGradOp
-
-
-@node_rewriter([NativeOp])
-def _fuse_hmm_value_and_gradient(fgraph, node):
-    """HmmForwardBackwardOp's node and its gradient op's node on the same inputs become one
-    HmmLikelihoodWithGradOp node, when the upstream gradient does not depend on the log-likelihood."""
-    grad_name = "GradOf" + HmmForwardBackwardOp.__name__
-    if node.op.name != grad_name or len(node.inputs) != 6:
-        return None
-    inputs = node.inputs[:5]
-    forward = next((client for client, _ in fgraph.clients.get(inputs[0], ())
-                    if client != "output" and isinstance(getattr(client, "op", None), NativeOp)
-                    and client.op.name == HmmForwardBackwardOp.__name__ and client.inputs == inputs
-                    and client.op.device == node.op.device and client.op.float_dtypes == node.op.float_dtypes), None)
-    if forward is None or forward.outputs[0] in set(ancestors([node.inputs[5]])):
-        return None
-    fused = HmmLikelihoodWithGradOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
-    replacements = {forward.outputs[0]: fused[0]}
-    replacements.update(zip(node.outputs, fused[1:]))
-    return replacements
-
-
-register_specialize(_fuse_hmm_value_and_gradient, name="ptnative_hmm_value_and_gradient")
 
 
 # ---------------------------------------------------------------------------------------- functional API
@@ -601,65 +473,8 @@ def ctc_loss_viterbi(logits, logits_seq_lens, targets, targets_seq_lens, blank_i
                         blank_index, label_loop, logits_normalized, zero_infinity)
 
 
-def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
-    """Log-likelihood of observation sequences under a dense K-state HMM.
-
-    ``p(x_b) = sum_z pi(z_0) e_0(z_0) prod_{t=1}^{T_b-1} A(z_{t-1}, z_t) e_t(z_t) * f(z_{T_b-1})``.
-
-    Parameters
-    ----------
-    log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
-    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised);
-        or (B, K, K) per sequence, or (T-1, B, K, K) per sequence and frame (entry t-1 is the
-        transition into frame t; leading dims of size 1 broadcast).
-    log_initial : (K,) float, ``log pi``; or (B, K) per sequence.
-    log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
-    mask : (T, B), optional, 0/1 prefix mask (default: all frames valid); a sequence with
-        ``T_b = 0`` (the empty series) has log-likelihood 0 and gradient 0.
-
-    Returns
-    -------
-    (B,) log-likelihoods (``-inf`` if impossible).  Differentiable w.r.t. every
-    log-probability input: emission gradients are the state posteriors, transition
-    gradients the expected transition counts (summed over the batch, weighted by the
-    upstream gradient), initial/final gradients the posteriors of the first/last state.
-    Computed with per-step scaling in double (stable at any T).  A NaN log-emission on a
-    valid frame of sequence b gives b the log-likelihood NaN and the emission gradient NaN
-    on its valid frames; a NaN in ``log_transitions``, ``log_initial`` or ``log_final``
-    does so for every sequence with a frame; the gradients of those three are NaN when any
-    sequence is.  ``-inf`` entries are impossible events.  ``+inf`` entries, a non-0/1 or
-    non-prefix mask and shape mismatches raise ``ValueError`` (naming ``hmm_log_likelihood``
-    and the argument) when evaluated.  Batched or time-varying parameters use
-    :class:`ptnative.ops.hmm.HmmVaryingLikelihoodOp` (gradients in the parameters' shapes; NaN
-    in a matrix or initial row makes the sequences using it NaN; a weight below ``e^-708``
-    times the largest of its matrix counts as impossible there).
-    """
-    fn = "hmm_log_likelihood"
-    log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, cast_int=True)
-    dtype = log_emissions.dtype
-    log_transitions = pt.as_tensor_variable(log_transitions)
-    log_initial = pt.as_tensor_variable(log_initial)
-    varying = log_transitions.ndim in (3, 4) or log_initial.ndim == 2  # batched / time-varying: ptnative.ops.hmm
-    transitions_ndim = log_transitions.ndim if log_transitions.ndim in (3, 4) else 2
-    log_transitions = real_tensor(fn, "log_transitions", log_transitions, transitions_ndim, dtype)
-    log_initial = real_tensor(fn, "log_initial", log_initial, 2 if log_initial.ndim == 2 else 1, dtype)
-    if log_final is None:
-        log_final = pt.zeros_like(log_initial[0] if log_initial.ndim == 2 else log_initial)
-    else:
-        log_final = real_tensor(fn, "log_final", log_final, 1, dtype)
-    if mask is None:
-        mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
-    else:
-        mask = real_tensor(fn, "mask", mask, 2, dtype)
-    if varying:
-        from .hmm import varying_log_likelihood
-
-        return varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask)
-    return HmmForwardBackwardOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
-
-
 __all__ = [
     "FastBaumWelchOp", "MultiEndFastBaumWelchOp", "SegmentFastBaumWelchOp", "FastViterbiOp", "GetCtcFsaFastBwOp",
-    "CtcFsaLossOp", "CtcViterbiLossOp", "HmmForwardBackwardOp", "get_ctc_fsa_fast_bw", "fast_baum_welch", "fast_viterbi", "ctc_loss",
-    "ctc_loss_viterbi", "hmm_log_likelihood",
+    "CtcFsaLossOp", "CtcViterbiLossOp", "get_ctc_fsa_fast_bw", "fast_baum_welch", "fast_viterbi", "ctc_loss",
+    "ctc_loss_viterbi",
 ]

@@ -1,28 +1,49 @@
-"""Inference in dense K-state HMMs beyond the likelihood (kernels in ``c_code/hmm/hmm_infer.h``,
-``c_code/hmm/hmm_viterbi.cu``, ``c_code/hmm/hmm_posteriors.cu``, ``c_code/hmm/hmm_sample.cu``).
+"""Dense K-state HMMs: the likelihood, and inference beyond it (kernels in ``c_code/hmm/``).
 
+* :class:`HmmForwardBackwardOp`: the log-likelihood and its gradients (:func:`hmm_log_likelihood`), with
+  :class:`HmmLikelihoodWithGradOp` (both in one pass, put in by a rewrite) and :class:`HmmVaryingLikelihoodOp`
+  (batched or time-varying parameters).
 * :class:`HmmViterbiOp`: the most likely state path and its log score (:func:`hmm_viterbi`).
 * :class:`HmmPosteriorsOp`: smoothed state marginals and expected transition counts, with
   gradients (:func:`hmm_posteriors`).
 * :class:`HmmSampleStatesOp`: state paths drawn from the posterior by forward filtering,
   backward sampling, driven by the caller's uniforms (:func:`hmm_sample_states`).
 
-The model is the one of :func:`ptnative.hmm_log_likelihood`:
+The model:
 ``p(x_b, z) = pi(z_0) e_0(z_0) prod_{t=1}^{T_b-1} A(z_{t-1}, z_t) e_t(z_t) * f(z_{T_b-1})``,
-all arguments in log space.  See ``docs/hmm.md``.
+all arguments in log space.  See ``docs/hmm.md`` (and ``docs/fsa.md`` for :func:`hmm_log_likelihood`).
 """
 
 from __future__ import annotations
 
 import pytensor.tensor as pt
+
+try:
+    from pytensor.graph.traversal import ancestors
+except ImportError:  # PyTensor before the traversal module
+    from pytensor.graph.basic import ancestors
 from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import float_tensor, real_tensor
+from ._args import WRITTEN, float_tensor, hidden_output, input_entry, output_entry, real_tensor
 from ._borrowed_grad import BorrowedGradientOp
-from .fsa import _arr, _hidden, _hmm_inputs, _out
+
+
+def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
+    """The inputs of the dense HMM ops: ``log_emissions`` (T, B, K), ``log_transitions``
+    (``transitions_ndim``), ``log_initial`` (``initial_ndim``), ``log_final`` (K,), ``mask`` (T, B); ``disc``: no
+    gradient for any (the mask never has one).  The gradient ops write every element of ``log_emissions``'s gradient
+    (padded frames and sequences without a path: zeros), so it is ``fully_written``."""
+    gradient = {} if disc else {"bw_out_var": WRITTEN}
+    return (
+        input_entry("log_emissions", 3, differentiable=not disc, batch_axis=1, **gradient),
+        input_entry("log_transitions", transitions_ndim, differentiable=not disc),
+        input_entry("log_initial", initial_ndim, differentiable=not disc),
+        input_entry("log_final", 1, differentiable=not disc),
+        input_entry("mask", 2, batch_axis=1),
+    )
 
 
 def _support(name):
@@ -30,7 +51,85 @@ def _support(name):
     return kernel_unit(f"hmm/hmm_{name}.cu")
 
 
-_PATH = _out("path", ((0, 0), (0, 1)), batch_axis=1, dtype="int32", fully_written=True)  # padded frames: -1
+class HmmForwardBackwardOp(NativeOpGenBase):
+    """Log-likelihood of a dense K-state HMM, with gradients (see :func:`hmm_log_likelihood`).
+
+    Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,),
+    ``log_final`` (K,), ``mask`` (T, B) 0/1 prefix mask (no gradient).
+    Output: ``log_likelihood`` (B,).  The gradient op runs the forward pass again (keeping its
+    forward vectors in memory of its own): cheaper than handing them over in (T, B, K) outputs.
+    """
+
+    in_info = _hmm_inputs(False)
+    out_info = (output_entry("log_likelihood", ((0, 1),), batch_axis=0),)
+    # gradient op inputs: the five inputs and the log-likelihood's gradient
+    grad_input_map = (0, 1, 2, 3, 4, 6)
+    c_extra_support_code = kernel_unit("hmm/hmm.cu")
+    c_fw_code = "hmm_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "hmm_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (5,)
+
+
+class _LikelihoodWithGradOp(BorrowedGradientOp):
+    """HmmLikelihoodWithGradOp's Op: the log-likelihood's gradient is HmmForwardBackwardOp's; the fused gradients
+    have none (second derivatives raise)."""
+
+    gradient_spec = HmmForwardBackwardOp
+    shared_outputs = 1
+
+
+class HmmLikelihoodWithGradOp(NativeOpGenBase):
+    """:class:`HmmForwardBackwardOp`'s value and gradient in one call (one forward pass instead of two).
+
+    Inputs: those of the gradient op, ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial``
+    (K,), ``log_final`` (K,), ``mask`` (T, B), ``D_log_likelihood`` (B,) the upstream gradient.  Outputs: the
+    log-likelihood (B,), then its gradients for the first four inputs (weighted by ``D_log_likelihood``).  Not built
+    by users: the rewrite ``_fuse_hmm_value_and_gradient`` puts it where a graph computes both and the upstream
+    gradient does not depend on the value (as for ``ll.sum()``).  The log-likelihood's gradient is
+    :class:`HmmForwardBackwardOp`'s (a graph differentiated after the rewrites, as JAX differentiates a jaxified
+    one); the gradient outputs have none (second derivatives raise ``NullTypeGradError``).
+    """
+
+    in_info = (*_hmm_inputs(False),
+               input_entry("D_log_likelihood", 1, shape=((0, 1),), differentiable=True, batch_axis=0))
+    out_info = (
+        output_entry("log_likelihood", ((0, 1),), batch_axis=0),
+        # padded frames included
+        output_entry("D_log_emissions", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),
+        output_entry("D_log_transitions", ((1, 0), (1, 1))),
+        output_entry("D_log_initial", ((2, 0),)),
+        output_entry("D_log_final", ((3, 0),)),
+    )
+    c_extra_support_code = kernel_unit("hmm/hmm.cu")
+    c_fw_code = "hmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LikelihoodWithGradOp
+
+
+@node_rewriter([NativeOp])
+def _fuse_hmm_value_and_gradient(fgraph, node):
+    """HmmForwardBackwardOp's node and its gradient op's node on the same inputs become one
+    HmmLikelihoodWithGradOp node, when the upstream gradient does not depend on the log-likelihood."""
+    grad_name = "GradOf" + HmmForwardBackwardOp.__name__
+    if node.op.name != grad_name or len(node.inputs) != 6:
+        return None
+    inputs = node.inputs[:5]
+    forward = next((client for client, _ in fgraph.clients.get(inputs[0], ())
+                    if client != "output" and isinstance(getattr(client, "op", None), NativeOp)
+                    and client.op.name == HmmForwardBackwardOp.__name__ and client.inputs == inputs
+                    and client.op.device == node.op.device and client.op.float_dtypes == node.op.float_dtypes), None)
+    if forward is None or forward.outputs[0] in set(ancestors([node.inputs[5]])):
+        return None
+    fused = HmmLikelihoodWithGradOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
+    replacements = {forward.outputs[0]: fused[0]}
+    replacements.update(zip(node.outputs, fused[1:]))
+    return replacements
+
+
+register_specialize(_fuse_hmm_value_and_gradient, name="ptnative_hmm_value_and_gradient")
+
+
+_PATH = output_entry("path", ((0, 0), (0, 1)), dtype="int32", batch_axis=1, fully_written=True)  # padded frames: -1
 
 
 class HmmViterbiOp(NativeOpGenBase):
@@ -42,7 +141,7 @@ class HmmViterbiOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(True)
-    out_info = (_PATH, _out("score", ((0, 1),), batch_axis=0, fully_written=True))
+    out_info = (_PATH, output_entry("score", ((0, 1),), batch_axis=0, fully_written=True))
     c_extra_support_code = _support("viterbi")
     c_fw_code = "hmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -61,12 +160,12 @@ class HmmPosteriorsOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False)
     out_info = (
-        _out("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
-        _out("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # rows not read: 0
-        _hidden("scales", ((0, 0), (0, 1)), 1, fully_written=True),
-        _hidden("shifts", ((0, 0), (0, 1)), 1, fully_written=True),
-        _hidden("status", ((0, 1),), 0, fully_written=True),
+        output_entry("marginals", ((0, 0), (0, 1), (0, 2)), batch_axis=1, fully_written=True),  # padded frames included
+        output_entry("counts", ((0, 1), (0, 2), (0, 2)), batch_axis=0, fully_written=True),
+        hidden_output("alpha", ((0, 0), (0, 1), (0, 2)), 1, fully_written=True),  # rows not read: 0
+        hidden_output("scales", ((0, 0), (0, 1)), 1, fully_written=True),
+        hidden_output("shifts", ((0, 0), (0, 1)), 1, fully_written=True),
+        hidden_output("status", ((0, 1),), 0, fully_written=True),
     )
     # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
     grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
@@ -175,7 +274,7 @@ class HmmSampleStatesOp(NativeOpGenBase):
     Output: ``path`` (T, B) int32.
     """
 
-    in_info = (*_hmm_inputs(True), _arr("uniforms", 2, batch_axis=1))
+    in_info = (*_hmm_inputs(True), input_entry("uniforms", 2, batch_axis=1))
     out_info = (_PATH,)
     c_extra_support_code = _support("sample")
     c_fw_code = "hmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -195,11 +294,11 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
 
     in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
     out_info = (
-        {"name": "log_likelihood", "ndim": 1, "shape": ((0, 1),), "need_contiguous": True},
-        _hidden("alpha", ((0, 0), (0, 1), (0, 2))),
-        _hidden("scales", ((0, 0), (0, 1))),
-        _hidden("shifts", ((0, 0), (0, 1))),
-        _hidden("status", ((0, 1),)),
+        output_entry("log_likelihood", ((0, 1),)),
+        hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
+        hidden_output("scales", ((0, 0), (0, 1))),
+        hidden_output("shifts", ((0, 0), (0, 1))),
+        hidden_output("status", ((0, 1),)),
     )
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
@@ -232,6 +331,61 @@ def _model(fn, log_emissions, log_transitions, log_initial, log_final, mask):
     mask = (pt.ones(log_emissions.shape[:2], dtype=dtype) if mask is None
             else real_tensor(fn, "mask", mask, 2, dtype, "(T, B)"))
     return log_emissions, log_transitions, log_initial, log_final, mask
+
+
+def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
+    """Log-likelihood of observation sequences under a dense K-state HMM.
+
+    ``p(x_b) = sum_z pi(z_0) e_0(z_0) prod_{t=1}^{T_b-1} A(z_{t-1}, z_t) e_t(z_t) * f(z_{T_b-1})``.
+
+    Parameters
+    ----------
+    log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
+    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised);
+        or (B, K, K) per sequence, or (T-1, B, K, K) per sequence and frame (entry t-1 is the
+        transition into frame t; leading dims of size 1 broadcast).
+    log_initial : (K,) float, ``log pi``; or (B, K) per sequence.
+    log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
+    mask : (T, B), optional, 0/1 prefix mask (default: all frames valid); a sequence with
+        ``T_b = 0`` (the empty series) has log-likelihood 0 and gradient 0.
+
+    Returns
+    -------
+    (B,) log-likelihoods (``-inf`` if impossible).  Differentiable w.r.t. every
+    log-probability input: emission gradients are the state posteriors, transition
+    gradients the expected transition counts (summed over the batch, weighted by the
+    upstream gradient), initial/final gradients the posteriors of the first/last state.
+    Computed with per-step scaling in double (stable at any T).  A NaN log-emission on a
+    valid frame of sequence b gives b the log-likelihood NaN and the emission gradient NaN
+    on its valid frames; a NaN in ``log_transitions``, ``log_initial`` or ``log_final``
+    does so for every sequence with a frame; the gradients of those three are NaN when any
+    sequence is.  ``-inf`` entries are impossible events.  ``+inf`` entries, a non-0/1 or
+    non-prefix mask and shape mismatches raise ``ValueError`` (naming ``hmm_log_likelihood``
+    and the argument) when evaluated.  Batched or time-varying parameters use
+    :class:`HmmVaryingLikelihoodOp` (gradients in the parameters' shapes; NaN
+    in a matrix or initial row makes the sequences using it NaN; a weight below ``e^-708``
+    times the largest of its matrix counts as impossible there).
+    """
+    fn = "hmm_log_likelihood"
+    log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, cast_int=True)
+    dtype = log_emissions.dtype
+    log_transitions = pt.as_tensor_variable(log_transitions)
+    log_initial = pt.as_tensor_variable(log_initial)
+    varying = log_transitions.ndim in (3, 4) or log_initial.ndim == 2  # batched / time-varying: ptnative.ops.hmm
+    transitions_ndim = log_transitions.ndim if log_transitions.ndim in (3, 4) else 2
+    log_transitions = real_tensor(fn, "log_transitions", log_transitions, transitions_ndim, dtype)
+    log_initial = real_tensor(fn, "log_initial", log_initial, 2 if log_initial.ndim == 2 else 1, dtype)
+    if log_final is None:
+        log_final = pt.zeros_like(log_initial[0] if log_initial.ndim == 2 else log_initial)
+    else:
+        log_final = real_tensor(fn, "log_final", log_final, 1, dtype)
+    if mask is None:
+        mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
+    else:
+        mask = real_tensor(fn, "mask", mask, 2, dtype)
+    if varying:
+        return varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask)
+    return HmmForwardBackwardOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
 
 
 _PARAMS_DOC = """
@@ -315,5 +469,6 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
 for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
-__all__ = ["HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp", "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp",
-           "HmmVaryingLikelihoodOp", "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]
+__all__ = ["HmmForwardBackwardOp", "HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp",
+           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_log_likelihood",
+           "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]

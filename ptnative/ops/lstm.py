@@ -2,49 +2,21 @@
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.compile import optdb
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
-from pytensor.graph.rewriting.basic import GraphRewriter
 from pytensor.link.c.op import COp
-from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
 
+from ..backends import lstm_shape_check as shape_check
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import host_int32_scalar
+from ._args import WRITTEN, dims_of, host_int32_scalar, input_entry, output_entry
 
 __all__ = [
     "LstmGenericBase", "NativeLstm", "NativeLstm2", "NativeLstm2Layer", "LstmLowMem", "TwoDLSTM", "LstmCell",
     "LstmCellGrad", "LstmCellGradGrad", "lstm", "lstm_cell", "twod_lstm",
 ]
-
-
-def _input(name, ndim, **extra):
-    """An ``in_info`` entry: a C-contiguous array of ``ndim`` dimensions of any size."""
-    return {"name": name, "ndim": ndim, "shape": (None,) * ndim, "need_contiguous": True, **extra}
-
-
-def _output(name, shape, **extra):
-    """An ``out_info`` entry: a C-contiguous array whose shape is given by input dimensions."""
-    return {"name": name, "ndim": len(shape), "shape": shape, "need_contiguous": True, **extra}
-
-
-#: For an ``out_info`` entry (or in an input's ``bw_out_var``, for its gradient): the kernel writes every element of
-#: the output, padded and unvisited frames included, so the entry point does not zero it first.
-_WRITTEN = {"fully_written": True}
-
-
-def _like(name, k):
-    """An ``out_info`` entry shaped like the 3-D input ``k``."""
-    return {"name": name, "ndim": 3, "shape": ((k, 0), (k, 1), (k, 2))}
-
-
-def _mask(name="i", **extra):
-    return _input(name, 2, gradient="disconnected", **extra)
 
 
 class LstmGenericBase(NativeOpGenBase):
@@ -71,15 +43,16 @@ class LstmGenericBase(NativeOpGenBase):
     """
 
     in_info = (
-        _input("Z", 3, want_inplace=1, batch_axis=1, bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
-        _input("V_h", 2, bw_out_var=_WRITTEN),
-        _input("c", 2, batch_axis=0, bw_out_var=_WRITTEN),
-        _mask(batch_axis=1),
+        input_entry("Z", 3, differentiable=True, batch_axis=1, want_inplace=1,
+                    bw_out_var={"shape": ((2, 0), (2, 1), (0, 1)), "batch_axis": 1}),
+        input_entry("V_h", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("c", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+        input_entry("i", 2, batch_axis=1),
     )
     out_info = (  # H starts as Z's copy (want_inplace), the gradient op's DZ as H's
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((2, 0), (2, 1)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, bw_grad_var={"want_inplace": "dummy_out"}, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (0, 2)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        output_entry("d", ((2, 0), (2, 1)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -101,8 +74,9 @@ NativeLstm = LstmGenericBase
 # lstm_cell.cu.
 
 #: NativeLstm2's and LstmLowMem's last inputs: the initial output and state, the mask, the frames to visit.
-_STATE_MASK_FRAMES = (_input("y0", 2, batch_axis=0, bw_out_var=_WRITTEN),
-                      _input("c0", 2, batch_axis=0, bw_out_var=_WRITTEN), _mask(batch_axis=1),
+_STATE_MASK_FRAMES = (input_entry("y0", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+                      input_entry("c0", 2, differentiable=True, batch_axis=0, bw_out_var=WRITTEN),
+                      input_entry("i", 2, batch_axis=1),
                       host_int32_scalar("start"),
                       host_int32_scalar("step"))
 
@@ -134,15 +108,16 @@ class NativeLstm2(NativeOpGenBase):
     """
 
     in_info = (
-        _input("X", 3, want_inplace=2, batch_axis=1, bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
-        _input("W", 2, bw_out_var=_WRITTEN),
+        input_entry("X", 3, differentiable=True, batch_axis=1, want_inplace=2,
+                    bw_out_var={"shape": ((8, 0), (8, 1), (8, 2)), "batch_axis": 1}),
+        input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
         *_STATE_MASK_FRAMES,
     )
     out_info = (  # H starts as X's copy (want_inplace), and so does the gradient op's DX as H's
-        _output("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
-        _output("d", ((0, 1), (1, 0)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (1, 0)), batch_axis=1, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (1, 1)), batch_axis=1, bw_in_var={"want_inplace": 0}),
+        output_entry("d", ((0, 1), (1, 0)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -171,17 +146,17 @@ class NativeLstm2Layer(NativeOpGenBase):
     """
 
     in_info = (
-        _input("x", 3, batch_axis=1, bw_out_var=_WRITTEN),
-        _input("W_in", 2, bw_out_var=_WRITTEN),
-        _input("W", 2, bw_out_var=_WRITTEN),
-        _input("b", 1, bw_out_var={"shape": ((1, 1),), **_WRITTEN}),
+        input_entry("x", 3, differentiable=True, batch_axis=1, bw_out_var=WRITTEN),
+        input_entry("W_in", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
+        input_entry("b", 1, differentiable=True, bw_out_var={"shape": ((1, 1),), **WRITTEN}),
         *_STATE_MASK_FRAMES,
     )
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **_WRITTEN),
-        _output("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}, **_WRITTEN),
-        _output("d", ((0, 1), (2, 0)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (2, 0)), batch_axis=1, **WRITTEN),
+        output_entry("H", ((0, 0), (0, 1), (2, 1)), batch_axis=1, bw_in_var={"want_inplace": "dummy_out"}, **WRITTEN),
+        output_entry("d", ((0, 1), (2, 0)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -215,12 +190,13 @@ class LstmLowMem(NativeOpGenBase):
     exact on masked frames too.  Float32 and float64.
     """
 
-    in_info = (_input("X", 3, batch_axis=1, bw_out_var=_WRITTEN), _input("W", 2, bw_out_var=_WRITTEN),
-               _input("b", 1, bw_out_var=_WRITTEN), *_STATE_MASK_FRAMES)
+    in_info = (input_entry("X", 3, differentiable=True, batch_axis=1, bw_out_var=WRITTEN),
+               input_entry("W", 2, differentiable=True, bw_out_var=WRITTEN),
+               input_entry("b", 1, differentiable=True, bw_out_var=WRITTEN), *_STATE_MASK_FRAMES)
     out_info = (
-        _output("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
-        _output("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **_WRITTEN),
-        _output("d", ((0, 1), (4, 1)), batch_axis=0, **_WRITTEN),
+        output_entry("Y", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **WRITTEN),
+        output_entry("C", ((0, 0), (0, 1), (4, 1)), batch_axis=1, **WRITTEN),
+        output_entry("d", ((0, 1), (4, 1)), batch_axis=0, **WRITTEN),
     )
 
     @classmethod
@@ -257,15 +233,15 @@ class TwoDLSTM(NativeOpGenBase):
     """
 
     in_info = (
-        _input("X", 4, bw_out_var={"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}),
-        _input("V_h", 2), _input("V_v", 2), _input("W", 2), _input("b", 1),
-        *(_input(name, ndim, gradient="disconnected") for name, ndim in (
+        input_entry("X", 4, differentiable=True, bw_out_var={"shape": ((0, 0), (0, 1), (0, 2), (0, 3))}),
+        *(input_entry(name, ndim, differentiable=True) for name, ndim in (("V_h", 2), ("V_v", 2), ("W", 2), ("b", 1))),
+        *(input_entry(name, ndim) for name, ndim in (
             ("ptr_storage_fwd", 1), ("ptr_storage_bwd", 1), ("valid", 1), ("workmem", 5), ("workmem2", 3),
             ("sizes", 2), ("DYDummy", 4), ("initialState", 4), ("initialOutput", 4), ("iteration", 1))),
     )
     out_info = (
-        _output("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
-        _output("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
+        output_entry("CompleteY", ((0, 0), (0, 1), (0, 2), (1, 0))),
+        output_entry("H", ((0, 0), (0, 1), (0, 2), (3, 1))),
     )
     c_extra_support_code = kernel_unit("lstm/twod_lstm.cu")
     c_fw_code = "twod_lstm_fw(n_inputs, inputs, n_outputs, outputs);"
@@ -286,8 +262,10 @@ class LstmCellGradGrad(NativeOpGenBase):
     """Second derivative of :class:`LstmCell`: the cotangents ``(ggc_prev, ggx)`` of LstmCellGrad's
     outputs pulled back to its inputs ``(c_prev, x, c, gc, gh)``.  No further gradient."""
 
-    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev", "ggx"))
-    out_info = tuple(_like(nm, k) for k, nm in enumerate(("g_c_prev", "g_x", "g_c", "g_gc", "g_gh")))
+    in_info = tuple(input_entry(nm, 3, differentiable=True) for nm in ("c_prev", "x", "c", "gc", "gh", "ggc_prev",
+                                                                        "ggx"))
+    out_info = tuple(output_entry(nm, dims_of(k, 3), contiguous=False)
+                     for k, nm in enumerate(("g_c_prev", "g_x", "g_c", "g_gc", "g_gh")))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw2(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -315,8 +293,9 @@ class LstmCellGrad(NativeOpGenBase):
     """Gradient of :class:`LstmCell`: ``(c_prev, x, c, gc, gh) -> (gc_prev, gx)``.  ``c`` is an input of
     its own (the forward's c, not recomputed).  Differentiable once more (:class:`LstmCellGradGrad`)."""
 
-    in_info = tuple(_input(nm, 3) for nm in ("c_prev", "x", "c", "gc", "gh"))
-    out_info = (_like("gc_prev", 0), _like("gx", 1))
+    in_info = tuple(input_entry(nm, 3, differentiable=True) for nm in ("c_prev", "x", "c", "gc", "gh"))
+    out_info = (output_entry("gc_prev", dims_of(0, 3), contiguous=False),
+                output_entry("gx", dims_of(1, 3), contiguous=False))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -336,8 +315,9 @@ class LstmCell(NativeOpGenBase):
     ``tanh(a)*sigma(i) + sigma(f)*c_prev`` on the first Bx rows, ``c_prev`` on the others; ``h`` (Bx, H, R):
     ``sigma(o) * tanh(c)``.  Use :func:`lstm_cell` for any number of trailing dimensions."""
 
-    in_info = (_input("c_prev", 3), _input("x", 3))
-    out_info = (_like("c", 0), {"name": "h", "ndim": 3, "shape": ((1, 0), (0, 1), (0, 2))})
+    in_info = (input_entry("c_prev", 3, differentiable=True), input_entry("x", 3, differentiable=True))
+    out_info = (output_entry("c", dims_of(0, 3), contiguous=False),
+                output_entry("h", ((1, 0), (0, 1), (0, 2)), contiguous=False))
     c_extra_support_code = _CELL_SUPPORT
     c_fw_code = "lstm_cell_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
@@ -431,7 +411,9 @@ class LstmShapeCheck(COp):
     conditions with the shape arithmetic of the layer (``T * B`` of a reshape), which JAX then traces, so that
     the shapes are no longer static under ``jit`` / ``shard_map``.  In JAX mode the rules are checked once, when
     the function is traced (the shapes are static there).  No ``infer_shape``: shapes computed from its outputs
-    wait for the check (with the inputs' shapes, FAST_COMPILE's broadcasting asserts on them ran first)."""
+    wait for the check (with the inputs' shapes, FAST_COMPILE's broadcasting asserts on them ran first).
+
+    Its C, Numba and JAX code is :mod:`ptnative.backends.lstm_shape_check`, rendered from the rules held here."""
 
     __props__ = ()
     view_map = {k: [k] for k in range(len(_LAYER_ARGS))}
@@ -459,69 +441,14 @@ class LstmShapeCheck(COp):
         return False
 
     def c_code(self, node, name, inputs, outputs, sub):
-        dims = {arg: f"PyArray_DIMS({v})" for arg, v in zip(_LAYER_ARGS, inputs)}
-        checks = []
-        for arg, k, ref, kr, factor, what in _LAYER_SHAPE_RULES:
-            got, want = f"{dims[arg]}[{k}]", f"{factor} * {dims[ref]}[{kr}]"
-            checks.append(f"""if ({got} != {want}) {{
-              PyErr_Format(PyExc_ValueError, "lstm: {arg}.shape[{k}] = %lld; expected {what} = %lld",
-                           (long long){got}, (long long)({want}));
-              {sub["fail"]}
-            }}""")
-        views = [f"Py_XDECREF({out}); {out} = {v}; Py_INCREF({out});" for v, out in zip(inputs, outputs)]
-        return "\n".join(checks + views)
+        return shape_check.c_code("lstm", _LAYER_ARGS, _LAYER_SHAPE_RULES, inputs, outputs, sub["fail"])
 
     def c_code_cache_version(self):
-        # crc32, not hash(): str hashes differ between processes, and so would the module's cache key.
-        return (1, zlib.crc32(repr(_LAYER_SHAPE_RULES).encode()))
+        return shape_check.c_code_cache_version(_LAYER_SHAPE_RULES)
 
 
-def _numba_layer_shape_check():
-    """The Numba source of :class:`LstmShapeCheck`: the rules unrolled in nopython code; a broken one raises the
-    message of :func:`_check_layer_shapes` from object mode (Numba cannot build it in a graph function)."""
-    rules = " and ".join(f"{arg}.shape[{k}] == {factor} * {ref}.shape[{kr}]"
-                         for arg, k, ref, kr, factor, _ in _LAYER_SHAPE_RULES)
-    args = ", ".join(_LAYER_ARGS)
-    shapes = ", ".join(f"{a}.shape" for a in _LAYER_ARGS)
-    return (f"def lstm_shape_check({args}):\n"
-            f"    if not ({rules}):\n"
-            f"        with numba.objmode():\n"
-            f"            check_layer_shapes(({shapes},))\n"
-            f"    return {args}\n")
-
-
-@register_funcify_and_cache_key(LstmShapeCheck)
-def _numba_funcify_lstm_shape_check(op, node, **kwargs):
-    import numba
-    from pytensor.link.numba.cache import compile_numba_function_src
-    from pytensor.link.numba.dispatch.basic import numba_njit
-
-    src = _numba_layer_shape_check()
-    fn = compile_numba_function_src(src, "lstm_shape_check",
-                                    global_env={"numba": numba, "check_layer_shapes": _check_layer_shapes})
-    return numba_njit(fn), None
-
-
-def _jax_funcify_lstm_shape_check(op, node=None, **kwargs):
-    def lstm_shape_check(*arrays):
-        _check_layer_shapes([a.shape for a in arrays])
-        return arrays
-
-    return lstm_shape_check
-
-
-class _RegisterJaxShapeCheck(GraphRewriter):
-    """Run only when a graph is rewritten for JAX: registers LstmShapeCheck's JAX implementation (so that importing
-    ptnative does not import JAX), changing nothing."""
-
-    def apply(self, fgraph):
-        from pytensor.link.jax.dispatch import jax_funcify
-
-        jax_funcify.register(LstmShapeCheck)(_jax_funcify_lstm_shape_check)
-
-
-if "ptnative_lstm_shape_check_jax" not in optdb:
-    optdb.register("ptnative_lstm_shape_check_jax", _RegisterJaxShapeCheck(), "jax", position=0)
+# The Numba and JAX implementations (JAX's registered lazily: importing ptnative imports no JAX).
+shape_check.register(LstmShapeCheck, _LAYER_ARGS, _LAYER_SHAPE_RULES, _check_layer_shapes)
 
 
 def lstm(x, W_in, W_rec, b, y0=None, c0=None, mask=None, direction=1, impl="native2"):

@@ -20,15 +20,17 @@ from pytensor.tensor.variable import TensorConstant
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
-from ._args import float_tensor, host_int32_scalar, int_tensor, python_int, real_number
+from ._args import (dims_of, float_tensor, host_int32_scalar, input_entry, int_tensor, output_entry, python_int,
+                    real_number)
 from ._loss import LossWithGradOp
 
 __all__ = ["MultiBlankRnntLoss", "RnntLossOp", "RnntLattice", "multiblank_rnnt_lattice", "multiblank_rnnt_loss",
            "rnnt_loss"]
 
-#: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS).
+#: Most big blanks one op supports (the kernel's RNNT_MAX_BIG_BLANKS; tests/test_constants.py ties them).
 MAX_BIG_BLANKS = 32
-#: The functions, by the code they pass as ``params[3]`` (the kernel names them in its messages).
+#: The functions, by the code they pass as ``params[3]``: the kernel's ``names[]`` table, in its order, names them
+#: in its messages (tests/test_constants.py ties the two).
 RNNT_FUNCTIONS = ("multiblank_rnnt_loss", "rnnt_loss", "multiblank_rnnt_lattice")
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -67,29 +69,21 @@ class MultiBlankRnntLoss(NativeOpGenBase):
     """
 
     in_info = (
-        {"name": "acts", "ndim": 4, "shape": (None, None, None, None), "need_contiguous": True, "want_inplace": 1,
-         "batch_axis": 0},
-        {"name": "labels", "ndim": 2, "shape": (None, None), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected", "batch_axis": 0},
-        {"name": "act_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected", "batch_axis": 0},
-        {"name": "label_lens", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-         "gradient": "disconnected", "batch_axis": 0},
-        {"name": "durations", "ndim": 1, "shape": (None,), "dtype": "int32", "need_contiguous": True,
-         "host_memory": True, "gradient": "disconnected"},
+        input_entry("acts", 4, differentiable=True, batch_axis=0, want_inplace=1),
+        input_entry("labels", 2, dtype="int32", batch_axis=0),
+        input_entry("act_lens", 1, dtype="int32", batch_axis=0),
+        input_entry("label_lens", 1, dtype="int32", batch_axis=0),
+        input_entry("durations", 1, dtype="int32", host_memory=True),
         host_int32_scalar("blank"),
-        {"name": "params", "ndim": 1, "shape": (None,), "dtype": "float64", "need_contiguous": True,
-         "host_memory": True, "gradient": "disconnected"},
+        input_entry("params", 1, dtype="float64", host_memory=True),
     )
     out_info = (
-        {"name": "costs", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True, "batch_axis": 0},
-        {"name": "grads", "ndim": 4, "shape": ((0, 0), (0, 1), (0, 2), (0, 3)), "need_contiguous": True,
-         "batch_axis": 0},
-        {"name": "loglik", "ndim": 1, "shape": ((0, 0),), "need_contiguous": True, "batch_axis": 0},
-        {"name": "alphas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True, "batch_axis": 0},
-        {"name": "betas", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True, "batch_axis": 0},
-        {"name": "lognorm", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "need_contiguous": True,
-         "batch_axis": 0},
+        output_entry("costs", dims_of(0, 1), batch_axis=0),
+        output_entry("grads", dims_of(0, 4), batch_axis=0),
+        output_entry("loglik", dims_of(0, 1), batch_axis=0),
+        output_entry("alphas", dims_of(0, 3), batch_axis=0),
+        output_entry("betas", dims_of(0, 3), batch_axis=0),
+        output_entry("lognorm", dims_of(0, 3), batch_axis=0),
     )
     c_extra_support_code = kernel_unit("rnnt/rnnt.cu")
     c_fw_code = "rnnt_multiblank_fw(n_inputs, inputs, n_outputs, outputs);"

@@ -20,7 +20,7 @@ from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_impl
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from ._args import float_tensor, int_size, real_tensor, tensor
+from ._args import dims_of, float_tensor, input_entry, int_size, output_entry, real_tensor, tensor
 
 __all__ = [
     "SubtensorBatchedIndex", "SparseToDense", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
@@ -35,10 +35,9 @@ def _call(function: str, strict: str = "") -> str:
     return f"{function}(n_inputs, inputs, n_outputs, outputs{strict});"
 
 
-def _coo(name: str, **extra) -> dict:
+def _coo(name: str, **keys) -> dict:
     """The in_info entry of an (N, B) COO array (indices and masks: no gradient); the batch is axis 1."""
-    return {"name": name, "ndim": 2, "shape": (None, None), "need_contiguous": True, "gradient": "disconnected",
-            "batch_axis": 1, **extra}
+    return input_entry(name, 2, batch_axis=1, **keys)
 
 
 class _SparseOpGen(NativeOpGenBase):
@@ -72,10 +71,10 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """
 
     in_info = (
-        {"name": "x", "ndim": 3, "shape": (None, None, None), "batch_axis": 1},
-        {"name": "idx", "ndim": 2, "shape": (None, None), "gradient": "disconnected", "batch_axis": 1},
+        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1),
+        input_entry("idx", 2, contiguous=False, batch_axis=1),
     )
-    out_info = ({"name": "y", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},)
+    out_info = (output_entry("y", dims_of(0, 2), contiguous=False, batch_axis=1),)
 
     @classmethod
     def grad_input_map(cls, x, idx, y, DY):
@@ -94,17 +93,17 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
     """
 
     in_info = (
-        {"name": "_initial_W", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "want_inplace": 0,
-         "batch_axis": 1, "bw_out_var": {"shape": ((3, 0), (3, 1), (3, 2)), "batch_axis": 1}},
+        input_entry("_initial_W", 3, differentiable=True, batch_axis=1, want_inplace=0,
+                    bw_out_var={"shape": dims_of(3, 3), "batch_axis": 1}),
         _coo("s0"),
         _coo("s1"),
-        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1,
-         "bw_out_var": {"shape": ((0, 0), (0, 1)), "batch_axis": 1}},
+        input_entry("weight", 2, differentiable=True, batch_axis=1,
+                    bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
         _coo("mask"),
     )
     out_info = (
-        {"name": "W", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "batch_axis": 1,
-         "bw_grad_var": {"want_inplace": 0, "need_contiguous": True}},
+        output_entry("W", dims_of(0, 3), contiguous=False, batch_axis=1,
+                     bw_grad_var={"want_inplace": 0, "need_contiguous": True}),
     )
 
     @classmethod
@@ -127,14 +126,14 @@ class MaxAndArgmaxSparse(_SparseOpGen, kernel="max_and_argmax_sparse", backward=
     in_info = (
         _coo("s0"),
         _coo("s1"),
-        {"name": "weight", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1},
+        input_entry("weight", 2, differentiable=True, batch_axis=1),
         _coo("mask"),
         _coo("_out_max", want_inplace=0),
         _coo("_out_arg", want_inplace=1),
     )
     out_info = (
-        {"name": "out_max", "ndim": 2, "shape": ((4, 0), (4, 1)), "batch_axis": 1},
-        {"name": "out_arg", "ndim": 2, "shape": ((5, 0), (5, 1)), "batch_axis": 1},
+        output_entry("out_max", dims_of(4, 2), contiguous=False, batch_axis=1),
+        output_entry("out_arg", dims_of(5, 2), contiguous=False, batch_axis=1),
     )
 
 
@@ -174,17 +173,17 @@ class CrossEntropySoftmaxAndGradientZSparse(_SparseOpGen, kernel="crossentropy_s
     """
 
     in_info = (
-        {"name": "z", "ndim": 3, "shape": (None, None, None), "need_contiguous": True, "batch_axis": 1},
+        input_entry("z", 3, differentiable=True, batch_axis=1),
         _coo("z_mask"),
         _coo("y_target_t"),
         _coo("y_target_i"),
-        {"name": "y_target_w", "ndim": 2, "shape": (None, None), "need_contiguous": True, "batch_axis": 1},
+        input_entry("y_target_w", 2, differentiable=True, batch_axis=1),
         _coo("y_target_mask"),
     )
     out_info = (
-        {"name": "out_ce", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},
-        {"name": "out_grad_z", "ndim": 3, "shape": ((0, 0), (0, 1), (0, 2)), "batch_axis": 1},
-        {"name": "_out_max_z", "ndim": 2, "shape": ((0, 0), (0, 1)), "batch_axis": 1},
+        output_entry("out_ce", dims_of(0, 2), contiguous=False, batch_axis=1),
+        output_entry("out_grad_z", dims_of(0, 3), contiguous=False, batch_axis=1),
+        output_entry("_out_max_z", dims_of(0, 2), contiguous=False, batch_axis=1),
     )
 
     @classmethod

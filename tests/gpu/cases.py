@@ -35,10 +35,9 @@ from ptnative.ops.chunking import Chunking, UnChunking, n_chunks
 from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp, NextEditDistanceRowOp,
                                         OptimalCompletionEditDistanceOp, OptimalCompletionEditDistancePerSuccessorOp)
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
-                              HmmForwardBackwardOp, HmmLikelihoodWithGradOp, MultiEndFastBaumWelchOp,
-                              SegmentFastBaumWelchOp)
-from ptnative.ops.hmm import (HmmPosteriorsDefaultsOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmSampleStatesOp,
-                              HmmVaryingLikelihoodOp, HmmViterbiOp)
+                              MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
+from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
+                              HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
