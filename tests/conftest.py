@@ -66,6 +66,19 @@ def mode(request):
     return request.param
 
 
+#: PTNATIVE_POISON_OUTPUTS's patterns (c_code/native_op_entry.h, poison_fully_written): 0xFF bytes are NaN in a float
+#: but -1 in an int, the very value an int output holds on padded frames (a Viterbi or sampled path); 0x5A bytes
+#: (1515870810 in an int32) are no value an int output holds.  Tests of int outputs run with both.
+POISON_PATTERNS = {"1": b"\xff", "2": b"\x5a"}
+
+
+@pytest.fixture(params=sorted(POISON_PATTERNS), ids=["poison-ff", "poison-5a"])
+def poison_pattern(request, monkeypatch):
+    """Sets PTNATIVE_POISON_OUTPUTS to each pattern in turn (read by the kernels at every call); the fill byte."""
+    monkeypatch.setenv("PTNATIVE_POISON_OUTPUTS", request.param)
+    return POISON_PATTERNS[request.param]
+
+
 #: The test files that take the most CPU time, longest first (docs/install.md, "The test suite": a cold run's CPU time
 #: per file, b740bde's; test_jax_scaling's three long tests first of all): they run first, so that pytest-xdist's
 #: processes end together instead of one of them finishing a long file or a long compile check alone.  Only the order

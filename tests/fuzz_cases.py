@@ -28,13 +28,19 @@ def names_pattern(names):
 
 
 def expect_error(call, names, types=(ValueError, TypeError)):
-    """``call()`` raises one of ``types`` whose message names one of ``names`` (the function, an argument)."""
+    """``call()`` raises one of ``types`` whose message names the function ``names[0]`` (or is the op's own check of
+    an input, "NativeOp '...': input 'x' ...") and, where ``names`` has more, one of the arguments ``names[1:]``: a
+    message naming the function but another argument fails."""
+    function, arguments = names[0], list(names[1:])
     try:
         call()
     except types as e:
         msg = str(e)
-        if not re.search(names_pattern(names), msg):
-            raise AssertionError(f"{type(e).__name__} does not name any of {list(names)}: {msg[:600]}") from e
+        if not (re.search(names_pattern([function]), msg) or msg.startswith("NativeOp '")):
+            raise AssertionError(f"{type(e).__name__} does not name {function}: {msg[:600]}") from e
+        if arguments and not re.search(names_pattern(arguments), msg):
+            raise AssertionError(f"{type(e).__name__} does not name any of the arguments {arguments}: "
+                                 f"{msg[:600]}") from e
         return
     except Exception as e:  # noqa: BLE001
         raise AssertionError(f"expected {'/'.join(t.__name__ for t in types)} naming one of {list(names)}, "

@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -490,6 +491,86 @@ def test_directory_of_another_user_is_refused(cached):
     os.chown(cached.parent, NOBODY, NOBODY)
     with pytest.raises(CacheError, match=rf"is owned by uid {NOBODY}.*not by you.*PTNATIVE_CACHE_DIR"):
         build.build(double_variant())
+
+
+# The owner checks from a process that is not root: root made the files above, so those tests prove only that root
+# refuses another user's files.  Here a child runs as ``nobody`` on a cache that nobody owns, with one entry handed
+# to root: it must trust its own files (an owner check that compared with uid 0 would refuse them) and refuse
+# root's (uid 0 is not this user).
+NON_ROOT_CHILD = textwrap.dedent("""
+    import json, os, pwd, sys
+    from pathlib import Path
+    from ptnative import build, cache
+    # Python itself may lie where only root may enter (/root/.pyenv here): the child starts as root, imports what
+    # it needs, then becomes nobody for good before any check runs.
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    d, name = Path(sys.argv[1]), sys.argv[2]
+    out = {"euid": os.geteuid(), "uid": os.getuid()}
+    try:
+        out["dir"] = str(build.cache_dir())
+    except Exception as e:
+        out["dir"] = f"{type(e).__name__}: {e}"
+    try:
+        with cache.Directory(d) as directory:
+            os.close(cache.open_verified(directory, name))
+        out["library"] = "trusted"
+    except Exception as e:
+        out["library"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out))
+""").replace("NOBODY", str(NOBODY))
+
+
+@pytest.fixture
+def nobodys_cache(pristine):
+    """A copy of the pristine cache in a directory of nobody's (mode 0700, every file nobody's); yields the
+    library's path."""
+    src, name = pristine
+    base = Path(tempfile.mkdtemp(prefix="ptn-nobody-"))  # not under tmp_path, whose parents only root may enter
+    try:
+        shutil.copytree(src, base / "cache")
+        for p in [base, *base.rglob("*")]:
+            os.chown(p, NOBODY, NOBODY)
+        os.chmod(base / "cache", 0o700)
+        yield base / "cache" / name
+    finally:
+        shutil.rmtree(base)
+
+
+def _root_owns(path):
+    """Root's now, and readable by all (a file of someone else's that one can read is what the check is for)."""
+    os.chown(path, 0, 0)
+    os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+
+
+@as_root
+@pytest.mark.parametrize("change, dir_problem, library_problem", [
+    (None, None, None),
+    (lambda lib: _root_owns(lib), None, r"^Untrusted: is owned by uid 0 \(root\), not by you$"),
+    (lambda lib: _root_owns(str(lib) + RECORD_SUFFIX), None,
+     r"^Untrusted: has an integrity record that is owned by uid 0 \(root\), not by you$"),
+    (lambda lib: _root_owns(lib.parent), r"kernel cache .* is owned by uid 0 \(root\), not by you \(uid 65534",
+     r"kernel cache .* is owned by uid 0 \(root\), not by you \(uid 65534"),
+], ids=["all nobody's", "library root's", "record root's", "directory root's"])
+def test_owner_checks_in_a_process_that_is_not_root(change, dir_problem, library_problem, nobodys_cache):
+    lib = nobodys_cache
+    if change:
+        change(lib)
+    env = child_env(PTNATIVE_CACHE_DIR=str(lib.parent), HOME=str(lib.parent.parent))
+    out = subprocess.run([sys.executable, "-c", NON_ROOT_CHILD, str(lib.parent), lib.name], env=env,
+                         cwd=lib.parent.parent, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["euid"] == got["uid"] == NOBODY
+    if dir_problem is None:
+        assert got["dir"] == str(lib.parent), got["dir"]
+    else:
+        assert re.search(dir_problem, got["dir"]) and got["dir"].startswith("CacheError: "), got["dir"]
+    if library_problem is None:
+        assert got["library"] == "trusted", got["library"]
+    else:
+        assert re.search(library_problem, got["library"]), got["library"]
 
 
 def test_file_in_place_of_directory_is_refused(tmp_path, monkeypatch):

@@ -508,8 +508,11 @@ def test_ctc_loss_bad_input(mode, fn):
         loss_fn(pt.tensor3(shape=(None, None, 3)), l_, t, tl, blank_index=5)
     with pytest.raises(TypeError, match=r"^ctc_loss\w*: targets must have an integer or bool dtype, got float64"):
         loss_fn(x, l_, pt.matrix(), tl)
-    with pytest.raises(ValueError, match="logits must have ndim 3"):
+    with pytest.raises(ValueError, match=rf"^{fn}: logits must have ndim 3"):
         loss_fn(pt.matrix(), l_, t, tl)
+    for name, args in [("logits_seq_lens", (x, pt.vector(), t, tl)), ("targets_seq_lens", (x, l_, t, pt.vector()))]:
+        with pytest.raises(TypeError, match=rf"^{fn}: {name} must have an integer or bool dtype, got float"):
+            loss_fn(*args)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

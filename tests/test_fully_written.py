@@ -1,5 +1,6 @@
 """Outputs declared ``fully_written`` (the kernel writes every element): not zeroed before the kernel runs, and
-filled with 0xFF bytes under ``PTNATIVE_POISON_OUTPUTS=1`` so that an element a kernel misses shows (NaN, -1)."""
+filled with 0xFF bytes under ``PTNATIVE_POISON_OUTPUTS=1`` so that an element a kernel misses shows (NaN, -1), or with
+0x5A bytes under ``PTNATIVE_POISON_OUTPUTS=2`` (an int32 of 1515870810: no value an int output holds, where -1 is)."""
 
 import shutil
 
@@ -71,7 +72,7 @@ def every_mode():
     return modes
 
 
-@pytest.mark.parametrize("poison", ["0", "1"])
+@pytest.mark.parametrize("poison", ["0", "1", "2"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mode", every_mode())
 def test_fully_written_outputs_and_their_gradient(mode, dtype, poison, monkeypatch):
@@ -90,14 +91,18 @@ def test_fully_written_outputs_and_their_gradient(mode, dtype, poison, monkeypat
 
 
 @pytest.mark.parametrize("mode", every_mode())
-def test_poison_shows_elements_a_kernel_does_not_write(mode, monkeypatch):
-    monkeypatch.setenv("PTNATIVE_POISON_OUTPUTS", "1")
+def test_poison_shows_elements_a_kernel_does_not_write(mode, poison_pattern):
     x = pt.dvector("x")
     f = pytensor.function([x], list(partial_op()(x)), mode=mode)
+    # the elements not written hold the pattern's bytes: NaN and -1 (0xFF), about 1e127 and 1515870810 (0x5A)
+    want_c = np.frombuffer(poison_pattern * 4, np.int32)[0]
+    assert want_c == {b"\xff": -1, b"\x5a": 0x5A5A5A5A}[poison_pattern]
     for _ in range(2):  # also when a mode reuses the previous call's output buffers
         y, c = f(np.ones(4))
-        assert y[0] == 5 and np.isnan(y[1:]).all()
-        np.testing.assert_array_equal(c, [7, -1, -1, -1])
+        assert y[0] == 5 and c[0] == 7
+        assert y[1:].tobytes() == poison_pattern * 24
+        np.testing.assert_array_equal(c, [7, want_c, want_c, want_c])
+        assert np.isnan(y[1:]).all() == (poison_pattern == b"\xff")
 
 
 def test_plan_and_gradient_spec_carry_the_flag():

@@ -70,6 +70,7 @@ def on_tiny_batch(fn, dtype, mode, seed):
 
 
 # ------------------------------------------------------------------ Viterbi
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_viterbi_against_enumeration(mode, dtype):
     (path, score), (_, _, _, want_path, want_score), _ = on_tiny_batch(hmm.hmm_viterbi, dtype, mode, seed=1)
@@ -79,6 +80,7 @@ def test_viterbi_against_enumeration(mode, dtype):
     np.testing.assert_allclose(score, want_score, rtol=rtol, atol=atol)
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_viterbi_ties_go_to_the_lowest_state(mode, dtype):
     """Integer log-weights (exact sums) with many equally good paths; -inf transitions."""
@@ -99,6 +101,7 @@ def test_viterbi_ties_go_to_the_lowest_state(mode, dtype):
     np.testing.assert_array_equal(uniform[0], np.where(mask_of(lens, T) > 0, 0, -1))
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 def test_viterbi_long_sequences_against_numpy(mode):
     rng = np.random.default_rng(3)
     T, B, K = 300, 3, 6
@@ -111,6 +114,7 @@ def test_viterbi_long_sequences_against_numpy(mode):
     np.testing.assert_allclose(score, want_score, rtol=1e-12)
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 @pytest.mark.parametrize("K", [1, 2, 3, 4])
 def test_viterbi_one_sequence_few_states(K):
     """B = 1, K <= 4 (the CPU's register path): ties, -inf transitions, NaN, the empty series, against the
@@ -307,6 +311,7 @@ def test_posteriors_verify_grad():
     verify_grad(cost, [le, lA, lpi, lf], rng=rng)
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nan_no_path_and_empty(mode, dtype):
     """NaN on a valid frame: NaN out for that sequence only (Viterbi: score NaN, path -1); no path: Viterbi -inf
@@ -344,6 +349,7 @@ def test_nan_no_path_and_empty(mode, dtype):
         np.testing.assert_array_equal(x0, 0.0)
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 def test_nan_in_shared_parameters(mode):
     rng = np.random.default_rng(9)
     le, lA, lpi, lf = model(rng, 3, 2, 2)
@@ -382,6 +388,7 @@ def test_sample_frequencies_match_the_posterior(mode):
     np.testing.assert_allclose(freq, gamma[:, 0], atol=0.03)
 
 
+@pytest.mark.usefixtures("poison_pattern")  # int path: -1 on padded frames, never the 0x5A poison
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sample_is_a_function_of_the_uniforms(mode, dtype):
     """u -> 0 picks the lowest state of positive weight, u -> 1 the highest; padded frames -1."""

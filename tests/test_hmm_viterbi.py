@@ -17,6 +17,10 @@ from .test_hmm import cast, compiled, mask_of, model
 
 DTYPES = ["float32", "float64"]
 
+# Every test here runs with both poison patterns (tests/conftest.py): the path's padded frames must hold -1, which is
+# what the 0xFF pattern leaves in an int32 that a kernel never writes.
+pytestmark = pytest.mark.usefixtures("poison_pattern")
+
 
 def viterbi_fn(dtype, mode=None):
     return compiled(hmm.hmm_viterbi, dtype, mode)
@@ -82,6 +86,39 @@ def test_lane_ties_go_to_the_lowest_state(dtype, K):
     np.testing.assert_array_equal(score, want_score.astype(dtype))
     flat = viterbi_fn(dtype)(*cast(dtype, np.zeros((T, B, K)), np.zeros((K, K)), np.zeros(K), np.zeros(K),
                                    mask_of(lens, T)))
+    np.testing.assert_array_equal(flat[0], np.where(mask_of(lens, T) > 0, 0, -1))
+    np.testing.assert_array_equal(flat[1], 0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B, K", [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 7), (2, 3), (2, 6)])
+def test_ties_on_the_one_sequence_paths(dtype, B, K):
+    """The paths that do not use lanes (c_code/hmm_viterbi.cu): B = 1 with K <= 4 (one sequence in registers, 2-bit
+    backpointers), B = 1 with K > 4 and B = 2 (too few sequences to fill a group of lanes: hmm_viterbi_kernel's
+    frame-by-frame path).  Integer log-weights make many paths tie exactly; the documented rule (the lowest state at
+    the end and at every step of the backtrace, i.e. the tied path smallest read from the last frame backwards) is
+    checked against enumeration of every path, with padded frames -1; all-zero weights give state 0 everywhere."""
+    rng = np.random.default_rng(900 + 10 * B + K)
+    T = 6 if K <= 4 else 5
+    f = viterbi_fn(dtype)
+    for trial in range(4):
+        le = rng.integers(-2, 1, size=(T, B, K)).astype(np.float64)
+        lA = rng.integers(-1, 1, size=(K, K)).astype(np.float64)
+        lpi = rng.integers(-1, 1, size=K).astype(np.float64)
+        lf = rng.integers(-1, 1, size=K).astype(np.float64)
+        if K > 2:
+            lA[K - 1, 0] = lA[1, 2] = -np.inf
+        if trial % 2:
+            h = K // 2  # the last h states copy the first h (emissions, transitions into them): ties everywhere
+            le[:, :, K - h:] = le[:, :, :h]
+            lA[:, K - h:] = lA[:, :h]
+        for lens in ([T] * B, [T - 2, 1][:B] if B == 2 else [T - 2], [1] * B):
+            path, score = f(*cast(dtype, le, lA, lpi, lf, mask_of(lens, T)))
+            _, _, _, want_path, want_score = ref.brute_force(le, lA, lpi, lf, lens)
+            np.testing.assert_array_equal(path, want_path, err_msg=f"trial {trial}, lengths {lens}")
+            np.testing.assert_array_equal(score, want_score.astype(dtype))
+    lens = [T - 1] * B
+    flat = f(*cast(dtype, np.zeros((T, B, K)), np.zeros((K, K)), np.zeros(K), np.zeros(K), mask_of(lens, T)))
     np.testing.assert_array_equal(flat[0], np.where(mask_of(lens, T) > 0, 0, -1))
     np.testing.assert_array_equal(flat[1], 0.0)
 

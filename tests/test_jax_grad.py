@@ -300,3 +300,80 @@ def test_blackjax_nuts_on_a_jaxified_graph():
     assert int(divergent.sum()) == 0
     np.testing.assert_allclose(np.asarray(positions["mu"]).mean(axis=0), mu_true, atol=0.25)
     assert abs(float(np.asarray(positions["log_sigma"]).mean()) - log_sigma_true) < 0.15
+
+
+# ------------------------------------------------------------------- gradients of inputs other than the first
+# The catalogue cases differentiate ctc, rnnt and the HMM w.r.t. their first input only: a backward pass that hands
+# a gradient to the wrong input (the first, or its neighbour of the same shape) would pass them.  Here the
+# differentiated inputs sit in other positions of the op and of the graph, alone and several at once, and JAX's
+# gradients are compared with PyTensor's own (FAST_COMPILE).
+HMM_NAMES = ["log_emissions", "log_transitions", "log_initial", "log_final"]
+HMM_SUBSETS = [(1,), (2,), (3,), (2, 3), (1, 3), (0, 2), (1, 2, 3), (0, 1, 2, 3)]
+
+
+def jax_grads_against_pytensor(inputs, values, cost, positions, what):
+    want = pytensor.function(inputs, pytensor.grad(cost, [inputs[p] for p in positions]), mode=REFERENCE_MODE)(
+        *values)
+    f = jaxify(inputs, [cost])
+    got = jax.jit(jax.grad(lambda *xs: f(*xs)[0], argnums=tuple(positions)))(*values)
+    assert len(got) == len(positions)
+    for g, w, p in zip(got, want, positions):
+        assert np.abs(w).max() > 1e-3, f"{what}: d cost / d {inputs[p]} is too small to tell inputs apart"
+        assert_close(g, w, "float64", f"{what}: d cost / d {inputs[p]}")
+
+
+@pytest.mark.parametrize("varying", [False, True], ids=["shared", "varying"])
+@pytest.mark.parametrize("positions", HMM_SUBSETS, ids=["-".join(HMM_NAMES[p] for p in s) for s in HMM_SUBSETS])
+def test_hmm_gradients_of_inputs_after_the_first(positions, varying):
+    """hmm_log_likelihood w.r.t. log_transitions, log_initial and log_final (op inputs 1-3), alone and together,
+    with shared parameters (HmmLikelihoodWithGradOp) and with time-varying transitions and batched initial weights
+    (HmmVaryingLikelihoodOp); log_initial and log_final have the same shape and different gradients."""
+    rng = np.random.default_rng(20 + len(positions))
+    T, B, K = 6, 3, 4
+    le, lA, lpi, lf = hmm_data(rng, T, B, K, 2.0)
+    lf = lf + rng.normal(size=K)
+    if varying:
+        lA = np.log(rng.dirichlet(np.ones(K), size=(T - 1, B, K)))
+        lpi = np.log(rng.dirichlet(np.ones(K), size=B))
+    values = [le, lA, lpi, lf]
+    inputs = [pt.tensor(n, dtype="float64", shape=v.shape) for n, v in zip(HMM_NAMES, values)]
+    mask = mask_of(np.array([6, 4, 1]), T)
+    ll = ptnative.hmm_log_likelihood(*inputs, mask=mask)
+    cost = (ll * np.array([1.0, -0.7, 2.5])).sum()
+    jax_grads_against_pytensor(inputs, values, cost, positions, f"hmm ({'varying' if varying else 'shared'})")
+
+
+@pytest.mark.parametrize("positions", [(1,), (2,), (1, 2), (0, 2)],
+                         ids=lambda s: "-".join(HMM_NAMES[p] for p in s))
+def test_hmm_posteriors_gradients_of_inputs_after_the_first(positions):
+    """hmm_posteriors (marginals and counts, weighted) w.r.t. log_transitions and log_initial."""
+    rng = np.random.default_rng(30)
+    T, B, K = 5, 2, 3
+    le, lA, lpi, lf = hmm_data(rng, T, B, K, 2.0)
+    values = [le, lA, lpi]
+    inputs = [pt.tensor(n, dtype="float64", shape=v.shape) for n, v in zip(HMM_NAMES, values)]
+    gamma, xi = ptnative.hmm_posteriors(*inputs, lf, mask=mask_of(np.array([5, 3]), T))
+    cost = (gamma * rng.normal(size=gamma.type.shape)).sum() + (xi * rng.normal(size=(B, K, K))).sum()
+    jax_grads_against_pytensor(inputs, values, cost, positions, "hmm_posteriors")
+
+
+def test_rnnt_and_ctc_gradients_in_other_graph_positions():
+    """rnnt_loss and ctc_loss in one cost whose differentiated inputs are not the graph's first: rnnt's acts built
+    from a per-class bias and logits (both differentiated), ctc's logits last, the HMM's log_initial between."""
+    rng = np.random.default_rng(40)
+    acts_v, labels, act_lens, label_lens = rnnt_data(3, 5, 3, 4, 0, 0, "float64", seed=3)
+    T, B, D = 7, 3, 5
+    le, lA, lpi, lf = hmm_data(rng, T, B, 3, 2.0)
+    bias = pt.vector("bias", shape=(4,))
+    acts = pt.tensor4("acts", shape=acts_v.shape)
+    lpi_s = pt.vector("log_initial", shape=lpi.shape)
+    logits = pt.tensor3("logits", shape=(T, B, D))
+    inputs = [bias, acts, lpi_s, logits]
+    values = [rng.normal(size=4), acts_v, lpi, rng.normal(size=(T, B, D))]
+    rnnt = ptnative.rnnt_loss(acts * 0.5 + bias, labels, act_lens, label_lens, blank=0)
+    ctc = ptnative.ctc_loss(logits, np.array([7, 5, 2], "int32"), np.array([[1, 2, 2], [3, 1, 0], [4, 0, 0]], "int32"),
+                            np.array([3, 2, 1], "int32"), blank_index=0)
+    hmm = ptnative.hmm_log_likelihood(le, lA, lpi_s, lf)
+    cost = (rnnt * np.array([1.0, 2.0, -0.5])).sum() + (ctc * np.array([0.3, -1.0, 2.0])).sum() - 0.8 * hmm.sum()
+    for positions in [(0, 1, 2, 3), (1, 3), (3,), (2,)]:
+        jax_grads_against_pytensor(inputs, values, cost, positions, f"rnnt/ctc/hmm, argnums {positions}")

@@ -166,12 +166,14 @@ inline void advise_huge_pages(void* p, size_t bytes) {
 #endif
 }
 
-// Whether outputs the spec declares fully_written are to be filled with 0xFF bytes (NaN in a float, -1 in an
-// int) instead of being left as allocated: PTNATIVE_POISON_OUTPUTS=1, for tests that prove a kernel writes
-// every element of such an output.
-inline bool poison_fully_written() {
+// The byte that outputs the spec declares fully_written are filled with instead of being left as allocated (0:
+// left), for tests that prove a kernel writes every element of such an output: PTNATIVE_POISON_OUTPUTS=1 fills
+// 0xFF bytes (NaN in a float, but -1 in an int, a value some int outputs hold), =2 fills 0x5A bytes
+// (1515870810 in an int32: no index, state or count a kernel writes).
+inline int poison_fully_written() {
   const char* v = getenv("PTNATIVE_POISON_OUTPUTS");
-  return v && v[0] && !(v[0] == '0' && !v[1]);
+  if (!v || !v[0] || (v[0] == '0' && !v[1])) return 0;
+  return v[0] == '2' && !v[1] ? 0x5A : 0xFF;
 }
 
 // Fresh outputs (those that do not start as an input's copy) start at zero, except those the spec declares
@@ -194,7 +196,7 @@ inline void zero_fresh_outputs(int n_in, int n_out, const int* inplace_of, const
         advise_huge_pages(v.data, bytes);
         continue;
       }
-      fill = 0xFF;
+      fill = poison;
     }
 #if PTN_CUDA
     cuda_check(cudaMemsetAsync(v.data, fill, bytes, current_stream), __FILE__, __LINE__);
