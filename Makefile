@@ -64,17 +64,21 @@ MATRIX_PYMC_TESTS := tests/test_pymc.py tests/test_pymc_hmm.py
 
 matrix:
 	$(MAKE) test-env ENV=$(ENVS)/py311-pt238 PYTHON="$(PY311)" HOST="pymc==5.28.*"
-	$(MAKE) test-env ENV=$(ENVS)/py312-pymc6 PYTHON="$(PY312)" HOST="pymc==6.4.*"
+	$(MAKE) test-env ENV=$(ENVS)/py312-pymc6-clang PYTHON="$(PY312)" HOST="pymc==6.4.*" ROW_CXX=clang++
 	$(MAKE) test-env ENV=$(ENVS)/py313 PYTHON="$(PY313)" HOST=
 
-# One environment: ENV (a folder, recreated), PYTHON (its interpreter), HOST (pip requirements installed first).
+# One environment: ENV (a folder, recreated), PYTHON (its interpreter), HOST (pip requirements installed first),
+# ROW_CXX (optional: the C++ compiler that builds ptnative's kernels, PTNATIVE_CXX; the PyMC 6 row uses clang++, the
+# compiler of PyMC's macOS users).
 # Its install skips the prebuilt kernels (PTNATIVE_PREBUILD, default 0 here): the rows share one kernel cache, where
 # each kernel they use is compiled once for all of them (or was put by `make test`).  Its tests compile PyTensor's
 # C modules with PyTensor's own flags (PTNATIVE_TEST_PYTENSOR_DEFAULTS=1; `make test` drops its -O3 and -g, see
 # tests/conftest.py), so each row also tests the "C" mode as users build it.
 test-env:
 	@if [ -z "$(PYTHON)" ]; then echo "SKIPPED $(ENV): no interpreter found (set PYTHON)"; exit 0; fi; \
+	if [ -n "$(ROW_CXX)" ] && ! command -v $(ROW_CXX) >/dev/null; then echo "SKIPPED $(ENV): no $(ROW_CXX)"; exit 0; fi; \
 	set -e; start=$$(date +%s); rm -rf $(ENV); \
+	if [ -n "$(ROW_CXX)" ]; then export PTNATIVE_CXX=$(ROW_CXX); echo "$(ENV): kernels built by $(ROW_CXX)"; fi; \
 	PTNATIVE_PREBUILD=$${PTNATIVE_PREBUILD:-0} $(PYTHON) scripts/check_no_downgrade.py --venv $(ENV) --python $(PYTHON) \
 		$(foreach h,$(HOST),--host '$(h)') --install ".[test]"; \
 	$(ENV)/bin/python -c 'import pytensor, sys; print("$(ENV): Python", sys.version.split()[0], "pytensor", pytensor.__version__)'; \

@@ -220,7 +220,9 @@ def test_short_calls_are_timed_in_batches(monkeypatch):
         timing.time.sleep(0.004)
 
     t = timing.measure_interleaved({"fast": fast, "slow": slow}, reps=3, rounds=1, settle=0.001, warmup=1)
-    assert calls["slow"] == 2 + 3  # the warm-up until WARM_SECONDS (two calls), then one per timing
+    # the warm-up until WARM_SECONDS (two calls; one when a loaded machine stretches the first sleep past it), then
+    # one call per timing
+    assert calls["slow"] in (1 + 3, 2 + 3)
     assert calls["fast"] > 100 * 3 and t["fast"].median < 1e-4 and t["fast"].best <= t["fast"].median
     assert 0.004 <= t["slow"].best <= t["slow"].median
 

@@ -28,7 +28,7 @@ RSS_BOUND_MB = 8.0
 # (case, expected exception name or None)
 CASES = [
     ("scale_check_fails", "KernelValueError"), ("scale_fail_code", "KernelRuntimeError"), ("scale_ok", None),
-    ("scale_fixed_size_wrong", "ValueError"), ("ctc_length_too_long", "KernelValueError"), ("ctc_ok", None),
+    ("scale_fixed_size_wrong", "KernelValueError"), ("ctc_length_too_long", "KernelValueError"), ("ctc_ok", None),
 ]
 
 
