@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import inspect
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -135,13 +136,24 @@ def tol(dtype):
     return (2e-4, 2e-5) if np.dtype(dtype) == np.float32 else (1e-10, 1e-12)
 
 
+def _kernel_guards(source: str) -> list[str]:
+    """The include guards of the kernel headers (``c_code/<family>/``, ``c_code/common/``) that ``source`` defines:
+    those of its op's namespace, not the dialect's (``dialect/``, global, kept once)."""
+    from ptnative.source import _dialect_files, read_kernel_file
+
+    dialect = {m for f in _dialect_files() for m in re.findall(r"^#define (PTNATIVE_\w+_H)\b", read_kernel_file(f), re.M)}
+    return sorted(set(re.findall(r"^#define (PTNATIVE_\w+_H)\b", source, re.M)) - dialect)
+
+
 def build_with_nvcc(*variants):
     """Compile CUDA ``variants`` with nvcc through :func:`ptnative.build.build` (the cache, its lock and checks) for
     the nvcc compile checks, as one library, and return its path (checked to be a non-empty file exporting every
     op variant's entry point).
 
     The translation unit is the variants' own units one after the other: the dialect's header guards keep its first
-    copy, and each unit's op code, tables and kernels are in a namespace of its own, so nvcc compiles every
+    copy; the guards of the kernel headers inlined into each unit's namespace are undefined before the next unit
+    (:func:`_kernel_guards`), so that each namespace gets its own copy; each unit's op code, tables and kernels
+    are in a namespace of its own, so nvcc compiles every
     variant's code as in a build of its own unit, but reads the dialect, the system and CUDA headers once (a check
     of 4 variants in one unit took half the CPU time of 4 builds).  The source carries ``QUICK_BUILD_MARK``, so
     nvcc compiles the host code at ``-O0`` instead of ``-O3`` (under a library name of its own): cudafe++, cicc,
@@ -151,7 +163,10 @@ def build_with_nvcc(*variants):
     from ptnative.build import QUICK_BUILD_MARK, build
 
     assert variants and all(v.device == "cuda" for v in variants), [v.device for v in variants]
-    unit = dataclasses.replace(variants[0], source="\n".join([QUICK_BUILD_MARK, *(v.source for v in variants)]),
+    parts = [QUICK_BUILD_MARK]
+    for v in variants:
+        parts += [f"#undef {g}" for g in _kernel_guards(v.source)] + [v.source]
+    unit = dataclasses.replace(variants[0], source="\n".join(parts),
                                include_dirs=tuple(dict.fromkeys(d for v in variants for d in v.include_dirs)))
     path = build(unit)
     assert path.exists() and path.stat().st_size > 0, path
