@@ -58,6 +58,13 @@ def info() -> None:
         ("jax", _version("jax")),
         ("C++ compiler", f"{build.cxx()}: {_first_line([build.cxx(), '--version'])}"),
     ]
+    from . import flags
+    try:
+        target = " ".join(flags.target_flags())
+        rows.append(("CPU target flags", target + (" (PTNATIVE_CXXFLAGS / ptnative.config.cxxflags)"
+                                                   if flags.user_set() else " (the default)")))
+    except ValueError as e:
+        rows.append(("CPU target flags", f"INVALID: {e}"))
     nvcc = build.nvcc()
     nvcc_version = [line for line in build.compiler_version(nvcc).splitlines() if "release" in line] if nvcc else []
     rows.append(("nvcc", f"{nvcc}: {nvcc_version[0].strip() if nvcc_version else '?'}" if nvcc else "not found"))
@@ -99,10 +106,34 @@ class _Bar:
         pass
 
 
-def build_all(device: str, jobs: int | None = None) -> int:
+class _Lines:
+    """Progress as one line per library on stderr (``[12/92] HmmViterbiOp (float64): 14.2 s``), for logs and
+    for pip, which shows a build's stderr with ``-v`` but has no terminal for a bar."""
+
+    def __init__(self, total, **kw):
+        self.total, self.done = total, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1, label="", seconds=0.0):
+        self.done += n
+        print(f"[{self.done}/{self.total}] {label}: {seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def _timed_build(build, make):
+    t0 = time.monotonic()
+    build.build(make())
+    return time.monotonic() - t0
+
+
+def build_all(device: str, jobs: int | None = None, progress: str = "bar") -> int:
     """Build every catalogue variant for ``device``, and JAX mode's XLA FFI handler where jax is installed, with
     ``jobs`` compilers at a time (threads: the compilers are subprocesses, and the cache's file locks keep
-    concurrent builds of one library apart)."""
+    concurrent builds of one library apart).  ``progress``: ``"bar"`` (tqdm) or ``"lines"`` (:class:`_Lines`)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from . import build, catalogue
@@ -123,16 +154,22 @@ def build_all(device: str, jobs: int | None = None) -> int:
     failures = 0
     start = time.time()
 
+    lines = progress == "lines"
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
-        futures = {pool.submit(lambda make: build.build(make()), make): label for label, make in todo}
+            (_Lines if lines else tqdm)(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
+        futures = {pool.submit(_timed_build, build, make): label for label, make in todo}
         for future in as_completed(futures):
+            seconds, failed = 0.0, False
             try:
-                future.result()
-            except (build.CompileError, build.CacheError) as e:
+                seconds = future.result()
+            except (build.CompileError, build.CacheError, ValueError) as e:
                 failures += 1
+                failed = True
                 print(f"\n{futures[future]}: {e}", file=sys.stderr)
-            bar.update(1)
+            if lines:
+                bar.update(1, label=futures[future] + (" FAILED" if failed else ""), seconds=seconds)
+            else:
+                bar.update(1)
     print(f"{len(todo) - failures} of {len(todo)} libraries ready in {build.cache_dir()} "
           f"({time.time() - start:.1f} s, {jobs} job(s))")
     return 1 if failures else 0
@@ -184,12 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="compile N libraries at a time (default: the number of CPUs, %(default)s here)")
+    b.add_argument("--progress", choices=["bar", "lines"], default=None,
+                   help="a progress bar, or one line per library on stderr (default: a bar on a terminal)")
     sub.add_parser("demo", help="run a short PyTensor program using a native op")
     args = parser.parse_args(argv)
     if args.command == "info":
         info()
     elif args.command == "build":
-        return build_all(args.device, args.jobs)
+        progress = args.progress or ("bar" if sys.stderr.isatty() else "lines")
+        return build_all(args.device, args.jobs, progress=progress)
     elif args.command == "demo":
         demo()
     return 0

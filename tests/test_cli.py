@@ -100,7 +100,7 @@ def test_build_jobs_default_to_cpu_count(monkeypatch):
     from ptnative import cli
 
     calls = []
-    monkeypatch.setattr(cli, "build_all", lambda device, jobs: calls.append((device, jobs)) or 0)
+    monkeypatch.setattr(cli, "build_all", lambda device, jobs, **kw: calls.append((device, jobs)) or 0)
     assert cli.main(["build"]) == 0
     assert cli.main(["build", "--device", "cuda", "--jobs", "16"]) == 0
     assert calls == [("cpu", os.cpu_count() or 1), ("cuda", 16)]

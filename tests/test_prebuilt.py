@@ -61,9 +61,9 @@ def setup(tmp_path, monkeypatch, shipped):
     compiled = []
     real_compile = build._compile
 
-    def counting_compile(variant, directory, path):
+    def counting_compile(variant, directory, path, *toolchain):
         compiled.append(path.name)
-        real_compile(variant, directory, path)
+        real_compile(variant, directory, path, *toolchain)
 
     monkeypatch.setattr(build, "_compile", counting_compile)
     return ptnative.NativeOp(**DOUBLE).variant("float64"), folder, tmp_path / "cache", compiled
