@@ -104,3 +104,26 @@ def test_build_jobs_default_to_cpu_count(monkeypatch):
     assert cli.main(["build"]) == 0
     assert cli.main(["build", "--device", "cuda", "--jobs", "16"]) == 0
     assert calls == [("cpu", os.cpu_count() or 1), ("cuda", 16)]
+
+
+def test_build_progress_lines(monkeypatch, capsys):
+    """``--progress lines`` (what the install step uses): one line per library on stderr, with its time."""
+    from ptnative import build, catalogue, cli
+    from ptnative.backends import ffi_source
+
+    class FakeOp:
+        def variant(self, dtype, device):
+            return dtype
+
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter([("opA", FakeOp(), "float32"),
+                                                                     ("opA", FakeOp(), "float64")]))
+    monkeypatch.setattr(ffi_source, "installed_handler_variant", lambda device: None)
+
+    def fake_build(variant):
+        if variant == "float64":
+            raise build.CompileError("no")
+
+    monkeypatch.setattr(build, "build", fake_build)
+    assert cli.main(["build", "-j", "1", "--progress", "lines"]) == 1
+    err = capsys.readouterr().err
+    assert "[1/2] opA (float32): " in err and " s\n" in err and "[2/2] opA (float64) FAILED: " in err
