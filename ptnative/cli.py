@@ -130,10 +130,34 @@ def _timed_build(build, make):
     return time.monotonic() - t0
 
 
-def build_all(device: str, jobs: int | None = None, progress: str = "bar") -> int:
+def _announce(device: str, count: int, jobs: int, record: str | None) -> bool:
+    """Say on stderr what is about to be compiled (compiler, version, CPU target) and write ``record``
+    (``toolchain.json``, :mod:`ptnative.prebuilt`) for a CPU build; False, with the reason, if the toolchain is
+    unusable (no compiler, bad ``PTNATIVE_CXXFLAGS``)."""
+    from . import build, prebuilt
+
+    if device != "cpu":
+        print(f"ptnative: building {count} libraries ({device}), {jobs} at a time", file=sys.stderr, flush=True)
+        return True
+    try:
+        toolchain = build.local_toolchain()
+    except (build.CompileError, ValueError) as e:
+        print(f"ptnative: nothing built: {e}", file=sys.stderr)
+        return False
+    version = toolchain.version.splitlines()[0] if toolchain.version else "?"
+    print(f"ptnative: building {count} libraries (cpu) with {toolchain.compiler} ({version}), CPU target "
+          f"{' '.join(toolchain.target)}, {jobs} at a time", file=sys.stderr, flush=True)
+    if record:
+        with open(record, "wb") as f:
+            f.write(prebuilt.manifest_data(toolchain))
+    return True
+
+
+def build_all(device: str, jobs: int | None = None, progress: str = "bar", record: str | None = None) -> int:
     """Build every catalogue variant for ``device``, and JAX mode's XLA FFI handler where jax is installed, with
     ``jobs`` compilers at a time (threads: the compilers are subprocesses, and the cache's file locks keep
-    concurrent builds of one library apart).  ``progress``: ``"bar"`` (tqdm) or ``"lines"`` (:class:`_Lines`)."""
+    concurrent builds of one library apart).  ``progress``: ``"bar"`` (tqdm) or ``"lines"`` (:class:`_Lines`).
+    ``record``: a file to write the toolchain to (``toolchain.json``, for the prebuilt step)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from . import build, catalogue
@@ -153,6 +177,8 @@ def build_all(device: str, jobs: int | None = None, progress: str = "bar") -> in
         todo.append(("JAX mode's XLA FFI handler", lambda: handler))
     failures = 0
     start = time.time()
+    if not _announce(device, len(todo), jobs, record):
+        return 1
 
     lines = progress == "lines"
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
@@ -223,13 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile N libraries at a time (default: the number of CPUs, %(default)s here)")
     b.add_argument("--progress", choices=["bar", "lines"], default=None,
                    help="a progress bar, or one line per library on stderr (default: a bar on a terminal)")
+    b.add_argument("--toolchain-record", default=None, metavar="FILE", help=argparse.SUPPRESS)
     sub.add_parser("demo", help="run a short PyTensor program using a native op")
     args = parser.parse_args(argv)
     if args.command == "info":
         info()
     elif args.command == "build":
         progress = args.progress or ("bar" if sys.stderr.isatty() else "lines")
-        return build_all(args.device, args.jobs, progress=progress)
+        return build_all(args.device, args.jobs, progress=progress, record=args.toolchain_record)
     elif args.command == "demo":
         demo()
     return 0

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .cache import RECORD_SUFFIX, Missing, PackagedDirectory, Untrusted
 from .compilers import cxx
+from . import flags
 from .flags import Toolchain, targets_this_cpu
 from .settings import Config
 
@@ -166,25 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ptnative: no C++ compiler ({cxx()!r}) found: no prebuilt libraries; the catalogue's kernels "
               "will compile on first use", file=sys.stderr)
         return 0
-    from . import build  # not at the top: build imports this module
-
     try:
-        toolchain = build.local_toolchain()
-    except (build.CompileError, ValueError) as e:
+        target = " ".join(flags.target_flags())
+    except ValueError as e:
         print(f"ptnative: no prebuilt libraries ({e}); the catalogue's kernels will compile on first use",
               file=sys.stderr)
         return 0
-    version = toolchain.version.splitlines()[0] if toolchain.version else "?"
-    print(f"ptnative: compiling the catalogue's CPU kernels (about 90 libraries) into the package with "
-          f"{toolchain.compiler} ({version}), CPU target {' '.join(toolchain.target)}, {args.jobs} at a time: "
-          "about 3 minutes on 2 cores (PTNATIVE_PREBUILD=0 skips this; they then compile on first use)",
+    print(f"ptnative: compiling the catalogue's CPU kernels (about 90 libraries, CPU target {target}) into the "
+          "package: about 3 minutes on 2 cores (PTNATIVE_PREBUILD=0 skips this; they then compile on first use)",
           file=sys.stderr, flush=True)
     start = time.monotonic()
     dest.mkdir(mode=0o700, parents=True)
     env = dict(os.environ, PTNATIVE_CACHE_DIR=str(dest), PTNATIVE_PREBUILT="0")
-    proc = subprocess.run([sys.executable, "-m", "ptnative", "build", "-j", str(args.jobs), "--progress", "lines"],
-                          env=env, stdout=sys.stderr)
-    (dest / MANIFEST).write_bytes(manifest_data(toolchain))
+    proc = subprocess.run([sys.executable, "-m", "ptnative", "build", "-j", str(args.jobs), "--progress", "lines",
+                           "--toolchain-record", str(dest / MANIFEST)], env=env, stdout=sys.stderr)
     kept = _prune(dest)
     elapsed = time.monotonic() - start
     print(f"ptnative: {kept} prebuilt libraries in {dest}, built in {elapsed // 60:.0f} min {elapsed % 60:.0f} s"

@@ -127,3 +127,22 @@ def test_build_progress_lines(monkeypatch, capsys):
     assert cli.main(["build", "-j", "1", "--progress", "lines"]) == 1
     err = capsys.readouterr().err
     assert "[1/2] opA (float32): " in err and " s\n" in err and "[2/2] opA (float64) FAILED: " in err
+
+
+def test_build_announces_its_toolchain_and_records_it(monkeypatch, capsys, tmp_path):
+    """What a CPU build compiles with, said first; ``--toolchain-record`` (the prebuilt step's) writes it as
+    toolchain.json; bad flags stop the build before anything is compiled."""
+    from ptnative import build, catalogue, cli, prebuilt
+    from ptnative.backends import ffi_source
+
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter([]))
+    monkeypatch.setattr(ffi_source, "installed_handler_variant", lambda device: None)
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "-march=x86-64 -mtune=generic")
+    record = tmp_path / "toolchain.json"
+    assert cli.main(["build", "--progress", "lines", "--toolchain-record", str(record)]) == 0
+    err = capsys.readouterr().err
+    assert f"with {build.cxx()} (" in err and "CPU target -march=x86-64 -mtune=generic" in err
+    assert prebuilt.parse_manifest(record.read_bytes()).target == ("-march=x86-64", "-mtune=generic")
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "foo")
+    assert cli.main(["build", "--progress", "lines"]) == 1
+    assert "nothing built" in capsys.readouterr().err
