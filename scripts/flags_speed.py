@@ -2,7 +2,7 @@
 log-likelihood and its gradient (default mode, T=1000, B=8, K=16, float64), compiled for each target in a kernel
 cache of its own, timed in alternating turns (a fresh process per turn; each turn reports its best of N calls).
 
-    python scripts/flags_speed.py [--rounds 5] [--calls 30] [TARGET ...]   # default: native x86-64-v2 x86-64-v3
+    python scripts/flags_speed.py [--rounds 5] [--calls 30] [--cache-base DIR] [TARGET ...]   # default: native x86-64-v2 x86-64-v3
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def main() -> int:
     parser.add_argument("targets", nargs="*", default=["-march=native", "-march=x86-64-v2", "-march=x86-64-v3"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--cache-base", default=None, help="kernel caches here (kept), instead of a fresh folder")
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="ptn-flags-speed-")
+    base = args.cache_base or tempfile.mkdtemp(prefix="ptn-flags-speed-")
     best = {t: [] for t in args.targets}
     for r in range(args.rounds + 1):  # round 0 compiles and is not counted
         for k, target in enumerate(args.targets):
