@@ -35,25 +35,44 @@ class _DlInfo(ctypes.Structure):
                 ("dli_saddr", ctypes.c_void_p)]
 
 
-def _file_of(address: int) -> str | None:
-    """The shared library file that holds ``address``."""
-    info = _DlInfo()
-    dladdr = ctypes.CDLL(None).dladdr
-    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    if not dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+def _dladdr():
+    """The C library's ``dladdr`` (Linux and macOS both have it), or None where this process cannot find it."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
         return None
-    return info.dli_fname.decode()
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    return dladdr
+
+
+def _file_of(address: int | None) -> str | None:
+    """The shared library file that holds ``address``; None if unknown (no ``dladdr``, no such library)."""
+    dladdr = _dladdr()
+    info = _DlInfo()
+    if dladdr is None or not address or not dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname.decode(errors="replace")
+
+
+def _open(path: str):
+    """The already loaded library ``path`` (``ctypes.CDLL``), or None if it cannot be opened."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
 
 
 @cache
 def thread_pool() -> str | None:
     """The file of the OpenBLAS (pthread server) whose worker pool the CPU kernels run their threads on, found
-    as they find it: from the library of scipy's sgemm and its dependencies.  None: threads of their own."""
+    as they find it: from the library of scipy's sgemm and its dependencies.  None: threads of their own — where
+    scipy's BLAS is not OpenBLAS (Accelerate on macOS, MKL, a BLAS without ``gotoblas_pthread``), where
+    ``dladdr`` is missing, or where the library cannot be opened; the kernels' C side (``set_blas``) makes the
+    same choice the same way."""
     path = _file_of(gemm_addresses()[0])
-    if path is None:
-        return None
-    lib = ctypes.CDLL(path)
-    if not hasattr(lib, POOL_RUN) or not any(hasattr(lib, name) for name in POOL_SIZE):
+    lib = _open(path) if path is not None else None
+    if lib is None or not hasattr(lib, POOL_RUN) or not any(hasattr(lib, name) for name in POOL_SIZE):
         return None
     return _file_of(ctypes.cast(getattr(lib, POOL_RUN), ctypes.c_void_p).value)
 

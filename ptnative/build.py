@@ -27,22 +27,25 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from . import blas, prebuilt
+from . import blas, cache as _cache, flags, prebuilt
 from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
 from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
-from .cache import proc_fd_usable
 from .compilers import cxx, nvcc
+from .flags import Toolchain
 from .plan import dtype_code
 from .source import Variant
 from .spec import MAX_NDIM
 
 __all__ = ["CompileError", "CacheError", "UntrustedLibraryWarning", "cache_dir", "cache_status", "build",
-           "open_library", "open_cached", "load", "loaded", "library_path", "Library"]
+           "open_library", "open_cached", "load", "loaded", "library_path", "library_name", "resolve",
+           "local_toolchain", "Library"]
 
 log = logging.getLogger("ptnative.build")
 
 # Hidden visibility and -Bsymbolic: every library keeps its own copy of the dialect's inline
-# functions and statics, even when several are loaded RTLD_GLOBAL (as Numba does).
+# functions and statics, even when several are loaded RTLD_GLOBAL (as Numba does).  The command's template:
+# ptnative.flags.for_platform puts the CPU target (the user's flags) in place of -march=native and adapts the
+# shared-library flags to the platform (macOS: -dynamiclib, no -Bsymbolic).
 CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-march=native", "-fno-math-errno", "-fno-trapping-math",
              "-fvisibility=hidden",
              "-fvisibility-inlines-hidden", "-Wl,-Bsymbolic", "-DCUDA=0"]
@@ -90,6 +93,8 @@ def compiler_version(cmd: str) -> str:
 
 @cache
 def _cpu_model() -> str:
+    """A line naming this CPU, for the names of libraries built for it (``/proc/cpuinfo``'s model name on Linux;
+    ``sysctl machdep.cpu.brand_string`` on macOS, where ``platform.processor()`` says only "arm" or "i386")."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -97,7 +102,23 @@ def _cpu_model() -> str:
                     return line
     except OSError:
         pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=30)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
     return platform.processor()
+
+
+def local_toolchain() -> Toolchain:
+    """This process's compiler and CPU target (:mod:`ptnative.flags`): what a library is compiled with here."""
+    target = flags.target_flags()
+    compiler = cxx()
+    return Toolchain(compiler, compiler_version(compiler), tuple(target),
+                     _cpu_model() if flags.targets_this_cpu(target) else "")
 
 
 def cuda_archs() -> tuple[str, ...]:
@@ -118,10 +139,15 @@ def cuda_archs() -> tuple[str, ...]:
     return DEFAULT_CUDA_ARCHS
 
 
-def compile_command(variant: Variant, src: Path, out: Path) -> list[str]:
+def compile_command(variant: Variant, src: Path, out: Path, toolchain: Toolchain | None = None) -> list[str]:
+    """The command compiling ``variant`` from ``src`` into ``out``; a CPU variant with ``toolchain``'s compiler
+    and target (default: :func:`local_toolchain`)."""
     includes = [f"-I{d}" for d in variant.include_dirs]
     if variant.device == "cpu":
-        return [cxx(), *_opt_level(CXX_FLAGS, variant), *includes, str(src), "-o", str(out)]
+        if toolchain is None:
+            toolchain = local_toolchain()
+        cpu_flags = flags.for_platform(CXX_FLAGS, list(toolchain.target))
+        return [toolchain.compiler, *_opt_level(cpu_flags, variant), *includes, str(src), "-o", str(out)]
     nv = nvcc()
     if nv is None:
         raise CompileError("nvcc was not found (set PTNATIVE_NVCC or CUDA_HOME, or put nvcc on PATH)")
@@ -149,15 +175,44 @@ def include_dir_digest(directory: str) -> str:
     return h.hexdigest()[:16]
 
 
-def library_path(variant: Variant) -> Path:
-    """Where ``variant``'s library lives in the cache (built or not).  The name hashes the source, the compile
-    command (an include folder by its headers' contents, not its path), the compiler's version and the CPU."""
-    probe = compile_command(variant, Path("SRC"), Path("OUT"))
+def library_name(variant: Variant, toolchain: Toolchain | None = None) -> str:
+    """The file name of ``variant``'s library.  It hashes the source, the compile command (an include folder by
+    its headers' contents, not its path), the compiler's version and, for a CPU target of this CPU (the default
+    ``-march=native``) or a CUDA build, the CPU model.  A CPU variant is named for ``toolchain`` (default:
+    :func:`local_toolchain`)."""
+    if variant.device == "cpu" and toolchain is None:
+        toolchain = local_toolchain()
+    probe = compile_command(variant, Path("SRC"), Path("OUT"), toolchain)
     by_content = {f"-I{d}": f"-I<{include_dir_digest(d)}>" for d in variant.include_dirs}
     probe = [by_content.get(arg, arg) for arg in probe]
-    key = "\0".join([variant.source, *probe, compiler_version(probe[0]), _cpu_model()])
+    if toolchain is None:
+        identity = [compiler_version(probe[0]), _cpu_model()]
+    else:
+        identity = [toolchain.version, toolchain.cpu]
+    key = "\0".join([variant.source, *probe, *identity])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir() / f"{variant.symbol}-{variant.device}-{digest}.so"
+    return f"{variant.symbol}-{variant.device}-{digest}.so"
+
+
+def resolve(variant: Variant) -> tuple[Path, Toolchain | None]:
+    """Where ``variant``'s library lives in the cache (built or not), and the toolchain it is compiled with there
+    (None for CUDA).  A CPU variant is named for this process's toolchain, except where the user set no CPU
+    target (:func:`ptnative.flags.user_set`), the package's prebuilt libraries were built for a portable target
+    with the same compiler command (:func:`ptnative.prebuilt.portable_toolchain`) and hold this variant's
+    library: then it is named, and if ever compiled here compiled, as the package built it."""
+    if variant.device == "cpu" and not flags.user_set():
+        shipped = prebuilt.portable_toolchain(cxx())
+        if shipped is not None:
+            name = library_name(variant, shipped)
+            if prebuilt.ships(name):
+                return cache_dir() / name, shipped
+    toolchain = local_toolchain() if variant.device == "cpu" else None
+    return cache_dir() / library_name(variant, toolchain), toolchain
+
+
+def library_path(variant: Variant) -> Path:
+    """Where ``variant``'s library lives in the cache (built or not): :func:`resolve`'s path."""
+    return resolve(variant)[0]
 
 
 @contextmanager
@@ -193,7 +248,8 @@ def _install_prebuilt(directory: Directory, path: Path) -> bool:
     return True
 
 
-def _ensure(variant: Variant, directory: Directory, path: Path, rebuild_because: str | None = None) -> int:
+def _ensure(variant: Variant, directory: Directory, path: Path, toolchain: Toolchain | None,
+            rebuild_because: str | None = None) -> int:
     """A descriptor of ``variant``'s library that passed every check, compiled first if it is missing, and
     rebuilt (with one :class:`UntrustedLibraryWarning`) if it fails a check or ``rebuild_because`` is given.
     A missing or untrusted library is first looked for among the package's prebuilt ones; a library that
@@ -219,7 +275,7 @@ def _ensure(variant: Variant, directory: Directory, path: Path, rebuild_because:
             _warn_rebuild(path, rebuild_because)
             directory.discard(path.name)
         if not (loadable and _install_prebuilt(directory, path)):
-            _compile(variant, directory, path)
+            _compile(variant, directory, path, toolchain)
         try:
             return open_verified(directory, path.name)
         except Untrusted as e:
@@ -232,9 +288,9 @@ def build(variant: Variant) -> Path:
     ahead-of-time builds; to load it use :func:`open_library` (never ``dlopen`` the path: it is not checked
     again).  :class:`CompileError` if the compiler fails or writes no usable library; :class:`CacheError` if the
     cache directory fails its checks."""
-    path = library_path(variant)
+    path, toolchain = resolve(variant)
     with Directory(path.parent) as directory:
-        os.close(_ensure(variant, directory, path))
+        os.close(_ensure(variant, directory, path, toolchain))
     return path
 
 
@@ -243,7 +299,10 @@ _open_lock = threading.RLock()
 
 
 def _dlopen_checked(directory: Directory, path: Path, fd: int) -> ctypes.CDLL:
-    if proc_fd_usable():
+    """Load the checked library open as ``fd`` (taking ownership of it): through ``/proc/self/fd``, or, where
+    there is none (macOS), by its path under the cache's lock, checked again first and compared with the checked
+    file after loading (:func:`ptnative.cache.dlopen_fd`)."""
+    if _cache.proc_fd_usable():
         return dlopen_fd(fd, path)
     os.close(fd)
     with _build_lock(path):  # no /proc/self/fd: load the checked path while no ptnative process can replace it
@@ -255,7 +314,7 @@ def open_library(variant: Variant) -> ctypes.CDLL:
     loads a library).  A library that passes its checks but fails to load is rebuilt once (with one
     :class:`UntrustedLibraryWarning`); if the rebuilt one fails too, :class:`CompileError` with the loader's
     message.  Errors as for :func:`build`."""
-    path = library_path(variant)
+    path, toolchain = resolve(variant)
     lib = _opened.get(str(path))
     if lib is not None:
         return lib
@@ -264,17 +323,18 @@ def open_library(variant: Variant) -> ctypes.CDLL:
         if lib is not None:
             return lib
         with Directory(path.parent) as directory:
-            fd = _ensure(variant, directory, path)
+            fd = _ensure(variant, directory, path, toolchain)
             try:
                 lib = _dlopen_checked(directory, path, fd)
             except OSError as e:
-                fd = _ensure(variant, directory, path, rebuild_because=f"passed its checks but cannot be loaded ({e})")
+                fd = _ensure(variant, directory, path, toolchain,
+                             rebuild_because=f"passed its checks but cannot be loaded ({e})")
                 try:
                     lib = _dlopen_checked(directory, path, fd)
                 except OSError as e2:
                     raise CompileError(f"compiling {variant.symbol} ({variant.device}) gives a library that cannot "
                                        f"be loaded, even after a rebuild: {e2}\nlibrary: {path}\ncompiler: "
-                                       f"{compile_command(variant, Path('SRC'), Path('OUT'))[0]}") from None
+                                       f"{compile_command(variant, Path('SRC'), Path('OUT'), toolchain)[0]}") from None
         _opened[str(path)] = lib
     return lib
 
@@ -321,13 +381,14 @@ def _read_output(directory: Directory, name: str, fail) -> bytes:
         os.close(fd)
 
 
-def _compile(variant: Variant, directory: Directory, path: Path) -> None:
-    """Compile ``variant`` in a private build directory, check the output, and install it with its record."""
+def _compile(variant: Variant, directory: Directory, path: Path, toolchain: Toolchain | None = None) -> None:
+    """Compile ``variant`` (a CPU one with ``toolchain``, default :func:`local_toolchain`) in a private build
+    directory, check the output, and install it with its record."""
     src_name = path.stem + (".cu" if variant.device == "cuda" else ".cpp")
     directory.replace(directory.write_new(src_name, variant.source.encode()), src_name)
     build_name = directory.make_build_dir(path.stem)
     via = directory.child_path()
-    cmd = compile_command(variant, Path(via, src_name), Path(via, build_name, "out.so"))
+    cmd = compile_command(variant, Path(via, src_name), Path(via, build_name, "out.so"), toolchain)
     shown = shlex.join(cmd).replace(via + "/", f"{path.parent}/")  # the command in the user's terms
     log.info("compiling %s", path.name)
     try:

@@ -18,6 +18,15 @@ Rules (docs/writing-ops.md, "The kernel cache"):
   ``dlopen``-ed as ``/proc/self/fd/N``, so a file swapped after the check is
   never the one loaded.  The descriptor stays open while the process lives
   (libraries are never unloaded), which keeps the name unique.
+* Without ``/proc/self/fd`` (macOS) the library is loaded by its path, under
+  the cache's file lock, after it was checked again; the path must name the
+  checked file (same device, inode, size and times) just before and just
+  after ``dlopen``, or :class:`CacheError`.  That is weaker: a process of the
+  same user that ignores the lock and swaps the file and back within the
+  ``dlopen`` call is not seen (docs/writing-ops.md, "The kernel cache").
+* A complete shared library is an ELF shared object on Linux and a Mach-O
+  dynamic library (or bundle) of this machine's CPU on macOS
+  (:func:`library_problem`).
 * Every file operation after the directory check is relative to a descriptor
   of the checked directory (the compiler gets paths through
   ``/proc/<pid>/fd/<fd>``), so a parent renamed meanwhile cannot redirect it.
@@ -189,6 +198,8 @@ class Directory:
         resolves through the checked descriptor, so renaming a parent directory meanwhile cannot make the
         compiler read or write elsewhere.  The plain path where ``/proc`` does not offer that."""
         via = f"/proc/{os.getpid()}/fd/{self.fd}"
+        if not proc_fd_usable():
+            return str(self.path)
         try:
             st, mine = os.stat(via), os.fstat(self.fd)
             if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
@@ -411,6 +422,65 @@ def elf_problem(fd: int, size: int) -> str | None:
     return None
 
 
+# Mach-O (macOS): 64-bit little-endian header fields from cputype to sizeofcmds, the load command's head, and a
+# 64-bit segment's fileoff and filesize (after cmd, cmdsize, segname[16], vmaddr, vmsize).
+_MH_MAGIC_64 = b"\xcf\xfa\xed\xfe"
+_MH_OTHER = {b"\xce\xfa\xed\xfe": "a 32-bit Mach-O file", b"\xfe\xed\xfa\xcf": "a big-endian Mach-O file",
+             b"\xfe\xed\xfa\xce": "a big-endian Mach-O file", b"\xca\xfe\xba\xbe": "a universal (fat) Mach-O file",
+             b"\xca\xfe\xba\xbf": "a universal (fat) Mach-O file"}
+_MH_HEADER, _MH_HEADER_SIZE = "<iiIII", 32
+_MH_DYLIB, _MH_BUNDLE, _LC_SEGMENT_64 = 6, 8, 0x19
+_MH_CPU = {"x86_64": 0x01000007, "arm64": 0x0100000C, "aarch64": 0x0100000C}
+
+
+def macho_problem(fd: int, size: int, machine: str | None = None) -> str | None:
+    """Why the file is not a complete 64-bit Mach-O dynamic library (or bundle) for ``machine`` (default: this
+    one), in words after "the library ..."; None if it is.  As for ELF, every segment's file range must lie
+    inside the file (``dlopen`` maps them).  A universal (fat) file is refused: ptnative builds for one
+    architecture."""
+    head = os.pread(fd, _MH_HEADER_SIZE, 0)
+    if len(head) < 4 or (head[:4] != _MH_MAGIC_64 and head[:4] not in _MH_OTHER):
+        return "is not a Mach-O dynamic library"
+    if head[:4] != _MH_MAGIC_64:
+        return f"is {_MH_OTHER[head[:4]]}, not a 64-bit little-endian Mach-O file of this machine's kind"
+    if len(head) < _MH_HEADER_SIZE:
+        return "is truncated (its Mach-O header is incomplete)"
+    cputype, _, filetype, ncmds, sizeofcmds = struct.unpack_from(_MH_HEADER, head, 4)
+    want = _MH_CPU.get(platform.machine() if machine is None else machine)
+    if want is not None and cputype != want:
+        return f"is a Mach-O file for another CPU (cputype {cputype:#x})"
+    if filetype not in (_MH_DYLIB, _MH_BUNDLE):
+        return f"is not a Mach-O dynamic library (file type {filetype})"
+    if ncmds == 0 or _MH_HEADER_SIZE + sizeofcmds > size:
+        return "is truncated or damaged (its load commands are missing)"
+    table = os.pread(fd, sizeofcmds, _MH_HEADER_SIZE)
+    if len(table) < sizeofcmds:
+        return "is truncated (its load commands lie past the end of the file)"
+    at = 0
+    for _ in range(ncmds):
+        if at + 8 > sizeofcmds:
+            return "is damaged (its load commands overrun their table)"
+        cmd, cmdsize = struct.unpack_from("<II", table, at)
+        if cmdsize < 8 or at + cmdsize > sizeofcmds:
+            return "is damaged (a load command has a bad size)"
+        if cmd == _LC_SEGMENT_64:
+            if cmdsize < 72:
+                return "is damaged (a segment command is too short)"
+            fileoff, filesize = struct.unpack_from("<QQ", table, at + 40)
+            if fileoff + filesize > size:
+                return "is truncated (a segment lies past the end of the file)"
+        at += cmdsize
+    return None
+
+
+def library_problem(fd: int, size: int, system: str | None = None) -> str | None:
+    """Why the file is not a complete shared library of this platform (``system``, default this one): Mach-O on
+    macOS (:func:`macho_problem`), ELF elsewhere (:func:`elf_problem`); None if it is one."""
+    if (platform.system() if system is None else system) == "Darwin":
+        return macho_problem(fd, size)
+    return elf_problem(fd, size)
+
+
 def open_verified(directory: Directory, name: str) -> int:
     """A descriptor of library ``name`` in ``directory`` that passed every check (the caller owns it);
     :class:`Missing` or :class:`Untrusted` (with the reason) otherwise.  The content is hashed once per
@@ -425,7 +495,7 @@ def open_verified(directory: Directory, name: str) -> int:
         if key not in _verified:
             if _sha256_of_fd(fd) != record["sha256"]:
                 raise Untrusted("does not match the SHA-256 in its integrity record (modified or replaced)")
-            problem = elf_problem(fd, st.st_size)
+            problem = library_problem(fd, st.st_size)
             if problem:
                 raise Untrusted(problem)
             _verified.add(key)
@@ -439,11 +509,42 @@ def check_output(fd: int, size: int) -> str | None:
     """Why a compiler's output cannot be installed (empty, not a complete shared library); None if it can."""
     if size == 0:
         return "is empty"
-    return elf_problem(fd, size)
+    return library_problem(fd, size)
 
 
 def proc_fd_usable() -> bool:
+    """Whether this system has ``/proc/self/fd`` (Linux: yes; macOS: no), through which a checked descriptor is
+    loaded and the compiler reaches the checked cache directory."""
     return os.path.isdir(_PROC_FD)
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return (stat.S_IFMT(st.st_mode), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _dlopen_path(fd: int, path: Path) -> ctypes.CDLL:
+    """Without ``/proc/self/fd``: load ``path``, which must name the file open as ``fd`` (checked by the caller,
+    under the cache's lock) unchanged just before and just after ``dlopen``; :class:`CacheError` if it does not
+    (before: nothing was loaded; after: the library is left loaded but never used).  Closes ``fd``."""
+    try:
+        checked = _identity(os.fstat(fd))
+
+        def same() -> bool:
+            try:
+                return _identity(os.stat(path, follow_symlinks=False)) == checked == _identity(os.fstat(fd))
+            except OSError:
+                return False
+
+        if not same():
+            raise CacheError(f"ptnative: the cached library {path} was replaced after it was checked; it was not "
+                             "loaded. Another process of yours is writing to the kernel cache without its lock")
+        lib = ctypes.CDLL(str(path))
+        if not same():
+            raise CacheError(f"ptnative: the cached library {path} was replaced while it was being loaded; it is "
+                             "not used. Another process of yours is writing to the kernel cache without its lock")
+        return lib
+    finally:
+        os.close(fd)
 
 
 def dlopen_fd(fd: int, fallback_path: Path) -> ctypes.CDLL:
@@ -451,11 +552,10 @@ def dlopen_fd(fd: int, fallback_path: Path) -> ctypes.CDLL:
     checked inode, whatever the path names now.  The descriptor stays open while the library is loaded (for the
     life of the process), so that no other file gets that name; if another library was already loaded under the
     name (its owner closed the descriptor), the descriptor is duplicated to a fresh number first.  Without
-    ``/proc/self/fd`` the checked path is loaded (the caller holds the cache's lock).  ``OSError`` if ``dlopen``
-    fails."""
+    ``/proc/self/fd`` the checked path is loaded (the caller holds the cache's lock), if it still names the
+    checked file before and after (:func:`_dlopen_path`).  ``OSError`` if ``dlopen`` fails."""
     if not proc_fd_usable():
-        os.close(fd)
-        return ctypes.CDLL(str(fallback_path))
+        return _dlopen_path(fd, Path(fallback_path))
     fds = [fd]
     try:
         for _ in range(8):

@@ -58,6 +58,13 @@ def info() -> None:
         ("jax", _version("jax")),
         ("C++ compiler", f"{build.cxx()}: {_first_line([build.cxx(), '--version'])}"),
     ]
+    from . import flags
+    try:
+        target = " ".join(flags.target_flags())
+        rows.append(("CPU target flags", target + (" (PTNATIVE_CXXFLAGS / ptnative.config.cxxflags)"
+                                                   if flags.user_set() else " (the default)")))
+    except ValueError as e:
+        rows.append(("CPU target flags", f"INVALID: {e}"))
     nvcc = build.nvcc()
     nvcc_version = [line for line in build.compiler_version(nvcc).splitlines() if "release" in line] if nvcc else []
     rows.append(("nvcc", f"{nvcc}: {nvcc_version[0].strip() if nvcc_version else '?'}" if nvcc else "not found"))
@@ -99,10 +106,58 @@ class _Bar:
         pass
 
 
-def build_all(device: str, jobs: int | None = None) -> int:
+class _Lines:
+    """Progress as one line per library on stderr (``[12/92] HmmViterbiOp (float64): 14.2 s``), for logs and
+    for pip, which shows a build's stderr with ``-v`` but has no terminal for a bar."""
+
+    def __init__(self, total, **kw):
+        self.total, self.done = total, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1, label="", seconds=0.0):
+        self.done += n
+        print(f"[{self.done}/{self.total}] {label}: {seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def _timed_build(build, make):
+    t0 = time.monotonic()
+    build.build(make())
+    return time.monotonic() - t0
+
+
+def _announce(device: str, count: int, jobs: int, record: str | None) -> bool:
+    """Say on stderr what is about to be compiled (compiler, version, CPU target) and write ``record``
+    (``toolchain.json``, :mod:`ptnative.prebuilt`) for a CPU build; False, with the reason, if the toolchain is
+    unusable (no compiler, bad ``PTNATIVE_CXXFLAGS``)."""
+    from . import build, prebuilt
+
+    if device != "cpu":
+        print(f"ptnative: building {count} libraries ({device}), {jobs} at a time", file=sys.stderr, flush=True)
+        return True
+    try:
+        toolchain = build.local_toolchain()
+    except (build.CompileError, ValueError) as e:
+        print(f"ptnative: nothing built: {e}", file=sys.stderr)
+        return False
+    version = toolchain.version.splitlines()[0] if toolchain.version else "?"
+    print(f"ptnative: building {count} libraries (cpu) with {toolchain.compiler} ({version}), CPU target "
+          f"{' '.join(toolchain.target)}, {jobs} at a time", file=sys.stderr, flush=True)
+    if record:
+        with open(record, "wb") as f:
+            f.write(prebuilt.manifest_data(toolchain))
+    return True
+
+
+def build_all(device: str, jobs: int | None = None, progress: str = "bar", record: str | None = None) -> int:
     """Build every catalogue variant for ``device``, and JAX mode's XLA FFI handler where jax is installed, with
     ``jobs`` compilers at a time (threads: the compilers are subprocesses, and the cache's file locks keep
-    concurrent builds of one library apart)."""
+    concurrent builds of one library apart).  ``progress``: ``"bar"`` (tqdm) or ``"lines"`` (:class:`_Lines`).
+    ``record``: a file to write the toolchain to (``toolchain.json``, for the prebuilt step)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from . import build, catalogue
@@ -122,17 +177,25 @@ def build_all(device: str, jobs: int | None = None) -> int:
         todo.append(("JAX mode's XLA FFI handler", lambda: handler))
     failures = 0
     start = time.time()
+    if not _announce(device, len(todo), jobs, record):
+        return 1
 
+    lines = progress == "lines"
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
-        futures = {pool.submit(lambda make: build.build(make()), make): label for label, make in todo}
+            (_Lines if lines else tqdm)(total=len(todo), desc=f"building ({device}, -j {jobs})", unit="lib") as bar:
+        futures = {pool.submit(_timed_build, build, make): label for label, make in todo}
         for future in as_completed(futures):
+            seconds, failed = 0.0, False
             try:
-                future.result()
-            except (build.CompileError, build.CacheError) as e:
+                seconds = future.result()
+            except (build.CompileError, build.CacheError, ValueError) as e:
                 failures += 1
+                failed = True
                 print(f"\n{futures[future]}: {e}", file=sys.stderr)
-            bar.update(1)
+            if lines:
+                bar.update(1, label=futures[future] + (" FAILED" if failed else ""), seconds=seconds)
+            else:
+                bar.update(1)
     print(f"{len(todo) - failures} of {len(todo)} libraries ready in {build.cache_dir()} "
           f"({time.time() - start:.1f} s, {jobs} job(s))")
     return 1 if failures else 0
@@ -184,12 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="compile N libraries at a time (default: the number of CPUs, %(default)s here)")
+    b.add_argument("--progress", choices=["bar", "lines"], default=None,
+                   help="a progress bar, or one line per library on stderr (default: a bar on a terminal)")
+    b.add_argument("--toolchain-record", default=None, metavar="FILE", help=argparse.SUPPRESS)
     sub.add_parser("demo", help="run a short PyTensor program using a native op")
     args = parser.parse_args(argv)
     if args.command == "info":
         info()
     elif args.command == "build":
-        return build_all(args.device, args.jobs)
+        progress = args.progress or ("bar" if sys.stderr.isatty() else "lines")
+        return build_all(args.device, args.jobs, progress=progress, record=args.toolchain_record)
     elif args.command == "demo":
         demo()
     return 0

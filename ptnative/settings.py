@@ -1,8 +1,10 @@
-"""Run-time settings: ``ptnative.config.device`` and ``ptnative.config.numba_graph_cache``."""
+"""Run-time settings: ``ptnative.config.device``, ``ptnative.config.numba_graph_cache`` and
+``ptnative.config.cxxflags``."""
 
 from __future__ import annotations
 
 import os
+import shlex
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -16,6 +18,7 @@ class Config:
     def __init__(self):
         self._device = None
         self._numba_graph_cache = None
+        self._cxxflags = None
 
     @staticmethod
     def _check(value: str) -> str:
@@ -47,6 +50,40 @@ class Config:
     @numba_graph_cache.setter
     def numba_graph_cache(self, value: bool | None) -> None:
         self._numba_graph_cache = None if value is None else bool(value)
+
+
+    @staticmethod
+    def _check_flags(value, source: str) -> tuple[str, ...] | None:
+        """``value`` (a string, split as a shell would, or a sequence of strings) as a tuple of flags; None when
+        empty.  ValueError (naming ``source``) unless every item is a compiler option (starts with ``-``, no NUL)
+        other than ``-o``, which would redirect the library."""
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as e:
+                raise ValueError(f"ptnative: {source} cannot be split into flags ({e}): {value!r}") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(f, str) for f in value):
+            raise ValueError(f"ptnative: {source} must be a string or a list of strings, got {value!r}")
+        for flag in value:
+            if not flag.startswith("-") or "\0" in flag or flag.startswith("-o"):
+                raise ValueError(f"ptnative: {source} may hold only compiler options (each starting with '-', "
+                                 f"not -o), got {flag!r} in {value!r}")
+        return tuple(value) or None
+
+    @property
+    def cxxflags(self) -> tuple[str, ...] | None:
+        """The CPU target flags of every CPU library ptnative compiles, in place of ``-march=native`` (e.g.
+        ``"-march=x86-64-v3"`` for a wheel or a cluster of mixed CPUs); None (the default) keeps ``-march=native``
+        and lets the package's prebuilt libraries be used.  ``PTNATIVE_CXXFLAGS`` sets the default (split as a
+        shell would; empty means unset).  Part of each library's name, so changing it never loads a library
+        built with other flags.  Read when a library is looked up (docs/install.md, "Compiler flags")."""
+        if self._cxxflags is not None:
+            return self._cxxflags
+        return self._check_flags(os.environ.get("PTNATIVE_CXXFLAGS", ""), "PTNATIVE_CXXFLAGS")
+
+    @cxxflags.setter
+    def cxxflags(self, value) -> None:
+        self._cxxflags = None if value is None else self._check_flags(value, "ptnative.config.cxxflags")
 
 
 config = Config()

@@ -100,7 +100,49 @@ def test_build_jobs_default_to_cpu_count(monkeypatch):
     from ptnative import cli
 
     calls = []
-    monkeypatch.setattr(cli, "build_all", lambda device, jobs: calls.append((device, jobs)) or 0)
+    monkeypatch.setattr(cli, "build_all", lambda device, jobs, **kw: calls.append((device, jobs)) or 0)
     assert cli.main(["build"]) == 0
     assert cli.main(["build", "--device", "cuda", "--jobs", "16"]) == 0
     assert calls == [("cpu", os.cpu_count() or 1), ("cuda", 16)]
+
+
+def test_build_progress_lines(monkeypatch, capsys):
+    """``--progress lines`` (what the install step uses): one line per library on stderr, with its time."""
+    from ptnative import build, catalogue, cli
+    from ptnative.backends import ffi_source
+
+    class FakeOp:
+        def variant(self, dtype, device):
+            return dtype
+
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter([("opA", FakeOp(), "float32"),
+                                                                     ("opA", FakeOp(), "float64")]))
+    monkeypatch.setattr(ffi_source, "installed_handler_variant", lambda device: None)
+
+    def fake_build(variant):
+        if variant == "float64":
+            raise build.CompileError("no")
+
+    monkeypatch.setattr(build, "build", fake_build)
+    assert cli.main(["build", "-j", "1", "--progress", "lines"]) == 1
+    err = capsys.readouterr().err
+    assert "[1/2] opA (float32): " in err and " s\n" in err and "[2/2] opA (float64) FAILED: " in err
+
+
+def test_build_announces_its_toolchain_and_records_it(monkeypatch, capsys, tmp_path):
+    """What a CPU build compiles with, said first; ``--toolchain-record`` (the prebuilt step's) writes it as
+    toolchain.json; bad flags stop the build before anything is compiled."""
+    from ptnative import build, catalogue, cli, prebuilt
+    from ptnative.backends import ffi_source
+
+    monkeypatch.setattr(catalogue, "variants", lambda device: iter([]))
+    monkeypatch.setattr(ffi_source, "installed_handler_variant", lambda device: None)
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "-march=x86-64 -mtune=generic")
+    record = tmp_path / "toolchain.json"
+    assert cli.main(["build", "--progress", "lines", "--toolchain-record", str(record)]) == 0
+    err = capsys.readouterr().err
+    assert f"with {build.cxx()} (" in err and "CPU target -march=x86-64 -mtune=generic" in err
+    assert prebuilt.parse_manifest(record.read_bytes()).target == ("-march=x86-64", "-mtune=generic")
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "foo")
+    assert cli.main(["build", "--progress", "lines"]) == 1
+    assert "nothing built" in capsys.readouterr().err

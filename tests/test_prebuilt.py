@@ -61,9 +61,9 @@ def setup(tmp_path, monkeypatch, shipped):
     compiled = []
     real_compile = build._compile
 
-    def counting_compile(variant, directory, path):
+    def counting_compile(variant, directory, path, *toolchain):
         compiled.append(path.name)
-        real_compile(variant, directory, path)
+        real_compile(variant, directory, path, *toolchain)
 
     monkeypatch.setattr(build, "_compile", counting_compile)
     return ptnative.NativeOp(**DOUBLE).variant("float64"), folder, tmp_path / "cache", compiled
@@ -188,3 +188,164 @@ def test_prune_keeps_only_recorded_libraries(tmp_path):
     assert prebuilt._prune(dest) == 1
     assert sorted(os.listdir(dest)) == ["a.so", "a.so" + RECORD_SUFFIX]
     assert os.stat(dest / "a.so").st_mode & 0o777 == 0o644 and os.stat(dest).st_mode & 0o777 == 0o755
+
+
+# ---- Compiler flags (PTNATIVE_CXXFLAGS) and a portable package (toolchain.json, `make wheel`)
+
+PORTABLE = "-march=x86-64-v2" if build.platform.machine() == "x86_64" else "-march=armv8-a"
+
+
+def test_user_flags_never_load_a_prebuilt_library_built_with_others(setup):
+    variant, _, _, compiled = setup
+    shipped_name = build.library_path(variant).name
+    os.environ["PTNATIVE_CXXFLAGS"] = PORTABLE
+    try:
+        path = build_quietly(variant)
+    finally:
+        del os.environ["PTNATIVE_CXXFLAGS"]
+    assert compiled == [path.name] and path.name != shipped_name
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):
+    """A folder as `make wheel` ships it: Double's float64 library built for a portable target, its record, and
+    toolchain.json."""
+    base = tmp_path_factory.mktemp("portable")
+    folder = base / "prebuilt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PTNATIVE_CXXFLAGS=PORTABLE, PTNATIVE_CACHE_DIR=str(folder), PTNATIVE_PREBUILT="0")
+    code = ("import ptnative, sys; from ptnative import build, prebuilt\n"
+            "sys.path.insert(0, sys.argv[1]); from _ops_for_tests import double_spec\n"
+            "v = ptnative.NativeOp(**double_spec(kernel='twice_prebuilt', name='DoublePrebuilt')).variant('float64')\n"
+            "p = build.build(v)\n"
+            "(p.parent / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(build.local_toolchain()))\n"
+            "print(p.name)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert prebuilt._prune(folder) == 1
+    return folder, out.stdout.split()[-1]
+
+
+@pytest.fixture
+def portable_setup(setup, portable, monkeypatch):
+    """``setup`` with the package's folder replaced by the portable one, on a machine whose compiler's version
+    differs from the one that built the package (as a user's would)."""
+    variant, _, cache, compiled = setup
+    folder, name = portable
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: folder)
+    real_version = build.compiler_version
+    monkeypatch.setattr(build, "compiler_version", lambda cmd: real_version(cmd) + " (another machine)")
+    monkeypatch.delenv("PTNATIVE_CXXFLAGS", raising=False)
+    monkeypatch.delenv("PTNATIVE_CXX", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    return variant, folder, name, cache, compiled
+
+
+def test_a_portable_package_is_used_where_the_user_set_no_flags(portable_setup):
+    variant, folder, name, cache, compiled = portable_setup
+    path = build_quietly(variant)
+    assert compiled == [] and path == cache / name
+    assert path.read_bytes() == (folder / name).read_bytes()
+    assert build.resolve(variant)[1].target == (PORTABLE,)
+
+
+def test_a_portable_package_is_not_used_with_other_user_flags(portable_setup, monkeypatch):
+    variant, _, name, _, compiled = portable_setup
+    for target in ("-march=native", PORTABLE):  # even the same flags: the user's compiler is another version
+        monkeypatch.setenv("PTNATIVE_CXXFLAGS", target)
+        path = build_quietly(variant)
+        assert path.name != name and compiled[-1] == path.name
+    assert len(compiled) == 2
+
+
+def test_a_portable_package_is_not_used_with_another_compiler_command(portable_setup, monkeypatch):
+    variant, _, name, _, compiled = portable_setup
+    monkeypatch.setenv("PTNATIVE_CXX", shutil.which(build.cxx()))  # the same compiler, named otherwise
+    path = build_quietly(variant)
+    assert path.name != name and compiled == [path.name]
+
+
+def test_a_portable_package_is_not_used_when_turned_off(portable_setup, monkeypatch):
+    variant, _, name, _, compiled = portable_setup
+    monkeypatch.setenv("PTNATIVE_PREBUILT", "0")
+    assert build_quietly(variant).name != name and len(compiled) == 1
+
+
+@pytest.mark.parametrize("manifest", [
+    b"not json", b'{"format": 1}', b'{"format": 2, "compiler": "g++", "version": "x", "target": ["-O2"]}',
+    b'{"format": 1, "compiler": "g++", "version": "x", "target": ["-march=native"]}',
+    b'{"format": 1, "compiler": "g++", "version": "x", "target": ["-o", "x"]}', b"\xff" * 20000,
+])
+def test_a_malformed_or_native_manifest_is_ignored(portable_setup, tmp_path, monkeypatch, manifest):
+    variant, folder, name, _, compiled = portable_setup
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    os.chmod(copy / prebuilt.MANIFEST, 0o644)
+    (copy / prebuilt.MANIFEST).write_bytes(manifest)
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
+    assert prebuilt.portable_toolchain(build.cxx()) is None
+    assert build_quietly(variant).name != name and len(compiled) == 1
+
+
+def test_an_untrusted_manifest_is_ignored(portable_setup, tmp_path, monkeypatch):
+    variant, folder, name, _, compiled = portable_setup
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    os.chmod(copy / prebuilt.MANIFEST, 0o666)
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
+    assert prebuilt.portable_toolchain(build.cxx()) is None
+    assert build_quietly(variant).name != name
+
+
+def test_a_tampered_portable_library_is_compiled_with_the_package_flags(portable_setup, tmp_path, monkeypatch):
+    variant, folder, name, _, compiled = portable_setup
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    os.chmod(copy / name, 0o644)
+    tamper_bytes(copy, name)
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
+    with pytest.warns(UntrustedLibraryWarning, match="does not match the SHA-256"):
+        path = build.build(variant)
+    assert compiled == [name] and path.is_file()
+
+
+def test_the_prebuild_step_records_its_toolchain_and_keeps_it(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir(mode=0o700)
+    (dest / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(
+        build.Toolchain("g++", "g++ 12", (PORTABLE,), "")))
+    assert prebuilt._prune(dest) == 0
+    assert os.stat(dest / prebuilt.MANIFEST).st_mode & 0o777 == 0o644
+    parsed = prebuilt.parse_manifest((dest / prebuilt.MANIFEST).read_bytes())
+    assert parsed == build.Toolchain("g++", "g++ 12", (PORTABLE,), "")
+
+
+def test_the_prebuild_step_says_what_it_compiles(tmp_path, monkeypatch, capsys):
+    """``python -m ptnative.prebuilt`` (setup.py's step): a first line with the CPU target, the build with one
+    progress line per library and toolchain.json written by it, then a summary with the time."""
+    dest = tmp_path / "dest"
+    seen = []
+
+    def fake_build(cmd, env, **kw):
+        seen.append((cmd, env["PTNATIVE_CXXFLAGS"], env["PTNATIVE_PREBUILT"], kw.get("stdout")))
+        for name in ("x.so", "x.so" + RECORD_SUFFIX, prebuilt.MANIFEST):
+            (dest / name).write_bytes(b"x")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(prebuilt.subprocess, "run", fake_build)
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", PORTABLE)
+    assert prebuilt.main([str(dest), "-j", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"CPU target {PORTABLE}" in err
+    assert "ptnative: 1 prebuilt libraries in" in err and "built in 0 min" in err
+    (cmd, flags_env, prebuilt_env, stdout), = seen
+    assert cmd[-6:] == ["-j", "2", "--progress", "lines", "--toolchain-record", str(dest / prebuilt.MANIFEST)]
+    assert flags_env == PORTABLE and prebuilt_env == "0" and stdout is sys.stderr
+    assert sorted(os.listdir(dest)) == sorted(["x.so", "x.so" + RECORD_SUFFIX, prebuilt.MANIFEST])  # kept
+
+
+def test_the_prebuild_step_with_bad_flags_installs_nothing_and_succeeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "-march='oops")
+    assert prebuilt.main([str(tmp_path / "dest")]) == 0
+    assert "no prebuilt libraries" in capsys.readouterr().err and not (tmp_path / "dest").exists()
