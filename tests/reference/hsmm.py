@@ -73,47 +73,39 @@ def brute_force(le, lA, ld, lpi, lens, censored=True):
     return ll, score, best
 
 
-def expanded_hmm(lA, ld, lpi, censored=True, xp=np):
+def expanded_hmm(lA, ld, lpi, censored=True, K=None, D=None, xp=np):
     """The HMM over (state k, time spent r = 1..D) equal to the HSMM (state index k * D + r - 1): it starts in
     (k, 1) with pi(k) L_k(1), goes on to (k, r + 1) with L_k(r + 1) / L_k(r), leaves for (j, 1), j != k, with
-    p_k(r) / L_k(r) A(k, j) L_j(1), and ends in (k, r) with weight 1 (censored) or p_k(r) / L_k(r).  Works on numpy
-    arrays or (xp=pytensor.tensor) on symbols of (K, K), (K, D), (K,).  Returns (log_transitions, log_initial,
-    log_final)."""
-    K, D = ld.shape[-2], ld.shape[-1]
-    if xp is np:
+    p_k(r) / L_k(r) A(k, j) L_j(1), and ends in (k, r) with weight 1 (censored) or p_k(r) / L_k(r): one path per
+    segmentation, of the segmentation's weight.  On numpy arrays, or (xp=pytensor.tensor, K and D given) on symbols
+    of (K, K), (K, D), (K,) with finite durations.  Returns (log_transitions, log_initial, log_final)."""
+    symbolic = xp is not np
+    if not symbolic:
+        lA, ld, lpi = (np.asarray(a, np.float64) for a in (lA, ld, lpi))
+        K, D = ld.shape
         lL = survival(ld)
-        logaddexp_ok = np.isfinite
-    else:
-        lL = xp.log(xp.cumsum(xp.exp(ld)[:, ::-1], axis=1))[:, ::-1]
-        logaddexp_ok = None
-    if xp is np:
         with np.errstate(invalid="ignore"):
             hazard = np.where(np.isfinite(lL), ld - lL, -np.inf)  # log p(r) / L(r)
             stay = np.where(np.isfinite(lL[:, :-1]), lL[:, 1:] - lL[:, :-1], -np.inf)  # log L(r+1) / L(r)
+        lA_off = np.where(np.eye(K) > 0, -np.inf, lA)
     else:
+        lL = xp.log(xp.cumsum(xp.exp(ld)[:, ::-1], axis=1))[:, ::-1]
         hazard = ld - lL
         stay = lL[:, 1:] - lL[:, :-1]
-    del logaddexp_ok
-    off = xp.ones((K, K)) - xp.eye(K) if xp is not np else 1 - np.eye(K)
-    lA_off = xp.where(off > 0, lA, -np.inf)
-    # block (k, r) -> (j, 1): hazard[k, r] + lA[k, j] + lL[j, 0]
-    leave = hazard[:, :, None] + lA_off[:, None, :] + lL[None, None, :, 0]  # (K, D, K)
-    big = xp.full((K, D, K, D), -np.inf) if xp is np else xp.full((K, D, K, D), -np.inf, dtype=ld.dtype)
-    if xp is np:
+        lA_off = xp.where(xp.eye(K) > 0, -np.inf, lA)
+    leave = hazard[:, :, None] + lA_off[:, None, :] + lL[None, None, :, 0]  # (k, r) -> (j, 1): (K, D, K)
+    if not symbolic:
+        big = np.full((K, D, K, D), -np.inf)
         big[:, :, :, 0] = leave
         for k in range(K):
-            for r in range(D - 1):
-                big[k, r, k, r + 1] = stay[k, r]
-    else:
-        big = xp.set_subtensor(big[:, :, :, 0], leave)
-        for k in range(K):
-            big = xp.set_subtensor(big[k, xp.arange(D - 1), k, xp.arange(1, D)], stay[k])
-    log_transitions = big.reshape((K * D, K * D))
-    init = xp.full((K, D), -np.inf) if xp is np else xp.full((K, D), -np.inf, dtype=ld.dtype)
-    if xp is np:
+            big[k, np.arange(D - 1), k, np.arange(1, D)] = stay[k]
+        init = np.full((K, D), -np.inf)
         init[:, 0] = lpi + lL[:, 0]
     else:
-        init = xp.set_subtensor(init[:, 0], lpi + lL[:, 0])
-    log_initial = init.reshape((K * D,))
-    log_final = (xp.zeros((K * D,)) if censored else hazard.reshape((K * D,)))
-    return log_transitions, log_initial, log_final
+        big = xp.full((K, D, K, D), -np.inf, dtype=ld.dtype)
+        big = xp.set_subtensor(big[:, :, :, 0], leave)
+        for k in range(K):
+            big = xp.set_subtensor(big[k, np.arange(D - 1), k, np.arange(1, D)], stay[k])
+        init = xp.set_subtensor(xp.full((K, D), -np.inf, dtype=ld.dtype)[:, 0], lpi + lL[:, 0])
+    log_final = xp.zeros(K * D) if censored else hazard.reshape((K * D,))
+    return big.reshape((K * D, K * D)), init.reshape((K * D,)), log_final
