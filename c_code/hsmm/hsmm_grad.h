@@ -61,11 +61,13 @@ DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const 
     if (t < L - 1) {
       for (int64_t j = 0; j < K; ++j) {
         for (int64_t k = 0; k < K; ++k) w.buf[k] = m.lA[j * K + k] + g.bstart[k * T + t + 1];
-        g.bend[j * T + t] = hsmm_lse(w.buf, K);
+        double sum;
+        const double mx = hsmm_exps(w.buf, K, &sum);  // w.buf[k] = exp(log A(j, k) + bstart_{t+1}(k) - mx)
+        g.bend[j * T + t] = mx > -INFINITY ? mx + log(sum) : mx;
         const double a = w.alpha[j * T + t] - ll;
-        if (!(a > -INFINITY)) continue;
-        for (int64_t k = 0; k < K; ++k)
-          if (k != j && w.buf[k] > -INFINITY) g.gA[j * K + k] += hsmm_post(a + w.buf[k]);
+        if (!(a > -INFINITY) || !(mx > -INFINITY)) continue;
+        const double f = hsmm_post(a + mx);
+        for (int64_t k = 0; k < K; ++k) g.gA[j * K + k] += f * w.buf[k];  // the diagonal's buf is 0
       }
     }
     const int64_t n = D < L - t ? D : L - t;
@@ -77,18 +79,29 @@ DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const 
         seg += em[d];
         w.buf[d] = (t + d == L - 1 ? lW[k * D + d] : ld[k * D + d] + be[d]) + seg;
       }
-      g.bstart[k * T + t] = hsmm_lse(w.buf, n);
+      double sum;
+      const double mx = hsmm_exps(w.buf, n, &sum);  // w.buf[d] = exp(term_d - mx)
+      g.bstart[k * T + t] = mx > -INFINITY ? mx + log(sum) : mx;
       const double sk = w.start[k * T + t] - ll;
-      if (!(sk > -INFINITY)) continue;
+      if (!(sk > -INFINITY) || !(mx > -INFINITY)) continue;
+      const double f = hsmm_post(sk + mx);  // P_d = exp(start + term_d - ll) = f w.buf[d]
       double* diff = g.diff + k * (T + 1);
-      for (int64_t d = 0; d < n; ++d) {
-        const double v = sk + w.buf[d];
-        if (!(v > -INFINITY)) continue;
-        const double P = hsmm_post(v);
-        diff[t] += P;
+      double* acc = g.gD + k * D;
+      const int64_t n_mid = t + n == L ? n - 1 : n;  // segments that are not the last one
+      double total = 0.0;
+      for (int64_t d = 0; d < n_mid; ++d) {
+        const double P = f * w.buf[d];
+        total += P;
         diff[t + d + 1] -= P;
-        (t + d == L - 1 ? g.gL : g.gD)[k * D + d] += P;
+        acc[d] += P;
       }
+      if (n_mid < n) {  // the last segment: its posterior counts for W = log L (censored) or log p
+        const double P = f * w.buf[n - 1];
+        total += P;
+        diff[L] -= P;
+        g.gL[k * D + n - 1] += P;
+      }
+      diff[t] += total;
     }
   }
   for (int64_t k = 0; k < K; ++k) {

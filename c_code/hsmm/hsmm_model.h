@@ -44,14 +44,38 @@ struct HsmmModel {
   FsaCheck* check;
 };
 
-// logsumexp of x[0..n) (-inf for n = 0 or all -inf).
-DEV_FUNC inline double hsmm_lse(const double* x, int64_t n) {
+// The largest of x[0..n) (-inf for n = 0 or all -inf); then x[i] = exp(x[i] - that) in place (0 where x[i] = -inf
+// or the largest is -inf) and *sum = their sum.  The exps run vectorised on the CPU, the sum in four chains.
+DEV_FUNC inline double hsmm_exps(double* __restrict__ x, int64_t n, double* sum) {
   double m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  if (!(m > -INFINITY)) return -INFINITY;
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += fsa_exp(x[i] - m);
-  return m + log(s);
+  if (!(m > -INFINITY)) {
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.0;
+    *sum = 0.0;
+    return m;
+  }
+#if !CUDA
+#pragma GCC ivdep
+#endif
+  for (int64_t i = 0; i < n; ++i) x[i] = fsa_exp(x[i] - m);
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += x[i];
+    s1 += x[i + 1];
+    s2 += x[i + 2];
+    s3 += x[i + 3];
+  }
+  for (; i < n; ++i) s0 += x[i];
+  *sum = (s0 + s1) + (s2 + s3);
+  return m;
+}
+
+// logsumexp of x[0..n) (-inf for n = 0 or all -inf); x is overwritten (hsmm_exps).
+DEV_FUNC inline double hsmm_lse(double* x, int64_t n) {
+  double s;
+  const double m = hsmm_exps(x, n, &s);
+  return m > -INFINITY ? m + log(s) : m;
 }
 
 // max of x[0..n) and its first index (-inf and 0 for n = 0 or all -inf).
