@@ -2045,10 +2045,12 @@ class MemoryLeak:
         return [(cid, "leak", fn) for cid, fn in out]
 
 
+from . import fuzz_hsmm  # noqa: E402  (its harnesses build on Harness, above)
+
 HARNESSES = {h.name: h for h in (
     Lstm, LstmCellH, TwoD, CtcFsa, FastBW, FastViterbi, Ctc, CtcViterbi, Hmm, Rnnt, MultiRnnt, RnntLattice,
     EditDistance, OptimalCompletion, PerSuccessor, NextRow, NextReduce, Chunk, Unchunk, BatchedIndex, SparseToDenseH,
-    MaxArgmax, CrossEntropySparse, HmmViterbiH, HmmPosteriorsH, HmmSampleH, MemoryLeak)}
+    MaxArgmax, CrossEntropySparse, HmmViterbiH, HmmPosteriorsH, HmmSampleH, MemoryLeak, *fuzz_hsmm.HARNESSES)}
 FUNCTIONS = sorted(HARNESSES)
 
 

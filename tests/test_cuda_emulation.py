@@ -97,7 +97,7 @@ def test_cuda_path_matches_cpu(case, dtype, monkeypatch):
                          "emulated cuda vs cpu")
 
 
-FLOAT32_CASES = ["native_lstm2", "chunking", "ctc_loss", "hmm_inference", "rnnt", "sparse_coo"]
+FLOAT32_CASES = ["native_lstm2", "chunking", "ctc_loss", "hmm_inference", "hsmm", "rnnt", "sparse_coo"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in FLOAT32_CASES], ids=str)
@@ -132,7 +132,7 @@ def test_emulated_ops_are_built_quickly():
 
 
 def test_every_family_is_emulated():
-    assert {c.family for c in CASES} == {"lstm", "chunking", "edit_distance", "fsa", "hmm", "rnnt", "sparse"}
+    assert {c.family for c in CASES} == {"lstm", "chunking", "edit_distance", "fsa", "hmm", "hsmm", "rnnt", "sparse"}
 
 
 # ------------------------------------------------------------------ the emulation catches CUDA-only bugs

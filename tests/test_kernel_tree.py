@@ -24,7 +24,7 @@ from ptnative.source import kernel_dir, kernel_unit, read_kernel_file
 
 ROOT = Path(str(kernel_dir()))
 ROLES = {"dialect", "glue", "common"}
-FAMILIES = {"fsa", "ctc", "hmm", "lstm", "rnnt", "edit_distance", "chunking", "sparse"}
+FAMILIES = {"fsa", "ctc", "hmm", "hsmm", "lstm", "rnnt", "edit_distance", "chunking", "sparse"}
 #: No kernel file grows past this many lines (issue 29): split it by what its parts do.
 MAX_LINES = 700
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -8,10 +8,10 @@ module: ``lstm`` and ``edit_distance`` are ``ptnative.lstm`` / ``ptnative.ops.ls
 catalogue is at the top level (``ptnative.<name>``).
 """
 
-from . import chunking, edit_distance, fsa, hmm, lstm, rnnt, sparse
+from . import chunking, edit_distance, fsa, hmm, hsmm, lstm, rnnt, sparse
 
 #: The family modules, in the order of the documentation.
-FAMILIES = (lstm, fsa, hmm, rnnt, edit_distance, chunking, sparse)
+FAMILIES = (lstm, fsa, hmm, hsmm, rnnt, edit_distance, chunking, sparse)
 
 _family_names = {family.__name__.rpartition(".")[2] for family in FAMILIES}
 _exports = {name: getattr(family, name) for family in FAMILIES for name in family.__all__}

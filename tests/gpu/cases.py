@@ -38,6 +38,7 @@ from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, F
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
                               HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
+from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -424,6 +425,27 @@ def _hmm_inference(g, dtype, size):
                  *g.grads([ll], varying[:4])], values
 
 
+def _hsmm(g, dtype, size):
+    """The explicit-duration HMM's log-likelihood with its gradients (shared durations, right-censored) and its
+    Viterbi path (per-sequence durations and initial weights, not censored) on one ragged batch."""
+    T, B, K, D = size
+    rng = np.random.default_rng(T + K + D)
+    le = rng.normal(size=(T, B, K)) * 2
+    lA = np.log(rng.dirichlet(np.ones(K), size=K))
+    ld = np.log(rng.dirichlet(np.ones(D), size=(1, K)))
+    ld_b = np.log(rng.dirichlet(np.ones(D), size=(B, K)))
+    ld_b[0, :, 0] = -np.inf  # impossible durations
+    lpi = np.log(rng.dirichlet(np.ones(K), size=1))
+    lpi_b = np.log(rng.dirichlet(np.ones(K), size=B))
+    lens = rng.integers(1, T + 1, size=B)
+    lens[0], lens[-1] = T, 0
+    values = cast([le, lA, ld, lpi, mask_of(lens, T), ld_b, lpi_b], dtype)
+    ins = g.syms("log_emissions log_transitions log_durations log_initial mask log_durations_b log_initial_b", values)
+    ll = g.op(HsmmLikelihoodOp)(*ins[:5], i32(1))
+    path, score = g.op(HsmmViterbiOp)(ins[0], ins[1], ins[5], ins[6], ins[4], i32(0))
+    return ins, [ll, path, score, *g.grads([ll], ins[:4])], values
+
+
 # ------------------------------------------------------------------------------------------ RNN-T
 def _rnnt(durations, sigma, lam, clamp):
     def fn(g, dtype, size):
@@ -515,6 +537,9 @@ CASES = [
           [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp, HmmSampleStatesOp,
            HmmVaryingLikelihoodOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
+    # explicit-duration HMM
+    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
+          representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],
           rtol32=1e-3, representative=True),
