@@ -52,9 +52,9 @@ def test_fill_glue_is_one_pass():
     assert fill_glue("a @X@ b @Y@", {"X": "@Y@", "Y": 1}) == "a @Y@ b 1"
     with pytest.raises(KeyError, match="@Z@ has no value"):
         fill_glue("@Z@", {})
-    assert set(glue_sections("pytensor_c_glue.c")) == {"support_code", "support_code_struct",
+    assert set(glue_sections("glue/pytensor_c_glue.c")) == {"support_code", "support_code_struct",
                                                           "init_code_struct", "code"}
-    assert set(glue_sections("variant_unit.cc")) == {"unit"}
+    assert set(glue_sections("glue/variant_unit.cc")) == {"unit"}
 
 
 def test_op_code_enters_the_translation_unit_verbatim():
