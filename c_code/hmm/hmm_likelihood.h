@@ -44,6 +44,18 @@ struct HmmEmissionReport {
 };
 
 // ---------------------------------------------------------------- log-space fallback
+// The running maximum of the log-space loops below: fmax, except on aarch64, where GCC 12 vectorises an fmax
+// reduction over floats widened to double (Float = float) as an FMAX reduction and then stops with an internal
+// compiler error (in vect_transform_reduction, at tree-vect-loop.cc:7457).  The comparison gives the same value:
+// m never holds a NaN, and a NaN v keeps m, as fmax does.
+DEV_FUNC inline double hmm_running_max(double m, double v) {
+#if defined(__aarch64__)
+  return v > m ? v : m;
+#else
+  return fmax(m, v);
+#endif
+}
+
 // Forward for sequence b, writing log alpha_t into alpha[t, b, :]; returns log p.
 DEV_FUNC double hmm_log_forward_seq(const HmmParams& p, int64_t b) {
   const int64_t B = p.B, K = p.K, len = p.seq_len[b];
@@ -57,7 +69,7 @@ DEV_FUNC double hmm_log_forward_seq(const HmmParams& p, int64_t b) {
         v = (double)p.lpi[j];
       } else {
         double m = -INFINITY;
-        for (int64_t i = 0; i < K; ++i) m = fmax(m, prev[i] + (double)p.lA[i * K + j]);
+        for (int64_t i = 0; i < K; ++i) m = hmm_running_max(m, prev[i] + (double)p.lA[i * K + j]);
         double s = 0.0;
         if (m > -INFINITY)
           for (int64_t i = 0; i < K; ++i) s += exp(prev[i] + (double)p.lA[i * K + j] - m);
@@ -116,7 +128,7 @@ DEV_FUNC void hmm_log_backward_seq(const HmmParams& p, int64_t b, double g, doub
     for (int64_t j = 0; j < K; ++j) nxt[j] = (double)et[j] + cur[j];  // w_j
     for (int64_t i = 0; i < K; ++i) {
       double m = -INFINITY;
-      for (int64_t j = 0; j < K; ++j) m = fmax(m, (double)p.lA[i * K + j] + nxt[j]);
+      for (int64_t j = 0; j < K; ++j) m = hmm_running_max(m, (double)p.lA[i * K + j] + nxt[j]);
       double s = 0.0;
       for (int64_t j = 0; j < K; ++j) {
         double v = (double)p.lA[i * K + j] + nxt[j];
