@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := setup.cfg pyproject.toml $(shell find ptnative c_code -name '*.py' -o -name '*.h' -o -name '*.cu' -o -name '*.c' -o -name '*.cc')
 
-.PHONY: demo test bench info clean gpu-check matrix test-env wheel
+.PHONY: demo test bench info clean gpu-check matrix test-env wheel test-aarch64 cross-aarch64 print-matrix-tests
 
 $(VENV)/.installed: $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -105,6 +105,20 @@ test-env:
 			$(MATRIX_PYMC_TESTS) $(PYTEST_ARGS); \
 	else echo "$(ENV): no PyMC, $(MATRIX_PYMC_TESTS) not run"; fi; \
 	echo "$(ENV): created and tested in $$(( $$(date +%s) - start )) s"
+
+print-matrix-tests:
+	@echo $(MATRIX_TESTS)
+
+# ---- aarch64 (docs/install.md, "aarch64").  `make cross-aarch64`: every catalogue library cross-compiled with
+# aarch64-linux-gnu-g++ (-march=armv8.2-a), nothing run (CI runs it).  `make test-aarch64` (root): an emulated arm64
+# Debian (qemu-user-static, mmdebstrap; kept in .aarch64/) where ptnative is installed, its kernels compiled by the
+# aarch64 g++, and the generic-op tests, MATRIX_TESTS and HMM and CTC tests are run: a release check.
+cross-aarch64: $(VENV)/.installed
+	$(PY) scripts/cross_build.py -j $(CROSS_JOBS)
+CROSS_JOBS ?= $(shell nproc)
+
+test-aarch64:
+	bash scripts/test_aarch64.sh
 
 clean:
 	rm -rf $(VENV) $(ENVS) build *.egg-info
