@@ -42,6 +42,8 @@ if [ ! -e "$rootfs/.ptnative-rootfs-complete" ]; then
     touch "$rootfs/.ptnative-rootfs-complete"
 fi
 cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+# this machine's certificate authorities (a proxy's included), for pip
+cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
 
 mounted=()
 cleanup() { for m in "${mounted[@]}"; do umount "$m" || umount -l "$m" || true; done; }
@@ -49,7 +51,8 @@ trap cleanup EXIT
 for m in proc dev; do
     if ! mountpoint -q "$rootfs/$m"; then mount --bind /$m "$rootfs/$m"; mounted=("$rootfs/$m" "${mounted[@]}"); fi
 done
-in_root() { chroot "$rootfs" /usr/bin/env -i HOME=/root PATH=/opt/venv/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"; }
+in_root() { chroot "$rootfs" /usr/bin/env -i HOME=/root PATH=/opt/venv/bin:/usr/bin:/bin LANG=C.UTF-8 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 "$@"; }
 in_root uname -m | grep -qx aarch64 || { echo "test-aarch64: the chroot does not run aarch64 code" >&2; exit 1; }
 
 # 3. a new venv, and ptnative from a copy of the checkout (the files git knows, as they are in the work tree)
@@ -58,7 +61,6 @@ rm -rf "$rootfs/opt/src" "$rootfs/opt/venv" "$rootfs/opt/cache" "$rootfs/opt/pyt
 mkdir -p "$rootfs/opt/src"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$rootfs/opt/src" -xf -
 in_root python3 -m venv /opt/venv
-in_root pip install --quiet --upgrade pip
 # The test extras but jax (JAX mode's tests skip without it; XLA under emulation would take most of the time).
 say "installing ptnative and its dependencies (aarch64 wheels from PyPI; PTNATIVE_PREBUILD=0)"
 in_root env PTNATIVE_PREBUILD=0 pip install --quiet "/opt/src" "pytest>=8,<10" "pytest-xdist>=3.5,<4" "hypothesis>=6.100,<7"
