@@ -81,7 +81,7 @@ AARCH64_TESTS=${AARCH64_TESTS:-"$matrix_tests
 say "running pytest"
 set +e
 in_root env PTNATIVE_CACHE_DIR=/opt/cache PYTENSOR_FLAGS=base_compiledir=/opt/pytensor \
-    sh -c "cd /opt/src && exec pytest --import-mode=importlib -q -p no:cacheprovider -n ${AARCH64_JOBS:-2} \
+    sh -c "cd /opt/src && exec pytest --import-mode=importlib -q -p no:cacheprovider -n ${AARCH64_JOBS:-2} --durations=10 \
     $(echo $AARCH64_TESTS) ${AARCH64_PYTEST_ARGS:-}"
 rc=$?
 set -e
