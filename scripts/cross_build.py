@@ -1,7 +1,8 @@
 """Cross-compile every CPU variant of the catalogue (and JAX mode's CPU handler where jax is installed: the 92
 libraries of ``python -m ptnative build``) for another architecture (default: aarch64), as ptnative's own
 build would compile it there: the same translation units and flags (``ptnative.build.compile_command``, so -O3 and
-GCC's vectoriser run), with the cross compiler and a portable ``-march`` in place of ``-march=native``.  Nothing
+GCC's vectoriser run), with the cross compiler and a portable ``-march`` as the CPU target (``-march=native``'s
+place, as ``PTNATIVE_CXXFLAGS`` sets it).  Nothing
 is loaded or run; the libraries are linked into a temporary folder and thrown away.
 
     python scripts/cross_build.py [-j N] [--cxx aarch64-linux-gnu-g++] [--march armv8.2-a] [-k NAME]
@@ -43,12 +44,13 @@ def variants(only: str | None = None):
 
 
 def command(variant, src: Path, out: Path, cxx: str, march: str) -> list[str]:
-    """ptnative's compile command for ``variant``, with ``cxx`` as the compiler and ``-march=native`` (which
-    means the build machine's CPU) replaced by ``-march=<march>``."""
+    """ptnative's compile command for ``variant`` (``ptnative.build.compile_command``) with a toolchain of
+    ``cxx`` and the CPU target ``-march=<march>`` in place of ``-march=native`` (as ``PTNATIVE_CXXFLAGS`` would
+    set it; the user's own setting is not used here)."""
     from ptnative import build
+    from ptnative.flags import Toolchain
 
-    cmd = build.compile_command(variant, src, out)
-    return [cxx, *(f"-march={march}" if arg == "-march=native" else arg for arg in cmd[1:])]
+    return build.compile_command(variant, src, out, Toolchain(cxx, "", (f"-march={march}",), ""))
 
 
 def compile_one(label: str, variant, workdir: Path, cxx: str, march: str, extra: list[str]):
