@@ -214,6 +214,8 @@ def portable(tmp_path_factory):
     folder = base / "prebuilt"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                PTNATIVE_CXXFLAGS=PORTABLE, PTNATIVE_CACHE_DIR=str(folder), PTNATIVE_PREBUILT="0")
+    for name in ("PTNATIVE_CXX", "CXX"):  # the package is built by the default compiler, the user's (below) too
+        env.pop(name, None)
     code = ("import ptnative, sys; from ptnative import build, prebuilt\n"
             "sys.path.insert(0, sys.argv[1]); from _ops_for_tests import double_spec\n"
             "v = ptnative.NativeOp(**double_spec(kernel='twice_prebuilt', name='DoublePrebuilt')).variant('float64')\n"
