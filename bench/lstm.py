@@ -12,7 +12,13 @@ Then the foundation benchmark: LstmGenericBase vs the same LSTM in pytensor.scan
 written with two nested pytensor.scan; finally the peak memory (resident set growth) of NativeLstm2 vs
 LstmLowMem training for T=1000.
 
-Usage:  python bench/lstm.py [--threads N] [--reps R] [--no-memory]
+Finally (unless ``--no-table``) a table over batch sizes and widths (B = 1, 4, 8, 16, 32, 64; n_in = n = 256, 512,
+1024; T=50, ragged lengths in [0.7 T, T] as a mask): ptnative native2 against torch.nn.LSTM padded (over every
+frame) and packed (``pack_padded_sequence``), and the row's FLOP floor (its multiply-adds at scipy's sgemm rate,
+timed in the same turns); ptnative's valid frames are first checked against torch packed's.
+
+Usage:  python bench/lstm.py [--threads N] [--reps R] [--no-memory] [--no-table | --table-only]
+        [--table-B 1,16] [--table-n 256] [--table-T 50] [--table-reps 5]
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.Raw
 ARGS.add_argument("--threads", type=int, default=os.cpu_count() or 1)
 ARGS.add_argument("--reps", type=int, default=15)
 ARGS.add_argument("--no-memory", action="store_true")
+ARGS.add_argument("--no-table", action="store_true")
+ARGS.add_argument("--table-only", action="store_true", help="only the B x n table")
+ARGS.add_argument("--table-B", default="1,4,8,16,32,64", help="batch sizes of the table (comma-separated)")
+ARGS.add_argument("--table-n", default="256,512,1024", help="widths n_in = n of the table (comma-separated)")
+ARGS.add_argument("--table-T", type=int, default=50)
+ARGS.add_argument("--table-reps", type=int, default=5)
 ARGS.add_argument("--memory-child", choices=["native2", "lowmem"], help=argparse.SUPPRESS)
 opts = ARGS.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -37,6 +49,7 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, lstm, twod_lstm  # noqa: E402
+import _torch_lstm  # noqa: E402  (bench/_torch_lstm.py)
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
@@ -192,6 +205,76 @@ def twod_scan_fn():
     return pytensor.function(list(syms), [Y, *pytensor.grad((Y ** 2).sum(), list(syms))])
 
 
+# ------------------------------------------------------------------------------------------------ B x n table
+def table_row(Bt, n, floor_call, floor_flops, reps):
+    """One row of the table: {name: Timing} for the FLOP floor, native2, torch padded and torch packed."""
+    import torch
+    Tt = opts.table_T
+    rng = np.random.default_rng(Bt * 7 + n)
+    lens = np.sort(rng.integers(int(0.7 * Tt), Tt + 1, size=Bt))[::-1].copy()
+    lens[0] = Tt
+    mask = (np.arange(Tt)[:, None] < lens[None, :]).astype(DTYPE)
+    x = rng.normal(size=(Tt, Bt, n)).astype(DTYPE)
+    W_in, W_rec = ((rng.normal(size=(n, 4 * n)) / np.sqrt(n)).astype(DTYPE) for _ in range(2))
+    b = (rng.normal(size=4 * n) * 0.1).astype(DTYPE)
+    xs, W_in_s, W_rec_s, b_s = symbols()
+    m_s = pt.matrix("mask", dtype=DTYPE)
+    Y = lstm(xs, W_in_s, W_rec_s, b_s, mask=m_s)[0]
+    f = pytensor.function([xs, W_in_s, W_rec_s, b_s, m_s], [Y, *pytensor.grad(Y.sum(), [xs, W_in_s, W_rec_s, b_s])])
+    model = torch.nn.LSTM(n, n)
+    _torch_lstm.load_layer(model, "l0", W_in, W_rec, b)
+    xt, lt = torch.from_numpy(x).requires_grad_(True), torch.from_numpy(lens)
+
+    def torch_call(packed):
+        def run():
+            model.zero_grad()
+            xt.grad = None
+            y = _torch_lstm.run(model, xt, lt, packed)
+            y.sum().backward()
+            return y
+        return run
+
+    ours = f(x, W_in, W_rec, b, mask)[0]
+    theirs = torch_call(True)().detach().numpy()
+    err = float(np.abs(ours - theirs).max())
+    assert err < 1e-4, f"B={Bt} n={n}: native2 and torch packed differ by {err}"
+    calls = {"floor": floor_call, "native2": lambda: f(x, W_in, W_rec, b, mask),
+             "torch padded": torch_call(False), "torch packed": torch_call(True)}
+    t = measure_interleaved(calls, reps, rounds=reps)
+    flops = 2.0 * 3 * Tt * Bt * 4 * n * (n + n)
+    return t, flops / (floor_flops / t["floor"].median), flops / (floor_flops / t["floor"].best)
+
+
+def table():
+    try:
+        import torch
+    except ImportError:
+        print("\nB x n table skipped: torch not installed")
+        return
+    torch.set_num_threads(opts.threads)
+    floor_call, floor_flops = sgemm_fn()
+    Bs, ns = [int(v) for v in opts.table_B.split(",")], [int(v) for v in opts.table_n.split(",")]
+    print(f"\nnative2 against torch.nn.LSTM and the FLOP floor, forward+backward, T={opts.table_T}, ragged lengths, "
+          f"n_in = n, {opts.threads} thread(s); median (min) ms of {opts.table_reps} turns; load average {_load()}")
+    print(f"{'B':>3} {'n':>5} | {'floor':>15} {'native2':>15} {'torch padded':>15} {'torch packed':>15} | "
+          f"{'native2/floor':>13} {'/padded':>8} {'/packed':>8}")
+    for n in ns:
+        for Bt in Bs:
+            t, floor, floor_min = table_row(Bt, n, floor_call, floor_flops, opts.table_reps)
+            cell = lambda med, mn: f"{med * 1e3:7.2f} ({mn * 1e3:5.1f})"  # noqa: E731
+            nat = t["native2"]
+            print(f"{Bt:>3} {n:>5} | {cell(floor, floor_min)} {cell(nat.median, nat.best)} "
+                  f"{cell(t['torch padded'].median, t['torch padded'].best)} "
+                  f"{cell(t['torch packed'].median, t['torch packed'].best)} | {nat.median / floor:13.2f} "
+                  f"{nat.median / t['torch padded'].median:8.2f} {nat.median / t['torch packed'].median:8.2f}")
+            case = f"LSTM fwd+bwd T={opts.table_T} B={Bt} n_in=n={n} ragged {DTYPE}, {opts.threads} thr"
+            record("lstm", case, "ptnative native2", nat.median, ours=True, best=nat.best, cpu=nat.cpu)
+            record("lstm", case, "FLOP floor (sgemm rate)", floor, best=floor_min)
+            for name in ("torch padded", "torch packed"):
+                record("lstm", case, f"torch.nn.LSTM {name.split()[1]}", t[name].median, best=t[name].best)
+    print(f"load average after the table: {_load()}")
+
+
 def _rss_mib(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -229,6 +312,8 @@ def main():
     if opts.memory_child:
         memory_child(opts.memory_child)
         return
+    if opts.table_only:
+        return table()
     print(f"LSTM forward+backward, T={T}, B={B}, n_in=n={N}, {DTYPE}, {opts.threads} thread(s), "
           f"median (min) of {opts.reps} runs; load average {_load()}\n")
     d = data()
@@ -295,6 +380,9 @@ def main():
           f"   scan/native {ts[0] / tn[0]:.1f}x by median, {ts[1] / tn[1]:.1f}x by min   (results agree to {err:.1e})")
     record("lstm", CASE_2D, "ptnative TwoDLSTM", tn[0], ours=True, best=tn[1])
     record("lstm", CASE_2D, "pytensor.scan (nested)", ts[0], best=ts[1])
+
+    if not opts.no_table:
+        table()
 
     if not opts.no_memory:
         print("\nPeak memory growth of one forward+backward, T=1000 (ru_maxrss, separate processes)")
