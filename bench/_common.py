@@ -20,3 +20,11 @@ def quick_options(doc):
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes, few calls")
     return parser.parse_args()
+
+
+def load_average():
+    """The 1-minute load average (other processes' share of the cores: quote it with every figure)."""
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "unknown"

@@ -50,6 +50,7 @@ import pytensor.tensor as pt  # noqa: E402
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, lstm, twod_lstm  # noqa: E402
 import _torch_lstm  # noqa: E402  (bench/_torch_lstm.py)
+from _common import load_average as _load  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 T, B, N_IN, N = 100, 32, 256, 256
@@ -296,14 +297,6 @@ def memory_child(impl):
     before = _rss_mib("VmRSS")
     f(*args)
     print(_rss_mib("VmHWM") - before)
-
-
-def _load():
-    """The 1-minute load average (other processes' share of the cores: quote it with every figure)."""
-    try:
-        return open("/proc/loadavg").read().split()[0]
-    except OSError:
-        return "unknown"
 
 
 def main():

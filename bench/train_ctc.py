@@ -37,6 +37,7 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402
 import _torch_lstm  # noqa: E402  (bench/_torch_lstm.py)
+from _common import load_average as _load  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 T, B, N_FEAT, N, N_CLASSES, N_LABELS = 200, 16, 40, 256, 31, 40
@@ -153,13 +154,6 @@ def weight_diffs(ours, theirs, before):
     of_update = max(float(np.abs(a - b).max() / max(1e-30, np.abs(b - w).max()))
                     for a, b, w in zip(ours, theirs, before))
     return absolute, of_update
-
-
-def _load():
-    try:
-        return open("/proc/loadavg").read().split()[0]
-    except OSError:
-        return "unknown"
 
 
 def main():
