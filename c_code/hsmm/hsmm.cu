@@ -25,20 +25,7 @@ DEF_KERNEL void hsmm_ll_kernel(HsmmModel m, double* work, Float* ll, int64_t b0,
 // accumulators (hsmm_grad.h).
 DEF_KERNEL void hsmm_grad_kernel(HsmmModel m, double* work, double* gwork, const Float* g_ll, Float* gle, int64_t b0,
                                  int64_t b1) {
-  GRID_LOOP(i, b1 - b0) {
-    const int64_t b = b0 + i;
-    const HsmmGradWork g = hsmm_grad_work(m, gwork, b);
-    int status = m.status[b];
-    if (m.seq_len[b] > 0 && status == HSMM_OK) {
-      const HsmmSeqWork w = hsmm_seq_work(m, work, b);
-      const double ll = hsmm_forward_seq<false>(m, b, w, nullptr, nullptr);
-      if (ll > -INFINITY)
-        hsmm_backward_seq(m, b, ll, w, g);
-      else
-        status = HSMM_NO_PATH;
-    }
-    hsmm_emission_grad(m, b, status, g_ll[b], g, gle);
-  }
+  GRID_LOOP(i, b1 - b0) hsmm_seq_posteriors(m, b0 + i, work, gwork, g_ll[b0 + i], gle);
 }
 
 // inputs: log_emissions (T,B,K), log_transitions (K,K), log_durations (Bd,K,D), log_initial (Bp,K), mask (T,B),

@@ -38,7 +38,7 @@ from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, F
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
                               HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
-from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmViterbiOp
+from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmPosteriorsOp, HsmmSampleStatesOp, HsmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -439,11 +439,16 @@ def _hsmm(g, dtype, size):
     lpi_b = np.log(rng.dirichlet(np.ones(K), size=B))
     lens = rng.integers(1, T + 1, size=B)
     lens[0], lens[-1] = T, 0
-    values = cast([le, lA, ld, lpi, mask_of(lens, T), ld_b, lpi_b], dtype)
-    ins = g.syms("log_emissions log_transitions log_durations log_initial mask log_durations_b log_initial_b", values)
+    uniforms = rng.random((T, B))
+    values = cast([le, lA, ld, lpi, mask_of(lens, T), ld_b, lpi_b, uniforms], dtype)
+    ins = g.syms("log_emissions log_transitions log_durations log_initial mask log_durations_b log_initial_b uniforms",
+                 values)
     ll = g.op(HsmmLikelihoodOp)(*ins[:5], i32(1))
-    path, score = g.op(HsmmViterbiOp)(ins[0], ins[1], ins[5], ins[6], ins[4], i32(0))
-    return ins, [ll, path, score, *g.grads([ll], ins[:4])], values
+    per_sequence = (ins[0], ins[1], ins[5], ins[6], ins[4], i32(0))
+    path, score = g.op(HsmmViterbiOp)(*per_sequence)
+    marginals = g.op(HsmmPosteriorsOp)(*ins[:5], i32(1))
+    draws = g.op(HsmmSampleStatesOp)(*per_sequence, ins[7])
+    return ins, [ll, path, score, marginals, draws, *g.grads([ll], ins[:4])], values
 
 
 # ------------------------------------------------------------------------------------------ RNN-T
@@ -538,7 +543,7 @@ CASES = [
            HmmVaryingLikelihoodOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # explicit-duration HMM
-    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
+    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp, HsmmPosteriorsOp, HsmmSampleStatesOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
           representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],
