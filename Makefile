@@ -76,7 +76,7 @@ MATRIX_TESTS := tests/test_native_op.py tests/test_generated_code.py tests/test_
 # The PyMC tests (the example's short sampling run, and the HMM helpers of ptnative.pymc with ArviZ < 1 and >= 1;
 # where PyMC is installed), in a session of their own: they import PyMC when collected, and MATRIX_TESTS must also
 # run before `import pymc`.
-MATRIX_PYMC_TESTS := tests/test_pymc.py tests/test_pymc_hmm.py
+MATRIX_PYMC_TESTS := tests/test_pymc.py tests/test_pymc_hmm.py tests/test_pymc_hsmm.py
 
 matrix:
 	$(MAKE) test-env ENV=$(ENVS)/py311-pt238 PYTHON="$(PY311)" HOST="pymc==5.28.*"
