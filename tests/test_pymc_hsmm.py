@@ -119,3 +119,33 @@ def test_recover_hsmm_states_errors():
         recover_hsmm_states(idata, *graphs)
     with model, pytest.raises(ValueError, match="recover_hsmm_states: nothing to compute"):
         recover_hsmm_states(idata, *graphs, marginals=False, viterbi=False, samples=False)
+
+
+def _example():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hsmm_pymc.py")
+    spec = importlib.util.spec_from_file_location("hsmm_pymc_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_durations_and_short_run(capsys):
+    """examples/hsmm_pymc.py: its truncated negative-binomial durations (numpy and PyTensor) against scipy's, and a
+    short NUTS run end to end (the states recovered on most frames)."""
+    from scipy.stats import nbinom
+
+    ex = _example()
+    mean, alpha = np.array([5.0, 12.0]), np.array([3.0, 9.0])
+    pmf = nbinom.pmf(np.arange(ex.D)[None, :], alpha[:, None], (alpha / (alpha + mean))[:, None])
+    want = np.log(pmf / pmf.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(ex.nb_log_durations(mean, alpha), want, rtol=1e-10)
+    np.testing.assert_allclose(ex.nb_log_durations(pt.as_tensor(mean), pt.as_tensor(alpha), xp=pt).eval(), want,
+                               rtol=1e-10)
+    assert ex.main(["--steps", "150", "--series", "2", "--draws", "40", "--tune", "60", "--chains", "1",
+                    "--samplers", "pymc"]) == 0
+    out = capsys.readouterr().out
+    share = float(out.split("simulated one on ")[1].split("%")[0])
+    assert share > 80, out
