@@ -368,6 +368,73 @@ def test_exported():
         assert getattr(ptnative, name) is getattr(hsmm, name)
 
 
+# ------------------------------------------------------------------ value and gradients in one op
+def _hsmm_op_names(fn):
+    found = (getattr(n.op, "name", None) or "" for n in fn.maker.fgraph.toposort())
+    return sorted(name for name in found if "Hsmm" in name)
+
+
+def test_value_and_gradients_in_one_op(mode):
+    """Where a graph needs the log-likelihood and its gradients with an upstream gradient that does not depend on
+    it, one op computes both (HsmmLikelihoodWithGradOp, by a rewrite of every mode but FAST_COMPILE): the same bits
+    as the two ops (per-sequence parameters, ragged, both censorings); with an upstream gradient that depends on the
+    value the two ops stay."""
+    rng = np.random.default_rng(31)
+    T, K, D, lens = 20, 3, 5, [20, 13, 0, 1, 20]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=True, scale=2.0)
+    xs = symbols("float64", batched=True)
+    w = pt.vector()
+    ll = hsmm.hsmm_log_likelihood(*xs[:4], mask=xs[4], right_censored=xs[5])
+    outs = [ll, *pytensor.grad((ll * w).sum(), xs[:4])]
+    base = pytensor.compile.mode.get_mode(mode)
+    fused = pytensor.function([*xs, w], outs, mode=base)
+    apart = pytensor.function([*xs, w], outs, mode=base.excluding("ptnative_hsmm_value_and_gradient"))
+    dep = pytensor.function([*xs, w], [ll, *pytensor.grad((ll * w * pt.exp(ll / 100)).sum(), xs[:4])], mode=base)
+    two = ["GradOfHsmmLikelihoodOp", "HsmmLikelihoodOp"]
+    assert _hsmm_op_names(apart) == two and _hsmm_op_names(dep) == two
+    assert _hsmm_op_names(fused) == (two if mode == "FAST_COMPILE" else ["HsmmLikelihoodWithGradOp"])
+    for censored in (1, 0):
+        args = [le, lA, ld, lpi, mask_of(lens, T), np.int32(censored), rng.uniform(0.5, 2.0, size=len(lens))]
+        got = fused(*args)
+        for a, b in zip(got, apart(*args)):
+            np.testing.assert_array_equal(a, b)
+        assert np.isfinite(got[0]).all() and got[0][2] == 0 and np.abs(got[3]).max() > 0
+
+
+def test_fused_op_differentiates_like_the_ops_it_replaces():
+    """A graph differentiated after the rewrites (as JAX differentiates a jaxified graph, e.g. PyMC's numpyro
+    sampler): the fused op's log-likelihood takes HsmmLikelihoodOp's gradient (the numbers of pytensor.grad of the
+    original graph), and a gradient through its gradient outputs raises, never zeros."""
+    pytest.importorskip("jax")
+    import jax
+    from pytensor.compile.mode import get_mode
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    from ptnative.backends.jax import register
+
+    rng = np.random.default_rng(32)
+    T, K, D, lens = 10, 3, 4, [10, 6, 0, 1]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D)
+    xs = symbols("float64")[:4]
+    mask = mask_of(lens, T)
+    cost = (hsmm.hsmm_log_likelihood(*xs, mask=mask) * np.linspace(0.5, 1.5, len(lens))).sum()
+    grads = pytensor.grad(cost, xs)
+    register()
+    fgraph = FunctionGraph(inputs=xs, outputs=[cost, *grads], clone=True)
+    get_mode("JAX").optimizer.rewrite(fgraph)
+    assert "HsmmLikelihoodWithGradOp" in {getattr(n.op, "name", None) for n in fgraph.toposort()}
+    jaxed = jax_funcify(fgraph)
+    args = [le, lA, ld, lpi]
+    got = jax.grad(lambda *a: jaxed(*a)[0], argnums=(0, 1, 2, 3))(*args)
+    want = pytensor.function(xs, grads, mode="FAST_COMPILE")(*args)
+    for g, wv in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), wv, rtol=1e-10, atol=1e-12)
+        assert np.abs(wv).max() > 0
+    with pytest.raises(pytensor.gradient.NullTypeGradError, match="HsmmLikelihoodWithGradOp.*only its outputs"):
+        jax.grad(lambda *a: jaxed(*a)[1].sum())(*args)
+
+
 # ------------------------------------------------------------------ posteriors and sampled paths
 @compiled_once
 def inference(dtype, mode, batched=False):
@@ -568,6 +635,7 @@ def test_kernels_compile_with_nvcc(monkeypatch):
     it from the second unit of a joint build."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     build_with_nvcc(hsmm.HsmmLikelihoodOp.make_op().grad_op().variant("float64", device="cuda"))
+    build_with_nvcc(hsmm.HsmmLikelihoodWithGradOp.make_op().variant("float32", device="cuda"))
     build_with_nvcc(hsmm.HsmmViterbiOp.make_op().variant("float32", device="cuda"))
     build_with_nvcc(hsmm.HsmmPosteriorsOp.make_op().variant("float64", device="cuda"))
     build_with_nvcc(hsmm.HsmmSampleStatesOp.make_op().variant("float32", device="cuda"))

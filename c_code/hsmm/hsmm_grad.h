@@ -146,19 +146,23 @@ DEV_FUNC void hsmm_emission_grad(const HsmmModel& m, int64_t b, int status, Floa
 }
 
 // Sequence b's forward and backward passes: its emission posteriors times g_b in gle (the emission gradient; all
-// of (T, b, K) written) and its accumulators in g (hsmm_emission_grad's cases).
-DEV_FUNC void hsmm_seq_posteriors(const HsmmModel& m, int64_t b, double* work, double* gwork, Float g_b, Float* gle) {
+// of (T, b, K) written) and its accumulators in g (hsmm_emission_grad's cases).  Returns log p(x_b) (0 for the empty
+// series, NaN for a NaN status, -inf without a path).
+DEV_FUNC double hsmm_seq_posteriors(const HsmmModel& m, int64_t b, double* work, double* gwork, Float g_b,
+                                    Float* gle) {
   const HsmmGradWork g = hsmm_grad_work(m, gwork, b);
   int status = m.status[b];
+  double ll = m.seq_len[b] == 0 ? 0.0 : (double)NAN_F;
   if (m.seq_len[b] > 0 && status == HSMM_OK) {
     const HsmmSeqWork w = hsmm_seq_work(m, work, b);
-    const double ll = hsmm_forward_seq<false>(m, b, w, nullptr, nullptr);
+    ll = hsmm_forward_seq<false>(m, b, w, nullptr, nullptr);
     if (ll > -INFINITY)
       hsmm_backward_seq<true>(m, b, ll, w, g);
     else
       status = HSMM_NO_PATH;
   }
   hsmm_emission_grad(m, b, status, g_b, g, gle);
+  return ll;
 }
 
 // Sums of the accumulators over the sequences of each duration row q (all of them when Bd = 1), weighted by the

@@ -2,7 +2,7 @@
 likely state path and paths drawn from the posterior (kernels in ``c_code/hsmm/``).
 
 * :class:`HsmmLikelihoodOp`: the log-likelihood and its gradients with respect to every float input
-  (:func:`hsmm_log_likelihood`).
+  (:func:`hsmm_log_likelihood`), with :class:`HsmmLikelihoodWithGradOp` (both in one pass, put in by a rewrite).
 * :class:`HsmmPosteriorsOp`: the state marginals ``p(z_t = k | x_b)`` (:func:`hsmm_posteriors`).
 * :class:`HsmmViterbiOp`: the most likely state path and its log score (:func:`hsmm_viterbi`).
 * :class:`HsmmSampleStatesOp`: state paths drawn from ``p(z | x_b)`` by backward filtering, forward sampling,
@@ -17,10 +17,12 @@ and ``p_k(d)`` otherwise; all arguments in log space.  See ``docs/hsmm.md``.
 from __future__ import annotations
 
 import pytensor.tensor as pt
+from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
 from ._args import WRITTEN, flag, float_tensor, host_int32_scalar, input_entry, output_entry, real_tensor
+from ._borrowed_grad import BorrowedGradientOp, value_and_gradient_fusion
 
 
 def _hsmm_inputs(disc):
@@ -58,6 +60,44 @@ class HsmmLikelihoodOp(NativeOpGenBase):
     c_fw_code = "hsmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hsmm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+
+
+class _LikelihoodWithGradOp(BorrowedGradientOp):
+    """HsmmLikelihoodWithGradOp's Op: the log-likelihood's gradient is HsmmLikelihoodOp's; the fused gradients have
+    none (second derivatives raise)."""
+
+    gradient_spec = HsmmLikelihoodOp
+    shared_outputs = 1
+
+
+class HsmmLikelihoodWithGradOp(NativeOpGenBase):
+    """:class:`HsmmLikelihoodOp`'s value and gradients in one call (one forward recursion instead of two).
+
+    Inputs: those of the gradient op, :class:`HsmmLikelihoodOp`'s six and ``D_log_likelihood`` (B,) the upstream
+    gradient.  Outputs: the log-likelihood (B,), then its gradients for ``log_emissions``, ``log_transitions``,
+    ``log_durations`` and ``log_initial`` (weighted by ``D_log_likelihood``).  Not built by users: the rewrite
+    ``ptnative_hsmm_value_and_gradient`` puts it where a graph computes both and the upstream gradient does not
+    depend on the value (as for ``ll.sum()``).  The log-likelihood's gradient is :class:`HsmmLikelihoodOp`'s (a
+    graph differentiated after the rewrites, as JAX differentiates a jaxified one); the gradient outputs have none
+    (second derivatives raise ``NullTypeGradError``).
+    """
+
+    in_info = (*_hsmm_inputs(False), input_entry("D_log_likelihood", 1, shape=((0, 1),), differentiable=True))
+    out_info = (
+        output_entry("log_likelihood", ((0, 1),)),
+        output_entry("D_log_emissions", ((0, 0), (0, 1), (0, 2)), fully_written=True),  # padded frames included
+        output_entry("D_log_transitions", ((1, 0), (1, 1)), fully_written=True),
+        output_entry("D_log_durations", ((2, 0), (2, 1), (2, 2)), fully_written=True),
+        output_entry("D_log_initial", ((3, 0), (3, 1)), fully_written=True),
+    )
+    c_extra_support_code = kernel_unit("hsmm/hsmm.cu")
+    c_fw_code = "hsmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LikelihoodWithGradOp
+
+
+register_specialize(value_and_gradient_fusion(HsmmLikelihoodOp, HsmmLikelihoodWithGradOp),
+                    name="ptnative_hsmm_value_and_gradient")
 
 
 class HsmmViterbiOp(NativeOpGenBase):
@@ -224,5 +264,5 @@ def hsmm_sample_states(log_emissions, log_transitions, log_durations, log_initia
 for _f in (hsmm_log_likelihood, hsmm_posteriors, hsmm_viterbi, hsmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC)
 
-__all__ = ["HsmmLikelihoodOp", "HsmmPosteriorsOp", "HsmmViterbiOp", "HsmmSampleStatesOp", "hsmm_log_likelihood",
+__all__ = ["HsmmLikelihoodOp", "HsmmLikelihoodWithGradOp", "HsmmPosteriorsOp", "HsmmViterbiOp", "HsmmSampleStatesOp", "hsmm_log_likelihood",
            "hsmm_posteriors", "hsmm_viterbi", "hsmm_sample_states"]

@@ -38,7 +38,8 @@ from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, F
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
                               HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
-from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmPosteriorsOp, HsmmSampleStatesOp, HsmmViterbiOp
+from ptnative.ops.hsmm import (HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmPosteriorsOp, HsmmSampleStatesOp,
+                               HsmmViterbiOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -543,7 +544,8 @@ CASES = [
            HmmVaryingLikelihoodOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # explicit-duration HMM
-    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp, HsmmPosteriorsOp, HsmmSampleStatesOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
+    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmViterbiOp, HsmmPosteriorsOp,
+                           HsmmSampleStatesOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
           representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],
