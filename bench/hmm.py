@@ -251,8 +251,9 @@ def expanded_hsmm(lA, ld, lpi, K, D, xp):
 
 
 def hsmm_fns(log_e, lA, ld, lpi):
-    """{name: fn}: loglik+grad of the HSMM by ptnative (with and without trust_input), of its expanded HMM by
-    ptnative and by dynamax; each returns (sum of log-likelihoods, d/d log_e, d/d log_durations)."""
+    """{name: fn}: loglik+grad of the HSMM by ptnative (with and without trust_input, and without the rewrite that
+    fuses the value and gradient ops), of its expanded HMM by ptnative and by dynamax; each returns (sum of
+    log-likelihoods, and the gradients w.r.t. log_e, log_A, log_durations, log_initial)."""
     K, D = ld.shape
     le_s, lA_s, ld_s, lpi_s = pt.tensor3("le"), pt.matrix("lA"), pt.matrix("ld"), pt.vector("lpi")
     inputs = [le_s, lA_s, ld_s, lpi_s]
@@ -261,9 +262,11 @@ def hsmm_fns(log_e, lA, ld, lpi):
     ll_x = ptnative.hmm_log_likelihood(pt.repeat(le_s, D, axis=2), XA, Xpi).sum()
     args = (log_e, lA, ld, lpi)
     fns = {}
-    for name, value, trust in [("ptnative HSMM", ll, False), ("ptnative HSMM trust_input", ll, True),
-                               ("ptnative expanded HMM", ll_x, False)]:
-        f = pytensor.function(inputs, [value, *pytensor.grad(value, inputs)], trust_input=trust)
+    apart = pytensor.compile.mode.get_default_mode().excluding("ptnative_hsmm_value_and_gradient")
+    for name, value, trust, mode in [("ptnative HSMM", ll, False, None), ("ptnative HSMM trust_input", ll, True, None),
+                                     ("ptnative HSMM, two ops (not fused)", ll, False, apart),
+                                     ("ptnative expanded HMM", ll_x, False, None)]:
+        f = pytensor.function(inputs, [value, *pytensor.grad(value, inputs)], trust_input=trust, mode=mode)
         fns[name] = (lambda f: lambda: f(*args))(f)
     try:
         import jax

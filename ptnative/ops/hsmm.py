@@ -49,7 +49,8 @@ class HsmmLikelihoodOp(NativeOpGenBase):
     Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K) (diagonal not read), ``log_durations``
     (Bd, K, D), ``log_initial`` (Bp, K) with Bd, Bp in {1, B}, ``mask`` (T, B) 0/1 prefix mask and
     ``right_censored`` (int32 scalar) without gradients.  Output: ``log_likelihood`` (B,).  The gradient op runs the
-    forward recursion again, then the backward one (``c_code/hsmm/hsmm_grad.h``).
+    forward recursion again, then the backward one (``c_code/hsmm/hsmm_grad.h``); where a graph needs both,
+    :class:`HsmmLikelihoodWithGradOp` takes the two ops' place.
     """
 
     in_info = _hsmm_inputs(False)
