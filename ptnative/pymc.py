@@ -232,11 +232,17 @@ def _per_posterior_draw(fn_name, idata, outputs, uniforms_shape, uniforms, model
     inputs = [rv.type(name=rv.name) for rv in rvs]
     graphs = clone_replace(graphs, dict(zip(rvs, inputs)))
     shape = clone_replace(list(uniforms_shape), dict(zip(rvs, inputs)))
-    extra = [uniforms] if uniforms is not None else []
-    fn = pytensor.function(inputs + extra, graphs, on_unused_input="ignore")
-    shape_fn = pytensor.function(inputs, shape, on_unused_input="ignore") if uniforms is not None else None
-    values = [np.asarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
     n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
+    # Each variable's draws are checked against its type once, here; the functions then skip PyTensor's per-call
+    # input checks (trust_input), as recover_states does.
+    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
+    for rv, v in zip(rvs, values):
+        if n_chain * n_draw:
+            rv.type.filter(v[0, 0, ...], strict=True)
+    extra = [uniforms] if uniforms is not None else []
+    fn = pytensor.function(inputs + extra, graphs, on_unused_input="ignore", trust_input=True)
+    shape_fn = (pytensor.function(inputs, shape, on_unused_input="ignore", trust_input=True)
+                if uniforms is not None else None)
     rng = np.random.default_rng(random_seed)
     results = {n: [] for n in names}
     for c in range(n_chain):
