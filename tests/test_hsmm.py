@@ -628,6 +628,27 @@ def test_posteriors_and_samples_float32_jax_and_threads(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["C", "FAST_COMPILE"], ids=["fused", "apart"])
+def test_outputs_are_fully_written(mode, poison_pattern, monkeypatch):
+    """Every output declared fully_written (the likelihood's gradients, fused or apart, the marginals, both paths,
+    the score) is the same with its memory poisoned before the kernel runs (PTNATIVE_POISON_OUTPUTS): padded
+    frames, the empty series, a sequence with a NaN input and one without a path included."""
+    rng = np.random.default_rng(33)
+    T, K, D, lens = 7, 3, 3, [7, 0, 5, 2, 7]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=True)
+    le[1, 2, 0] = np.nan  # sequence 2: NaN
+    ld[3, :, :2] = -np.inf  # sequence 3 (T_b = 2), not censored: no path
+    w = np.linspace(0.5, 2.0, len(lens))
+    poisoned = [*run("float64", mode, le, lA, ld, lpi, lens, False, w), *infer("float64", mode, le, lA, ld, lpi, lens,
+                                                                                 False)]
+    monkeypatch.delenv("PTNATIVE_POISON_OUTPUTS")
+    clean = [*run("float64", mode, le, lA, ld, lpi, lens, False, w), *infer("float64", mode, le, lA, ld, lpi, lens,
+                                                                              False)]
+    assert clean[2][3] == -np.inf and np.isnan(clean[0][2]) and (clean[1][:, 1] == -1).all()
+    for got, want in zip(poisoned, clean):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_kernels_compile_with_nvcc(monkeypatch):
     """The CUDA text of both units: the gradient op's (hsmm.cu holds the forward op's kernels too) in float64,
