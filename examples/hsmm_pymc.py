@@ -10,6 +10,9 @@ recovers the states per posterior draw (``ptnative.pymc.recover_hsmm_states``)::
     python examples/hsmm_pymc.py --draws 1000 --tune 1000 --chains 4 --samplers pymc
     python examples/hsmm_pymc.py --plot docs/img                   # the data with the inferred states
 
+The default run took 244 s on a shared 2-core VM under a load average of 12 (PyMC's NUTS 122 s, nutpie 90 s, the
+rest compiling and recovering the states); see docs/hsmm.md ("With PyMC") for its results.
+
 The model: K = 3 states with means ``mu ~ Normal((-2, 0, 2), 1)`` (ordered by the prior's centres, far enough apart
 not to swap), one noise ``sigma ~ HalfNormal(1)``, and for state k a duration d = 1..D of probability
 ``p_k(d) = NB(d - 1; m_k, a_k) / sum_{d'=1..D} NB(d' - 1; m_k, a_k)`` (a negative binomial on d - 1 >= 0 with mean
