@@ -18,7 +18,6 @@ import pytest
 from ptnative import cpu_levels
 
 PROGRAM = Path(__file__).with_name("simd_lanes.cc")
-HOST_LEVELS = {level.target[0].split("=", 1)[1] for level in cpu_levels.levels_for()}
 
 
 def _run(cmd: list[str], tmp_path: Path, march: str, runner: list[str] = ()) -> str:
@@ -36,18 +35,21 @@ def _needs(tool: str):
 
 
 @_needs("g++")
-@pytest.mark.parametrize("march, wide", [("x86-64-v2", 1), ("x86-64-v3", 1), ("x86-64-v4", 0)])
-def test_gxx_both_forms(tmp_path, march, wide):
-    if march not in HOST_LEVELS or not cpu_levels.runs(next(level for level in cpu_levels.levels_for()
-                                                            if level.target[0] == f"-march={march}")):
-        pytest.skip(f"this CPU does not run {march}")
-    assert _run(["g++"], tmp_path, march).split() == ["ok", "98", f"wide={wide}"]
+@pytest.mark.parametrize("level", range(3))
+def test_gxx_both_forms_at_each_level_this_cpu_runs(tmp_path, level):
+    """Each portable level of this machine's architecture that its CPU runs (x86-64: v4 with native 64-byte vectors,
+    v3 and v2 with ptn_wide; aarch64: ptn_wide at armv8.2-a and armv8-a)."""
+    levels = cpu_levels.levels_for()
+    if level >= len(levels) or not cpu_levels.runs(levels[level]):
+        pytest.skip("no such level here, or this CPU does not run it")
+    march = levels[level].target[0].split("=", 1)[1]
+    assert _run(["g++"], tmp_path, march).split() == ["ok", "98", f"wide={int(march != 'x86-64-v4')}"]
 
 
 @_needs("clang++")
 @pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3"])
 def test_clang_native_vectors(tmp_path, march):
-    if march not in HOST_LEVELS:
+    if cpu_levels.levels_for() != cpu_levels.LEVELS["x86_64"]:
         pytest.skip("not an x86-64 machine")
     assert _run(["clang++"], tmp_path, march).split() == ["ok", "98", "wide=0"]
 
