@@ -54,7 +54,7 @@ static void hmm_varying_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
 
 // ---------------------------------------------------------------- gradient
 // hmm_var_smooth's sink for the gradients: gamma into d log e (and d log pi, d log f at the ends), the pair
-// marginals into d log A of the matrix of their frame.
+// marginals into d log A of the matrix of their frame (the nonzero ones: atomics on CUDA).
 struct HmmVarLikSink {
   const HmmInferParams* p;
   const HmmVarying* v;
@@ -66,8 +66,12 @@ struct HmmVarLikSink {
     if (t == 0) elem_atomic_add(gr.dpi + hmm_var_initial(*v, b) * p->K + k, gam);
     if (t == p->seq_len[b] - 1) elem_atomic_add(gr.df + k, gam);
   }
-  DEV_FUNC void pair(int64_t t, int64_t i, int64_t j, double x) const {
-    elem_atomic_add(gr.dA + (hmm_var_matrix(*v, t, b) * p->K + i) * p->K + j, x);
+  DEV_FUNC void row(int64_t t, int64_t i, double a, const double* Ai, const double* E) const {
+    double* d = gr.dA + (hmm_var_matrix(*v, t, b) * p->K + i) * p->K;
+    for (int64_t j = 0; j < p->K; ++j) {
+      const double x = a * Ai[j] * E[j];
+      if (x != 0.0) elem_atomic_add(d + j, x);
+    }
   }
 };
 

@@ -85,17 +85,26 @@ struct HmmVaryingSteps {
     hmm_exp_row(v->lA + i * KK, KK, v->Ashift[i], A);
     return A;
   }
-  DEV_FUNC void next(int64_t t, int64_t b, const double* x, double* pred) const {
+  // pred = x . A; the CPU sums eight columns at a time in registers (the sums' chains overlap)
+  DEV_FUNC void next(int64_t t, int64_t b, const double* __restrict__ x, double* __restrict__ pred) const {
     const int64_t K = p->K;
-    const double* A = matrix(t, b);
-    for (int64_t j = 0; j < K; ++j) pred[j] = 0.0;
-    for (int64_t i = 0; i < K; ++i) {
-      const double xi = x[i];
-      const double* Ai = A + i * K;
+    const double* __restrict__ A = matrix(t, b);
+    int64_t j0 = 0;
 #if !CUDA
-#pragma GCC ivdep
+    for (; j0 + 8 <= K; j0 += 8) {
+      double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+      for (int64_t i = 0; i < K; ++i) {
+        const double xi = x[i];
+        const double* Ai = A + i * K + j0;
+        for (int q = 0; q < 8; ++q) acc[q] += xi * Ai[q];
+      }
+      for (int q = 0; q < 8; ++q) pred[j0 + q] = acc[q];
+    }
 #endif
-      for (int64_t j = 0; j < K; ++j) pred[j] += xi * Ai[j];
+    for (; j0 < K; ++j0) {
+      double s = 0.0;
+      for (int64_t i = 0; i < K; ++i) s += x[i] * A[i * K + j0];
+      pred[j0] = s;
     }
   }
 };
@@ -189,7 +198,8 @@ struct HmmVarCall {
 
 // The backward pass of sequence b (T_b > 0, filtered: status HMM_SCALED) from its filter alpha, c, m: beta from f,
 // and per frame t the weighted marginals g * gamma_t(k) (sink.state(t, k, value)) and for t >= 1 the weighted pair
-// marginals g * p(z_{t-1} = i, z_t = j | x) (sink.pair(t, i, j, value), value != 0 only).  work: 3 Kp doubles.
+// marginals g * p(z_{t-1} = i, z_t = j | x) = a * A_t(i, j) * v[j] per row i (sink.row(t, i, a, A_t row i, v), a != 0
+// only).  work: 3 Kp doubles.
 template <typename Sink>
 DEV_FUNC void hmm_var_smooth(const HmmInferParams& p, const HmmVarying& v, int64_t b, const double* alpha,
                              const double* c, const double* m, double g, double* work, Sink& sink) {
@@ -203,9 +213,7 @@ DEV_FUNC void hmm_var_smooth(const HmmInferParams& p, const HmmVarying& v, int64
   for (int64_t t = len - 1; t >= 0; --t) {
     const int64_t tb = t * B + b;
     const double* at = alpha + tb * K;
-    double z = 0.0;
-    for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
-    const double r = g / z;
+    const double r = g / hmm_dot(at, beta, K);
     for (int64_t k = 0; k < K; ++k) sink.state(t, k, at[k] * beta[k] * r);
     if (t == 0) break;
     const double* A = steps.matrix(t, b);
@@ -214,14 +222,10 @@ DEV_FUNC void hmm_var_smooth(const HmmInferParams& p, const HmmVarying& v, int64
     const double* ap = alpha + (tb - B) * K;
     const double x = r / c[tb];
     for (int64_t i = 0; i < K; ++i) {
+      const double* Ai = A + i * K;
+      nb[i] = hmm_dot(Ai, E, K);
       const double ai = ap[i] * x;
-      double bi = 0.0;
-      for (int64_t j = 0; j < K; ++j) {
-        const double w = A[i * K + j] * E[j];
-        bi += w;
-        if (ai * w != 0.0) sink.pair(t, i, j, ai * w);
-      }
-      nb[i] = bi;
+      if (ai != 0.0) sink.row(t, i, ai, Ai, E);
     }
     for (int64_t k = 0; k < K; ++k) beta[k] = nb[k];
     hmm_post_normalise(K, ap, beta, (double*)0);

@@ -21,7 +21,13 @@ struct HmmVarPostSink {
   Float* gamma;
   double* xi;
   DEV_FUNC void state(int64_t t, int64_t k, double g) const { gamma[(t * B + b) * K + k] = (Float)g; }
-  DEV_FUNC void pair(int64_t, int64_t i, int64_t j, double x) const { xi[i * K + j] += x; }
+  DEV_FUNC void row(int64_t, int64_t i, double a, const double* __restrict__ Ai, const double* __restrict__ E) const {
+    double* __restrict__ x = xi + i * K;
+#if !CUDA
+#pragma GCC ivdep
+#endif
+    for (int64_t j = 0; j < K; ++j) x[j] += a * Ai[j] * E[j];
+  }
 };
 
 // Per sequence: the filter, then the marginals and counts.  work: Kp (pred) + 3 Kp (smoothing) + K K (counts).

@@ -30,7 +30,8 @@ DEF_KERNEL void hmm_var_viterbi_kernel(HmmInferParams p, HmmVarying v, double* l
       } else if (t > 0 && p.status[b] != HMM_NAN) {
         double* mine = lAd + b * KKp;
         const Float* lA = v.lA + hmm_var_matrix(v, t, b) * K * K;
-        for (int64_t i = 0; i < KKp; ++i) hmm_viterbi_pad(lA, K, p.Kp, i, mine);
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t j = 0; j < p.Kp; ++j) mine[i * p.Kp + j] = j < K ? (double)lA[i * K + j] : -INFINITY;
         At = mine;
       }
       hmm_viterbi_frame(p, At, lpi, t, b, delta, bp);
