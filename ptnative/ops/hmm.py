@@ -281,6 +281,16 @@ class HmmSampleStatesOp(NativeOpGenBase):
     code_version = (1,)
 
 
+#: The hidden outputs of the ops with batched or time-varying parameters (float64, feeding their gradient ops): the
+#: scaled filter ``alpha`` (T, B, K), its normalisers ``scales`` and emission shifts ``shifts`` (T, B), ``status`` (B,).
+_VARYING_FILTER = (
+    hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
+    hidden_output("scales", ((0, 0), (0, 1))),
+    hidden_output("shifts", ((0, 0), (0, 1))),
+    hidden_output("status", ((0, 1),)),
+)
+
+
 class HmmVaryingLikelihoodOp(NativeOpGenBase):
     """Log-likelihood of a dense K-state HMM with batched or time-varying transitions and batched
     initial weights, with gradients (used by :func:`ptnative.hmm_log_likelihood` for those shapes).
@@ -293,13 +303,7 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
-    out_info = (
-        output_entry("log_likelihood", ((0, 1),)),
-        hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
-        hidden_output("scales", ((0, 0), (0, 1))),
-        hidden_output("shifts", ((0, 0), (0, 1))),
-        hidden_output("status", ((0, 1),)),
-    )
+    out_info = (output_entry("log_likelihood", ((0, 1),)), *_VARYING_FILTER)
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
     c_extra_support_code = _support("varying")
@@ -320,14 +324,8 @@ class HmmVaryingPosteriorsOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
-    out_info = (
-        output_entry("marginals", ((0, 0), (0, 1), (0, 2))),
-        output_entry("counts", ((0, 1), (0, 2), (0, 2))),
-        hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
-        hidden_output("scales", ((0, 0), (0, 1))),
-        hidden_output("shifts", ((0, 0), (0, 1))),
-        hidden_output("status", ((0, 1),)),
-    )
+    out_info = (output_entry("marginals", ((0, 0), (0, 1), (0, 2))), output_entry("counts", ((0, 1), (0, 2), (0, 2))),
+                *_VARYING_FILTER)
     # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
     grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
     c_extra_support_code = _support("varying_posteriors")

@@ -22,6 +22,15 @@ def _per_frame(log_A, log_pi, T, B, K):
     return log_A, np.broadcast_to(np.asarray(log_pi, np.float64), (B, K))
 
 
+def _log_forward(log_e_b, log_A_b, log_pi_b, L):
+    """The log-space forward vectors (L, K) of one sequence (log_e_b (T, K), log_A_b (T-1, K, K))."""
+    la = np.zeros((L, log_e_b.shape[1]))
+    la[0] = log_pi_b + log_e_b[0]
+    for t in range(1, L):
+        la[t] = logsumexp(la[t - 1][:, None] + log_A_b[t - 1], axis=0) + log_e_b[t]
+    return la
+
+
 def path_log_probs(log_e_b, log_A_b, log_pi, log_f, L):
     """{path: log p(x, path)} over all K**L state paths of one sequence (log_e_b: (T, K); log_A_b: (K, K), or
     (T-1, K, K) with entry t-1 the transition into frame t)."""
@@ -107,10 +116,7 @@ def forward_backward(log_e, log_A, log_pi, log_f=None, lens=None):
         L = int(lens[b])
         if L == 0:
             continue
-        la = np.zeros((L, K))
-        la[0] = log_pi[b] + log_e[0, b]
-        for t in range(1, L):
-            la[t] = logsumexp(la[t - 1][:, None] + log_A[t - 1, b], axis=0) + log_e[t, b]
+        la = _log_forward(log_e[:, b], log_A[:, b], log_pi[b], L)
         lb = np.zeros((L, K))
         lb[L - 1] = log_f
         for t in range(L - 1, 0, -1):
@@ -140,10 +146,7 @@ def sample(log_e, log_A, log_pi, log_f, lens, uniforms):
         L = int(lens[b])
         if L == 0:
             continue
-        la = np.zeros((L, K))
-        la[0] = log_pi[b] + log_e[0, b]
-        for t in range(1, L):
-            la[t] = logsumexp(la[t - 1][:, None] + log_A[t - 1, b], axis=0) + log_e[t, b]
+        la = _log_forward(log_e[:, b], log_A[:, b], log_pi[b], L)
         if logsumexp(la[L - 1] + log_f) == -np.inf:
             continue
         z = pick(la[L - 1] + log_f, uniforms[L - 1, b])
@@ -177,8 +180,5 @@ def forward_varying(log_e, log_A, log_pi, log_f=None, lens=None):
         L = int(lens[b])
         if L == 0:
             continue
-        la = log_pi[b] + log_e[0, b]
-        for t in range(1, L):
-            la = logsumexp(la[:, None] + log_A[t - 1, b], axis=0) + log_e[t, b]
-        out[b] = logsumexp(la + log_f)
+        out[b] = logsumexp(_log_forward(log_e[:, b], log_A[:, b], log_pi[b], L)[-1] + log_f)
     return out
