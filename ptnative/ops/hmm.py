@@ -449,7 +449,8 @@ def hmm_viterbi(log_emissions, log_transitions, log_initial, log_final=None, mas
     in the shared parameters) gives b the score NaN and the path -1 on every frame; a
     sequence without a possible path gets ``-inf`` and -1 everywhere.  No gradient.  ``+inf``
     log-probabilities, a non-0/1 or non-prefix mask and shape mismatches raise ``ValueError``
-    naming ``hmm_viterbi`` and the argument.
+    naming ``hmm_viterbi`` and the argument.  Batched or time-varying parameters run
+    :class:`HmmVaryingViterbiOp` (a NaN in a matrix or initial row: only the sequences using it).
     """
     varying, model = _model("hmm_viterbi", log_emissions, log_transitions, log_initial, log_final, mask)
     path, score = (HmmVaryingViterbiOp if varying else HmmViterbiOp).make_op()(*model)
@@ -474,7 +475,10 @@ def hmm_posteriors(log_emissions, log_transitions, log_initial, log_final=None, 
     without a possible path gets all-zero marginals, counts and gradients; a NaN input on a
     valid frame of sequence b (or in the shared parameters) gives b NaN marginals, counts and
     emission gradients, and the shared parameters NaN gradients.  The empty series: zeros.
-    Errors as in :func:`hmm_viterbi`, naming ``hmm_posteriors``.
+    Errors as in :func:`hmm_viterbi`, naming ``hmm_posteriors``.  Batched or time-varying parameters
+    run :class:`HmmVaryingPosteriorsOp`: ``counts`` summed over the frames as above, gradients in the
+    parameters' (broadcast) shapes, and a NaN in a matrix or initial row makes only the sequences using
+    it NaN (and the gradient entries they touch).
     """
     varying, model = _model("hmm_posteriors", log_emissions, log_transitions, log_initial, log_final, mask)
     marginals, counts = (HmmVaryingPosteriorsOp if varying else HmmPosteriorsOp).make_op()(*model)
@@ -495,7 +499,8 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
     state is the first whose cumulative weight exceeds ``u`` times the total.  A sequence
     with a NaN input or without a possible path gets -1 on every frame.  No gradient.  A
     uniform outside ``[0, 1)`` (or NaN) on a valid frame raises ``ValueError``; other errors
-    as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.
+    as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.  Batched or time-varying parameters run
+    :class:`HmmVaryingSampleStatesOp` (frame t given frame t+1 weighted by the matrix into frame t+1).
     """
     varying, model = _model("hmm_sample_states", log_emissions, log_transitions, log_initial, log_final, mask)
     uniforms = real_tensor("hmm_sample_states", "uniforms", uniforms, 2, model[0].dtype, "(T, B)")
