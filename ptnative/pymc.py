@@ -58,67 +58,24 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
     uncertainty integrated out.  ``model`` defaults to the model in context.  Raises ``ValueError`` if a free
     variable the graphs need is missing from ``idata.posterior``.
     """
-    import pymc as pm
-    import pytensor
     import pytensor.tensor as pt
-    import xarray as xr
-    from pytensor.graph.replace import clone_replace
 
-    try:
-        from pytensor.graph.traversal import ancestors
-    except ImportError:  # PyTensor < 2.31
-        from pytensor.graph.basic import ancestors
-
-    model = pm.modelcontext(model)
     if not (marginals or viterbi or samples):
         raise ValueError("recover_states: nothing to compute (marginals, viterbi and samples are all False)")
     args = (log_emissions, log_transitions, log_initial, log_final, mask)
     le = pt.as_tensor_variable(log_emissions)
     uniforms = pt.matrix("uniforms", dtype=le.dtype)
-    outputs, names = [le.shape[0], le.shape[1]], []
+    outputs = {}
     if marginals:
-        outputs.append(hmm_posteriors(*args)[0])
-        names.append("hmm_marginals")
+        outputs["hmm_marginals"] = (hmm_posteriors(*args)[0], ("time", "series", "state"))
     if viterbi:
-        outputs += list(hmm_viterbi(*args))
-        names += ["hmm_viterbi", "hmm_viterbi_logp"]
+        path, score = hmm_viterbi(*args)
+        outputs["hmm_viterbi"] = (path, ("time", "series"))
+        outputs["hmm_viterbi_logp"] = (score, ("series",))
     if samples:
-        outputs.append(hmm_sample_states(*args, uniforms=uniforms))
-        names.append("hmm_sample")
-    post = idata.posterior
-    if hasattr(post, "to_dataset"):  # ArviZ >= 1: a DataTree node
-        post = post.to_dataset()
-    used = set(ancestors(outputs))
-    rvs = [rv for rv in model.free_RVs if rv in used]
-    missing = [rv.name for rv in rvs if rv.name not in post.data_vars]
-    if missing:
-        raise ValueError(f"recover_states: idata.posterior has no draws of {missing}, which the HMM's graphs need")
-    inputs = [rv.type(name=rv.name) for rv in rvs]
-    outputs = clone_replace(outputs, dict(zip(rvs, inputs)))
-    n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
-    # Every draw's value is checked against its variable's type once, here; the functions then skip PyTensor's
-    # per-call input checks (trust_input), which cost about as much as a short series' kernel.
-    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
-    for rv, v in zip(rvs, values):
-        if n_chain * n_draw:
-            rv.type.filter(v[0, 0, ...], strict=True)
-    fn = pytensor.function(inputs + [uniforms], outputs[2:], on_unused_input="ignore", trust_input=True)
-    uniforms_shape = _uniforms_shape(pytensor, ancestors, inputs, outputs[:2]) if samples else lambda *point: (0, 0)
-    rng = np.random.default_rng(random_seed)
-    results = {name: [] for name in names}
-    for c in range(n_chain):
-        for d in range(n_draw):
-            point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
-            u = rng.random(uniforms_shape(*point)) if samples else np.zeros((0, 0))
-            for name, value in zip(names, fn(*point, u.astype(uniforms.dtype))):
-                results[name].append(value)
-    dims = {"hmm_marginals": ("time", "series", "state"), "hmm_viterbi": ("time", "series"),
-            "hmm_viterbi_logp": ("series",), "hmm_sample": ("time", "series")}
-    data = {}
-    for name, vals in results.items():
-        arr = np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0]))
-        data[name] = (("chain", "draw") + dims[name], arr)
-    return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
+        outputs["hmm_sample"] = (hmm_sample_states(*args, uniforms=uniforms), ("time", "series"))
+    return _per_posterior_draw("recover_states", idata, outputs, (le.shape[0], le.shape[1]),
+                               uniforms if samples else None, model, random_seed)
 
 
 def _uniforms_shape(pytensor, ancestors, inputs, shape):
@@ -135,6 +92,59 @@ def _uniforms_shape(pytensor, ancestors, inputs, shape):
         return known[0]
 
     return uniforms_shape
+
+
+def _per_posterior_draw(fn_name, idata, outputs, uniforms_shape, uniforms, model, random_seed):
+    """``outputs`` ({name: (graph, dims)}, graphs of the model's free variables and of ``uniforms``, a (T, B)
+    symbol or None) evaluated at every (chain, draw) of ``idata.posterior``, as an ``xarray.Dataset`` of
+    (chain, draw, *dims) arrays; the uniforms of each draw from ``numpy.random.default_rng(random_seed)``, of the
+    shape ``uniforms_shape`` takes at that draw."""
+    import pymc as pm
+    import pytensor
+    import xarray as xr
+    from pytensor.graph.replace import clone_replace
+
+    try:
+        from pytensor.graph.traversal import ancestors
+    except ImportError:  # PyTensor < 2.31
+        from pytensor.graph.basic import ancestors
+
+    model = pm.modelcontext(model)
+    names = list(outputs)
+    graphs = [outputs[n][0] for n in names]
+    post = idata.posterior
+    if hasattr(post, "to_dataset"):  # ArviZ >= 1: a DataTree node
+        post = post.to_dataset()
+    used = set(ancestors(graphs + list(uniforms_shape)))
+    rvs = [rv for rv in model.free_RVs if rv in used]
+    missing = [rv.name for rv in rvs if rv.name not in post.data_vars]
+    if missing:
+        raise ValueError(f"{fn_name}: idata.posterior has no draws of {missing}, which the model's graphs need")
+    inputs = [rv.type(name=rv.name) for rv in rvs]
+    graphs = clone_replace(graphs, dict(zip(rvs, inputs)))
+    shape = clone_replace(list(uniforms_shape), dict(zip(rvs, inputs)))
+    n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
+    # Every draw's value is checked against its variable's type once, here; the functions then skip PyTensor's
+    # per-call input checks (trust_input), which cost about as much as a short series' kernel.
+    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
+    for rv, v in zip(rvs, values):
+        if n_chain * n_draw:
+            rv.type.filter(v[0, 0, ...], strict=True)
+    extra = [uniforms] if uniforms is not None else []
+    fn = pytensor.function(inputs + extra, graphs, on_unused_input="ignore", trust_input=True)
+    shape_of = _uniforms_shape(pytensor, ancestors, inputs, shape) if uniforms is not None else None
+    rng = np.random.default_rng(random_seed)
+    results = {n: [] for n in names}
+    for c in range(n_chain):
+        for d in range(n_draw):
+            point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
+            if uniforms is not None:
+                point.append(rng.random(shape_of(*point)).astype(uniforms.dtype))
+            for n, value in zip(names, fn(*point)):
+                results[n].append(value)
+    data = {n: (("chain", "draw") + outputs[n][1], np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0])))
+            for n, vals in results.items()}
+    return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
 
 
 # ---------------------------------------------------------------------------- explicit-duration HMMs
@@ -201,58 +211,3 @@ def recover_hsmm_states(idata, log_emissions, log_transitions, log_durations, lo
         outputs["hsmm_sample"] = (hsmm_sample_states(*args, uniforms=uniforms), ("time", "series"))
     return _per_posterior_draw(fn_name, idata, outputs, (le.shape[0], le.shape[1]), uniforms if samples else None,
                                model, random_seed)
-
-
-def _per_posterior_draw(fn_name, idata, outputs, uniforms_shape, uniforms, model, random_seed):
-    """``outputs`` ({name: (graph, dims)}, graphs of the model's free variables and of ``uniforms``, a (T, B)
-    symbol or None) evaluated at every (chain, draw) of ``idata.posterior``, as an ``xarray.Dataset`` of
-    (chain, draw, *dims) arrays; the uniforms of each draw from ``numpy.random.default_rng(random_seed)``, of the
-    shape ``uniforms_shape`` takes at that draw."""
-    import pymc as pm
-    import pytensor
-    import xarray as xr
-    from pytensor.graph.replace import clone_replace
-
-    try:
-        from pytensor.graph.traversal import ancestors
-    except ImportError:  # PyTensor < 2.31
-        from pytensor.graph.basic import ancestors
-
-    model = pm.modelcontext(model)
-    names = list(outputs)
-    graphs = [outputs[n][0] for n in names]
-    post = idata.posterior
-    if hasattr(post, "to_dataset"):  # ArviZ >= 1: a DataTree node
-        post = post.to_dataset()
-    used = set(ancestors(graphs + list(uniforms_shape)))
-    rvs = [rv for rv in model.free_RVs if rv in used]
-    missing = [rv.name for rv in rvs if rv.name not in post.data_vars]
-    if missing:
-        raise ValueError(f"{fn_name}: idata.posterior has no draws of {missing}, which the model's graphs need")
-    inputs = [rv.type(name=rv.name) for rv in rvs]
-    graphs = clone_replace(graphs, dict(zip(rvs, inputs)))
-    shape = clone_replace(list(uniforms_shape), dict(zip(rvs, inputs)))
-    n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
-    # Each variable's draws are checked against its type once, here; the functions then skip PyTensor's per-call
-    # input checks (trust_input), as recover_states does.
-    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
-    for rv, v in zip(rvs, values):
-        if n_chain * n_draw:
-            rv.type.filter(v[0, 0, ...], strict=True)
-    extra = [uniforms] if uniforms is not None else []
-    fn = pytensor.function(inputs + extra, graphs, on_unused_input="ignore", trust_input=True)
-    shape_fn = (pytensor.function(inputs, shape, on_unused_input="ignore", trust_input=True)
-                if uniforms is not None else None)
-    rng = np.random.default_rng(random_seed)
-    results = {n: [] for n in names}
-    for c in range(n_chain):
-        for d in range(n_draw):
-            point = [v[c, d, ...] for v in values]
-            if uniforms is not None:
-                u = rng.random(tuple(int(s) for s in shape_fn(*point))).astype(uniforms.dtype)
-                point = point + [u]
-            for n, value in zip(names, fn(*point)):
-                results[n].append(value)
-    data = {n: (("chain", "draw") + outputs[n][1], np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0])))
-            for n, vals in results.items()}
-    return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
