@@ -313,6 +313,8 @@ def hsmm_bench(shape, reps):
                      timing.median / mine))
         record("hmm", f"hsmm loglik+grad {label} f64", name, timing.median, ours=name.startswith("ptnative HSMM"),
                best=timing.best, cpu=timing.cpu)
+    if "dynamax expanded HMM" not in times:  # bench/report.py: a "not installed" row
+        record("hmm", f"hsmm loglik+grad {label} f64", "dynamax expanded HMM", None, note="not installed")
     for name, target in HSMM_TARGETS.items():
         if name in times:
             rows.append((label, "hsmm ll+grad", f"=> ptnative HSMM / {name}", mine / times[name].median, target,
