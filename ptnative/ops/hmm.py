@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import pytensor.tensor as pt
 
-try:
-    from pytensor.graph.traversal import ancestors
-except ImportError:  # PyTensor before the traversal module
-    from pytensor.graph.basic import ancestors
 from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
 from ._args import WRITTEN, float_tensor, hidden_output, input_entry, output_entry, real_tensor
-from ._borrowed_grad import BorrowedGradientOp
+from ._borrowed_grad import BorrowedGradientOp, value_and_gradient_fusion
 
 
 def _hmm_inputs(disc, transitions_ndim=2, initial_ndim=1):
@@ -106,26 +102,9 @@ class HmmLikelihoodWithGradOp(NativeOpGenBase):
     op_class = _LikelihoodWithGradOp
 
 
-@node_rewriter([NativeOp])
-def _fuse_hmm_value_and_gradient(fgraph, node):
-    """HmmForwardBackwardOp's node and its gradient op's node on the same inputs become one
-    HmmLikelihoodWithGradOp node, when the upstream gradient does not depend on the log-likelihood."""
-    grad_name = "GradOf" + HmmForwardBackwardOp.__name__
-    if node.op.name != grad_name or len(node.inputs) != 6:
-        return None
-    inputs = node.inputs[:5]
-    forward = next((client for client, _ in fgraph.clients.get(inputs[0], ())
-                    if client != "output" and isinstance(getattr(client, "op", None), NativeOp)
-                    and client.op.name == HmmForwardBackwardOp.__name__ and client.inputs == inputs
-                    and client.op.device == node.op.device and client.op.float_dtypes == node.op.float_dtypes), None)
-    if forward is None or forward.outputs[0] in set(ancestors([node.inputs[5]])):
-        return None
-    fused = HmmLikelihoodWithGradOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
-    replacements = {forward.outputs[0]: fused[0]}
-    replacements.update(zip(node.outputs, fused[1:]))
-    return replacements
-
-
+# HmmForwardBackwardOp's node and its gradient op's node on the same inputs become one HmmLikelihoodWithGradOp node,
+# when the upstream gradient does not depend on the log-likelihood.
+_fuse_hmm_value_and_gradient = value_and_gradient_fusion(HmmForwardBackwardOp, HmmLikelihoodWithGradOp)
 register_specialize(_fuse_hmm_value_and_gradient, name="ptnative_hmm_value_and_gradient")
 
 
