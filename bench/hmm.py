@@ -1,7 +1,7 @@
 """HMM inference: ptnative against dynamax (JAX, jitted, vmapped over the batch), hmmlearn (Cython, a loop over
 the batch) and pytensor.scan, in one run, on the same data, timed in alternating turns.
 
-    python bench/hmm.py [--reps 30] [--shapes 1000x8x16,500x1x3] [--overhead 500x1x3]
+    python bench/hmm.py [--reps 30] [--shapes 1000x8x16,500x1x3] [--overhead 500x1x3] [--hsmm 2000x8x4x50]
 
 Prints, per shape and task, every implementation's median / best wall time and median CPU time, then
 ptnative's time over each peer's with the issue's targets (issue 16: loglik+grad >= 50x faster than scan; issue
@@ -20,6 +20,13 @@ have the parameters compiled in as constants (one argument per call), shown for 
 which timed dynamax that way against ptnative's three arguments.  Every competitor's result is checked
 against ptnative's before timing.  Needs dynamax and hmmlearn (skipped where missing), e.g. a venv with
 ``pip install dynamax hmmlearn`` and ptnative's dependencies, run with PYTHONPATH at the checkout.
+
+The explicit-duration HMM (``--hsmm TxBxKxD``, issue 31: float64, right-censored, the log-likelihood with its
+gradients w.r.t. emissions, transitions, durations and initial weights): ptnative.hsmm_log_likelihood against the
+same model as an HMM on K*D expanded states (state, time spent in it; see ``expanded_hsmm``) run by
+ptnative.hmm_log_likelihood and by dynamax (value_and_grad of hmm_filter, jitted, vmapped over the batch), the
+gradients reaching the HSMM's parameters through the expansion; targets: ptnative's HSMM <= 1/5 of dynamax's
+time and <= 1/2 of ptnative's expanded HMM's.
 """
 
 import argparse
@@ -196,6 +203,125 @@ def hmmlearn_fns(log_e, log_A, log_pi):
     return {"posteriors": post_log, "posteriors (scaled)": post_scaling, "viterbi": viterbi}
 
 
+# ---------------------------------------------------------------------------- explicit-duration HMM (issue 31)
+HSMM_TARGETS = {"dynamax expanded HMM": 1 / 5, "ptnative expanded HMM": 1 / 2}
+
+
+def hsmm_data(T, B, K, D, seed=0):
+    """Gaussian series of a simulated HSMM: log-emissions (T, B, K), log-transitions (K, K) (uniform over the
+    other states, -inf on the diagonal), log-durations (K, D) (negative binomials of means 8..30 truncated at D),
+    log-initial (K,)."""
+    from scipy.special import gammaln, logsumexp
+
+    rng = np.random.default_rng(seed)
+    n = np.arange(D)[None, :]
+    m, a = np.linspace(8, 30, K)[:, None], 5.0
+    ld = gammaln(n + a) - gammaln(a) - gammaln(n + 1) + a * np.log(a / (a + m)) + n * np.log(m / (a + m))
+    ld -= logsumexp(ld, axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lA = np.log((1 - np.eye(K)) / (K - 1))
+    lpi = np.full(K, -np.log(K))
+    means = np.linspace(-3, 3, K)
+    z = np.zeros((T, B), int)
+    for b in range(B):
+        t, k = 0, rng.integers(K)
+        while t < T:
+            d = rng.choice(D, p=np.exp(ld[k])) + 1
+            z[t:t + d, b] = k
+            t, k = t + d, rng.choice([j for j in range(K) if j != k])
+    x = means[z] + rng.normal(size=(T, B))
+    log_e = -0.5 * (x[:, :, None] - means) ** 2 - 0.5 * np.log(2 * np.pi)
+    return log_e, lA, ld, lpi
+
+
+def expanded_hsmm(lA, ld, lpi, K, D, xp):
+    """The right-censored HSMM as an HMM on K*D states (k, r = time spent so far, 1..D; index k*D + r-1), in
+    ``xp`` (numpy, pytensor.tensor or jax.numpy; differentiable): it starts in (k, 1) with pi(k) L_k(1), goes on to
+    (k, r+1) with L_k(r+1) / L_k(r) and leaves for (j, 1), j != k, with p_k(r) / L_k(r) A(k, j) L_j(1), where
+    L_k(r) = sum_{r' >= r} p_k(r').  Returns (log_transitions (K*D, K*D), log_initial (K*D,))."""
+    lL = xp.log(xp.cumsum(xp.exp(ld)[:, ::-1], axis=1))[:, ::-1]
+    stay = xp.concatenate([lL[:, 1:] - lL[:, :-1], np.full((K, 1), -np.inf)], axis=1)  # (k, r) -> (k, r+1)
+    leave = (ld - lL)[:, :, None, None] + lA[:, None, :, None] + lL[:, 0][None, None, :, None]  # (k, r) -> (j, 1)
+    same = (np.eye(K) > 0)[:, None, :, None]
+    first = (np.arange(D) == 0)[None, None, None, :]
+    step = (np.arange(D)[None, :] == np.arange(D)[:, None] + 1)[None, :, None, :]
+    big = xp.where(first & ~same, leave, xp.where(same & step, stay[:, :, None, None], -np.inf))
+    init = xp.where((np.arange(D) == 0)[None, :], (lpi + lL[:, 0])[:, None], -np.inf)
+    return big.reshape((K * D, K * D)), init.reshape((K * D,))
+
+
+def hsmm_fns(log_e, lA, ld, lpi):
+    """{name: fn}: loglik+grad of the HSMM by ptnative (with and without trust_input, and without the rewrite that
+    fuses the value and gradient ops), of its expanded HMM by ptnative and by dynamax; each returns (sum of
+    log-likelihoods, and the gradients w.r.t. log_e, log_A, log_durations, log_initial)."""
+    K, D = ld.shape
+    le_s, lA_s, ld_s, lpi_s = pt.tensor3("le"), pt.matrix("lA"), pt.matrix("ld"), pt.vector("lpi")
+    inputs = [le_s, lA_s, ld_s, lpi_s]
+    ll = ptnative.hsmm_log_likelihood(*inputs).sum()
+    XA, Xpi = expanded_hsmm(lA_s, ld_s, lpi_s, K, D, pt)
+    ll_x = ptnative.hmm_log_likelihood(pt.repeat(le_s, D, axis=2), XA, Xpi).sum()
+    args = (log_e, lA, ld, lpi)
+    fns = {}
+    apart = pytensor.compile.mode.get_default_mode().excluding("ptnative_hsmm_value_and_gradient")
+    for name, value, trust, mode in [("ptnative HSMM", ll, False, None), ("ptnative HSMM trust_input", ll, True, None),
+                                     ("ptnative HSMM, two ops (not fused)", ll, False, apart),
+                                     ("ptnative expanded HMM", ll_x, False, None)]:
+        f = pytensor.function(inputs, [value, *pytensor.grad(value, inputs)], trust_input=trust, mode=mode)
+        fns[name] = (lambda f: lambda: f(*args))(f)
+    try:
+        import jax
+        import jax.numpy as jnp
+        from dynamax.hidden_markov_model import hmm_filter
+    except ImportError as e:
+        print(f"dynamax: not installed ({e})")
+        return fns
+    jax.config.update("jax_enable_x64", True)
+
+    def loglik(lls, lA, ld, lpi):
+        XA, Xpi = expanded_hsmm(lA, ld, lpi, K, D, jnp)
+        A, pi = jnp.exp(XA), jnp.exp(Xpi)
+        one = lambda x: hmm_filter(pi, A, jnp.repeat(x, D, axis=-1)).marginal_loglik  # noqa: E731
+        return jax.vmap(one)(lls).sum()
+
+    vg = jax.jit(jax.value_and_grad(loglik, argnums=(0, 1, 2, 3)))
+    jargs = (jnp.asarray(np.ascontiguousarray(log_e.transpose(1, 0, 2))), *(jnp.asarray(a) for a in args[1:]))
+
+    def dynamax():
+        value, grads = jax.block_until_ready(vg(*jargs))
+        return value, np.asarray(grads[0]).transpose(1, 0, 2), grads[1], grads[2], grads[3]
+
+    fns["dynamax expanded HMM"] = dynamax
+    return fns
+
+
+def hsmm_bench(shape, reps):
+    """Times and ratios of the HSMM benchmark (rows as main's)."""
+    T, B, K, D = (int(v) for v in shape.split("x"))
+    label = f"T={T} B={B} K={K} D={D}"
+    fns = hsmm_fns(*hsmm_data(T, B, K, D))
+    want = fns["ptnative HSMM"]()
+    for name, fn in fns.items():  # the same numbers before timing
+        got = fn()
+        np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-9, err_msg=name)
+        for i in (1, 2, 3, 4):
+            np.testing.assert_allclose(np.asarray(got[i]), want[i], rtol=1e-6, atol=1e-7, err_msg=f"{name} {i}")
+    times = measure_interleaved(fns, reps=reps, rounds=3, warmup=2)
+    mine = times["ptnative HSMM"].median
+    rows = []
+    for name, timing in times.items():
+        rows.append((label, "hsmm ll+grad", name, timing.median * 1e3, timing.best * 1e3, timing.cpu * 1e3,
+                     timing.median / mine))
+        record("hmm", f"hsmm loglik+grad {label} f64", name, timing.median, ours=name.startswith("ptnative HSMM"),
+               best=timing.best, cpu=timing.cpu)
+    if "dynamax expanded HMM" not in times:  # bench/report.py: a "not installed" row
+        record("hmm", f"hsmm loglik+grad {label} f64", "dynamax expanded HMM", None, note="not installed")
+    for name, target in HSMM_TARGETS.items():
+        if name in times:
+            rows.append((label, "hsmm ll+grad", f"=> ptnative HSMM / {name}", mine / times[name].median, target,
+                         None, None))
+    return rows
+
+
 def check(task, name, got, want):
     """Competitor ``name``'s result of ``task`` against ptnative's (same numbers, else the timing means nothing)."""
     if task == "loglik+grad":
@@ -223,6 +349,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default="1000x8x16,500x1x3", help="TxBxK,...")
     ap.add_argument("--overhead", default="500x1x3", help="TxBxK of the per-call overhead breakdown ('' to skip)")
+    ap.add_argument("--hsmm", default="2000x8x4x50", help="TxBxKxD of the explicit-duration HMM ('' to skip)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     if args.overhead:
@@ -231,8 +358,8 @@ def main():
         print(f"\nper-call overhead, T={T} B={B} K={K} f64 (median / best wall microseconds):")
         for name, timing in times.items():
             print(f"  {name:<26} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
-    rows = []
-    for shape in args.shapes.split(","):
+    rows = hsmm_bench(args.hsmm, args.reps) if args.hsmm else []
+    for shape in filter(None, args.shapes.split(",")):
         T, B, K = (int(v) for v in shape.split("x"))
         label = f"T={T} B={B} K={K}"
         log_e, log_A, log_pi = data(T, B, K)

@@ -5,8 +5,11 @@
 * :func:`recover_states`: per posterior draw of an ``InferenceData``, the smoothed state marginals, the Viterbi
   path and a path drawn from ``p(z | x, theta)`` (:func:`ptnative.hmm_posteriors`, :func:`ptnative.hmm_viterbi`,
   :func:`ptnative.hmm_sample_states`).
+* :func:`hsmm_marginal` and :func:`recover_hsmm_states`: the same for explicit-duration HMMs
+  (:func:`ptnative.hsmm_log_likelihood`, :func:`ptnative.hsmm_posteriors`, :func:`ptnative.hsmm_viterbi`,
+  :func:`ptnative.hsmm_sample_states`).
 
-See ``docs/hmm.md`` ("With PyMC").
+See ``docs/hmm.md`` ("With PyMC") and ``docs/hsmm.md`` ("With PyMC").
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
 
     ``log_emissions`` ... ``mask`` are the graphs given to :func:`hmm_marginal` (or to
     ``hmm_log_likelihood`` in a model of your own), built from the model's free random variables, with
-    ``log_transitions`` (K, K) and ``log_initial`` (K,) (the shapes of :func:`ptnative.hmm_posteriors`); for each
-    ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that draw's values and the selected results
-    computed:
+    ``log_transitions`` (K, K), (B, K, K) or (T-1, B, K, K) and ``log_initial`` (K,) or (B, K) (the shapes of
+    :func:`ptnative.hmm_posteriors`); for each ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that
+    draw's values and the selected results computed:
 
     * ``hmm_marginals`` (chain, draw, time, series, state): ``p(z_t = k | x, theta_draw)`` (0 on padded frames);
     * ``hmm_viterbi`` (chain, draw, time, series) int32 and ``hmm_viterbi_logp`` (chain, draw, series): the most
@@ -55,67 +58,24 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
     uncertainty integrated out.  ``model`` defaults to the model in context.  Raises ``ValueError`` if a free
     variable the graphs need is missing from ``idata.posterior``.
     """
-    import pymc as pm
-    import pytensor
     import pytensor.tensor as pt
-    import xarray as xr
-    from pytensor.graph.replace import clone_replace
 
-    try:
-        from pytensor.graph.traversal import ancestors
-    except ImportError:  # PyTensor < 2.31
-        from pytensor.graph.basic import ancestors
-
-    model = pm.modelcontext(model)
     if not (marginals or viterbi or samples):
         raise ValueError("recover_states: nothing to compute (marginals, viterbi and samples are all False)")
     args = (log_emissions, log_transitions, log_initial, log_final, mask)
     le = pt.as_tensor_variable(log_emissions)
     uniforms = pt.matrix("uniforms", dtype=le.dtype)
-    outputs, names = [le.shape[0], le.shape[1]], []
+    outputs = {}
     if marginals:
-        outputs.append(hmm_posteriors(*args)[0])
-        names.append("hmm_marginals")
+        outputs["hmm_marginals"] = (hmm_posteriors(*args)[0], ("time", "series", "state"))
     if viterbi:
-        outputs += list(hmm_viterbi(*args))
-        names += ["hmm_viterbi", "hmm_viterbi_logp"]
+        path, score = hmm_viterbi(*args)
+        outputs["hmm_viterbi"] = (path, ("time", "series"))
+        outputs["hmm_viterbi_logp"] = (score, ("series",))
     if samples:
-        outputs.append(hmm_sample_states(*args, uniforms=uniforms))
-        names.append("hmm_sample")
-    post = idata.posterior
-    if hasattr(post, "to_dataset"):  # ArviZ >= 1: a DataTree node
-        post = post.to_dataset()
-    used = set(ancestors(outputs))
-    rvs = [rv for rv in model.free_RVs if rv in used]
-    missing = [rv.name for rv in rvs if rv.name not in post.data_vars]
-    if missing:
-        raise ValueError(f"recover_states: idata.posterior has no draws of {missing}, which the HMM's graphs need")
-    inputs = [rv.type(name=rv.name) for rv in rvs]
-    outputs = clone_replace(outputs, dict(zip(rvs, inputs)))
-    n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
-    # Every draw's value is checked against its variable's type once, here; the functions then skip PyTensor's
-    # per-call input checks (trust_input), which cost about as much as a short series' kernel.
-    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
-    for rv, v in zip(rvs, values):
-        if n_chain * n_draw:
-            rv.type.filter(v[0, 0, ...], strict=True)
-    fn = pytensor.function(inputs + [uniforms], outputs[2:], on_unused_input="ignore", trust_input=True)
-    uniforms_shape = _uniforms_shape(pytensor, ancestors, inputs, outputs[:2]) if samples else lambda *point: (0, 0)
-    rng = np.random.default_rng(random_seed)
-    results = {name: [] for name in names}
-    for c in range(n_chain):
-        for d in range(n_draw):
-            point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
-            u = rng.random(uniforms_shape(*point)) if samples else np.zeros((0, 0))
-            for name, value in zip(names, fn(*point, u.astype(uniforms.dtype))):
-                results[name].append(value)
-    dims = {"hmm_marginals": ("time", "series", "state"), "hmm_viterbi": ("time", "series"),
-            "hmm_viterbi_logp": ("series",), "hmm_sample": ("time", "series")}
-    data = {}
-    for name, vals in results.items():
-        arr = np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0]))
-        data[name] = (("chain", "draw") + dims[name], arr)
-    return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
+        outputs["hmm_sample"] = (hmm_sample_states(*args, uniforms=uniforms), ("time", "series"))
+    return _per_posterior_draw("recover_states", idata, outputs, (le.shape[0], le.shape[1]),
+                               uniforms if samples else None, model, random_seed)
 
 
 def _uniforms_shape(pytensor, ancestors, inputs, shape):
@@ -132,3 +92,122 @@ def _uniforms_shape(pytensor, ancestors, inputs, shape):
         return known[0]
 
     return uniforms_shape
+
+
+def _per_posterior_draw(fn_name, idata, outputs, uniforms_shape, uniforms, model, random_seed):
+    """``outputs`` ({name: (graph, dims)}, graphs of the model's free variables and of ``uniforms``, a (T, B)
+    symbol or None) evaluated at every (chain, draw) of ``idata.posterior``, as an ``xarray.Dataset`` of
+    (chain, draw, *dims) arrays; the uniforms of each draw from ``numpy.random.default_rng(random_seed)``, of the
+    shape ``uniforms_shape`` takes at that draw."""
+    import pymc as pm
+    import pytensor
+    import xarray as xr
+    from pytensor.graph.replace import clone_replace
+
+    try:
+        from pytensor.graph.traversal import ancestors
+    except ImportError:  # PyTensor < 2.31
+        from pytensor.graph.basic import ancestors
+
+    model = pm.modelcontext(model)
+    names = list(outputs)
+    graphs = [outputs[n][0] for n in names]
+    post = idata.posterior
+    if hasattr(post, "to_dataset"):  # ArviZ >= 1: a DataTree node
+        post = post.to_dataset()
+    used = set(ancestors(graphs + list(uniforms_shape)))
+    rvs = [rv for rv in model.free_RVs if rv in used]
+    missing = [rv.name for rv in rvs if rv.name not in post.data_vars]
+    if missing:
+        raise ValueError(f"{fn_name}: idata.posterior has no draws of {missing}, which the model's graphs need")
+    inputs = [rv.type(name=rv.name) for rv in rvs]
+    graphs = clone_replace(graphs, dict(zip(rvs, inputs)))
+    shape = clone_replace(list(uniforms_shape), dict(zip(rvs, inputs)))
+    n_chain, n_draw = post.sizes["chain"], post.sizes["draw"]
+    # Every draw's value is checked against its variable's type once, here; the functions then skip PyTensor's
+    # per-call input checks (trust_input), which cost about as much as a short series' kernel.
+    values = [np.ascontiguousarray(post[rv.name].values, dtype=rv.type.dtype) for rv in rvs]
+    for rv, v in zip(rvs, values):
+        if n_chain * n_draw:
+            rv.type.filter(v[0, 0, ...], strict=True)
+    extra = [uniforms] if uniforms is not None else []
+    fn = pytensor.function(inputs + extra, graphs, on_unused_input="ignore", trust_input=True)
+    shape_of = _uniforms_shape(pytensor, ancestors, inputs, shape) if uniforms is not None else None
+    rng = np.random.default_rng(random_seed)
+    results = {n: [] for n in names}
+    for c in range(n_chain):
+        for d in range(n_draw):
+            point = [v[c, d, ...] for v in values]  # arrays, also for scalar variables
+            if uniforms is not None:
+                point.append(rng.random(shape_of(*point)).astype(uniforms.dtype))
+            for n, value in zip(names, fn(*point)):
+                results[n].append(value)
+    data = {n: (("chain", "draw") + outputs[n][1], np.stack(vals).reshape((n_chain, n_draw) + np.shape(vals[0])))
+            for n, vals in results.items()}
+    return xr.Dataset(data, coords={"chain": post.coords["chain"], "draw": post.coords["draw"]})
+
+
+# ---------------------------------------------------------------------------- explicit-duration HMMs
+def hsmm_marginal(name, log_emissions, log_transitions, log_durations, log_initial, mask=None, right_censored=True,
+                  model=None):
+    """Add ``sum_b log p(x_b)`` of the explicit-duration HMM to the PyMC model as ``pm.Potential(name, ...)`` and
+    return it.
+
+    The arguments are those of :func:`ptnative.hsmm_log_likelihood` (graphs of the model's variables: the
+    emissions' log-densities (T, B, K) of the observed data, (K, K) log-transitions between different states, (K, D)
+    or (B, K, D) log-duration probabilities, e.g. a discretised negative binomial's, (K,) or (B, K) log-initial
+    weights); ``model`` defaults to the model in context.  NUTS gets the gradient through the op.  As with
+    :func:`hmm_marginal`, a potential is part of the model's logp but not of ``pm.compute_log_likelihood``.
+    """
+    import pymc as pm
+
+    from .ops.hsmm import hsmm_log_likelihood
+
+    model = pm.modelcontext(model)
+    with model:
+        ll = hsmm_log_likelihood(log_emissions, log_transitions, log_durations, log_initial, mask, right_censored)
+        return pm.Potential(name, ll.sum())
+
+
+def recover_hsmm_states(idata, log_emissions, log_transitions, log_durations, log_initial, mask=None,
+                        right_censored=True, *, model=None, random_seed=None, marginals=True, viterbi=True,
+                        samples=True):
+    """The hidden states of an explicit-duration HMM behind each posterior draw of ``idata``, as an
+    ``xarray.Dataset``.
+
+    ``log_emissions`` ... ``right_censored`` are the graphs given to :func:`hsmm_marginal` (built from the model's
+    free random variables); for each ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that draw's
+    values and the selected results computed:
+
+    * ``hsmm_marginals`` (chain, draw, time, series, state): ``p(z_t = k | x, theta_draw)`` (0 on padded frames);
+    * ``hsmm_viterbi`` (chain, draw, time, series) int32 and ``hsmm_viterbi_logp`` (chain, draw, series): the most
+      likely path given the draw (-1 on padded frames) and its log weight;
+    * ``hsmm_sample`` (chain, draw, time, series) int32: a path drawn from ``p(z | x, theta_draw)``
+      (:func:`ptnative.hsmm_sample_states`) with uniforms from ``numpy.random.default_rng(random_seed)``, a (T, B)
+      array per draw in (chain, draw) order, so that the draws of ``hsmm_sample`` together are draws of the states
+      from their posterior.
+
+    ``model`` defaults to the model in context.  Raises ``ValueError`` if nothing is selected or a free variable
+    the graphs need is missing from ``idata.posterior``.
+    """
+    import pytensor.tensor as pt
+
+    from .ops.hsmm import hsmm_posteriors, hsmm_sample_states, hsmm_viterbi
+
+    fn_name = "recover_hsmm_states"
+    if not (marginals or viterbi or samples):
+        raise ValueError(f"{fn_name}: nothing to compute (marginals, viterbi and samples are all False)")
+    args = (log_emissions, log_transitions, log_durations, log_initial, mask, right_censored)
+    le = pt.as_tensor_variable(log_emissions)
+    uniforms = pt.matrix("uniforms", dtype=le.dtype)
+    outputs = {}
+    if marginals:
+        outputs["hsmm_marginals"] = (hsmm_posteriors(*args), ("time", "series", "state"))
+    if viterbi:
+        path, score = hsmm_viterbi(*args)
+        outputs["hsmm_viterbi"] = (path, ("time", "series"))
+        outputs["hsmm_viterbi_logp"] = (score, ("series",))
+    if samples:
+        outputs["hsmm_sample"] = (hsmm_sample_states(*args, uniforms=uniforms), ("time", "series"))
+    return _per_posterior_draw(fn_name, idata, outputs, (le.shape[0], le.shape[1]), uniforms if samples else None,
+                               model, random_seed)

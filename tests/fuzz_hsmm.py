@@ -1,5 +1,5 @@
-"""Bad inputs for the explicit-duration HMM functions (``hsmm_log_likelihood``, ``hsmm_viterbi``): their harnesses
-for tests/fuzz_cases.py (which lists them in ``HARNESSES``).  Comparisons go through ``fuzz_cases.equal`` (the CUDA
+"""Bad inputs for the explicit-duration HMM functions (``hsmm_log_likelihood``, ``hsmm_viterbi``,
+``hsmm_posteriors``, ``hsmm_sample_states``): their harnesses for tests/fuzz_cases.py (which lists them in ``HARNESSES``).  Comparisons go through ``fuzz_cases.equal`` (the CUDA
 emulation's fuzz run replaces it)."""
 
 from __future__ import annotations
@@ -142,4 +142,76 @@ class HsmmViterbiH(HsmmH):
         fc.equal(got[0][:, b], np.full(got[0].shape[0], -1, np.int32), f"path of sequence {b} with a NaN input")
 
 
-HARNESSES = (HsmmH, HsmmViterbiH)
+class HsmmPosteriorsH(HsmmH):
+    name = "hsmm_posteriors"
+    outputs = {"marginals": 1}
+
+    def graph(self, le, lA, ld, lpi, mask):
+        return [self.fn()(le, lA, ld, lpi, mask)]
+
+    def check_reference(self, vals, got):
+        from .reference import hsmm as ref
+
+        lens = vals[4].sum(axis=0).astype(int)
+        fc.equal(got[0], ref.marginals_brute_force(*vals[:4], lens), "marginals", exact=False)
+
+    def check_nan(self, got, b):
+        L = self.LENS[b]
+        assert np.isnan(got[0][:L, b]).all(), f"marginals of sequence {b} with a NaN input: {got[0][:, b]}"
+
+
+class HsmmSampleH(HsmmH):
+    name = "hsmm_sample_states"
+    outputs = {"path": 1}
+
+    def fn(self):
+        """hsmm_sample_states with symbolic uniforms by default (the build cases pass none)."""
+        import functools
+
+        return functools.partial(super().fn(), uniforms=fc._pt().matrix("uniforms"))
+
+    def symbols(self):
+        return super().symbols() + [fc._pt().matrix("uniforms")]
+
+    def valid(self):
+        return super().valid() + [np.random.default_rng(19).random((5, 3))]
+
+    def graph(self, le, lA, ld, lpi, mask, uniforms):
+        return [self.fn()(le, lA, ld, lpi, mask, uniforms=uniforms)]
+
+    def check_reference(self, vals, got):
+        from .reference import hsmm as ref
+
+        lens = vals[4].sum(axis=0).astype(int)
+        fc.equal(got[0], ref.sample_states(*vals[:4], lens, vals[5]), "path")
+
+    def check_nan(self, got, b):
+        fc.equal(got[0][:, b], np.full(got[0].shape[0], -1, np.int32), f"path of sequence {b} with a NaN input")
+
+    def runtime_cases(self):
+        def bad_uniform(v):
+            return lambda: fc.expect_error(
+                lambda: self(*self.with_values(uniforms=lambda a: fc._set(a, (1, 0), v))), [self.name, "uniforms"])
+
+        def empty(T, B):
+            def run():
+                vals = self.with_values(log_emissions=np.zeros((T, B, 3)), mask=np.zeros((T, B)),
+                                        uniforms=np.zeros((T, B)))
+                self.check_reference(vals, self(*vals))
+            return run
+
+        cases = [c for c in super().runtime_cases() if c[0] not in ("zero_length:T0", "empty_batch:B0")]
+        return cases + [
+            ("out_of_range_label:uniform_1", bad_uniform(1.0)),
+            ("out_of_range_label:uniform_negative", bad_uniform(-0.1)),
+            ("nan:uniforms", bad_uniform(NAN)),
+            ("valid:uniform_on_padded_frame_ignored", lambda: fc.all_equal(
+                self(*self.with_values(uniforms=lambda a: fc._set(a, (4, 1), 7.0))), self.clean(), ["path"])),
+            ("shape_mismatch:uniforms", lambda: fc.expect_error(
+                lambda: self(*self.with_values(uniforms=np.zeros((4, 3)))), [self.name, "uniforms"])),
+            ("zero_length:T0", empty(0, 3)),
+            ("empty_batch:B0", empty(5, 0)),
+        ]
+
+
+HARNESSES = (HsmmH, HsmmViterbiH, HsmmPosteriorsH, HsmmSampleH)

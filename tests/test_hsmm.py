@@ -1,8 +1,11 @@
-"""Explicit-duration HMMs (ptnative.ops.hsmm): hsmm_log_likelihood and its gradients, hsmm_viterbi.
+"""Explicit-duration HMMs (ptnative.ops.hsmm): hsmm_log_likelihood and its gradients, hsmm_posteriors,
+hsmm_viterbi, hsmm_sample_states.
 
 References: enumeration of every segmentation on tiny models (tests/reference/hsmm.py), and the equivalent HMM on
-K * D expanded states run by ptnative's own HMM functions (likelihood, gradients through the expansion, Viterbi
-mapped back); finite differences (verify_grad) for every float input."""
+K * D expanded states run by ptnative's own HMM functions (likelihood, gradients through the expansion, posteriors
+summed over durations, Viterbi mapped back); finite differences (verify_grad) for every float input; a numpy
+backward-filtering, forward-sampling sampler driven by the same uniforms (equal paths), and the frequencies of
+sampled paths against their enumerated posterior."""
 
 import shutil
 
@@ -10,6 +13,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+import scipy.stats
 from pytensor.gradient import verify_grad
 
 import ptnative
@@ -353,13 +357,296 @@ def test_infer_shape():
     v = [np.random.default_rng(12).random((4, 2, 3))]
     check_infer_shape([a], list(hsmm.hsmm_viterbi(a, lA, ld, lpi)), v, NativeOp)
     check_infer_shape([a], [hsmm.hsmm_log_likelihood(a, lA, ld, lpi)], v, NativeOp)
+    check_infer_shape([a], [hsmm.hsmm_posteriors(a, lA, ld, lpi)], v, NativeOp)
+    check_infer_shape([a], [hsmm.hsmm_sample_states(a, lA, ld, lpi, uniforms=np.zeros((4, 2)))], v, NativeOp)
 
 
 def test_exported():
     for name in hsmm.__all__:
         assert getattr(ptnative.ops, name) is getattr(hsmm, name)
-    for name in ["hsmm_log_likelihood", "hsmm_viterbi"]:
+    for name in ["hsmm_log_likelihood", "hsmm_posteriors", "hsmm_viterbi", "hsmm_sample_states"]:
         assert getattr(ptnative, name) is getattr(hsmm, name)
+
+
+# ------------------------------------------------------------------ value and gradients in one op
+def _hsmm_op_names(fn):
+    found = (getattr(n.op, "name", None) or "" for n in fn.maker.fgraph.toposort())
+    return sorted(name for name in found if "Hsmm" in name)
+
+
+def test_value_and_gradients_in_one_op(mode):
+    """Where a graph needs the log-likelihood and its gradients with an upstream gradient that does not depend on
+    it, one op computes both (HsmmLikelihoodWithGradOp, by a rewrite of every mode but FAST_COMPILE): the same bits
+    as the two ops (per-sequence parameters, ragged, both censorings); with an upstream gradient that depends on the
+    value the two ops stay."""
+    rng = np.random.default_rng(31)
+    T, K, D, lens = 20, 3, 5, [20, 13, 0, 1, 20]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=True, scale=2.0)
+    xs = symbols("float64", batched=True)
+    w = pt.vector()
+    ll = hsmm.hsmm_log_likelihood(*xs[:4], mask=xs[4], right_censored=xs[5])
+    outs = [ll, *pytensor.grad((ll * w).sum(), xs[:4])]
+    base = pytensor.compile.mode.get_mode(mode)
+    fused = pytensor.function([*xs, w], outs, mode=base)
+    apart = pytensor.function([*xs, w], outs, mode=base.excluding("ptnative_hsmm_value_and_gradient"))
+    dep = pytensor.function([*xs, w], [ll, *pytensor.grad((ll * w * pt.exp(ll / 100)).sum(), xs[:4])], mode=base)
+    two = ["GradOfHsmmLikelihoodOp", "HsmmLikelihoodOp"]
+    assert _hsmm_op_names(apart) == two and _hsmm_op_names(dep) == two
+    assert _hsmm_op_names(fused) == (two if mode == "FAST_COMPILE" else ["HsmmLikelihoodWithGradOp"])
+    for censored in (1, 0):
+        args = [le, lA, ld, lpi, mask_of(lens, T), np.int32(censored), rng.uniform(0.5, 2.0, size=len(lens))]
+        got = fused(*args)
+        for a, b in zip(got, apart(*args)):
+            np.testing.assert_array_equal(a, b)
+        assert np.isfinite(got[0]).all() and got[0][2] == 0 and np.abs(got[3]).max() > 0
+
+
+def test_fused_op_differentiates_like_the_ops_it_replaces():
+    """A graph differentiated after the rewrites (as JAX differentiates a jaxified graph, e.g. PyMC's numpyro
+    sampler): the fused op's log-likelihood takes HsmmLikelihoodOp's gradient (the numbers of pytensor.grad of the
+    original graph), and a gradient through its gradient outputs raises, never zeros."""
+    pytest.importorskip("jax")
+    import jax
+    from pytensor.compile.mode import get_mode
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    from ptnative.backends.jax import register
+
+    rng = np.random.default_rng(32)
+    T, K, D, lens = 10, 3, 4, [10, 6, 0, 1]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D)
+    xs = symbols("float64")[:4]
+    mask = mask_of(lens, T)
+    cost = (hsmm.hsmm_log_likelihood(*xs, mask=mask) * np.linspace(0.5, 1.5, len(lens))).sum()
+    grads = pytensor.grad(cost, xs)
+    register()
+    fgraph = FunctionGraph(inputs=xs, outputs=[cost, *grads], clone=True)
+    get_mode("JAX").optimizer.rewrite(fgraph)
+    assert "HsmmLikelihoodWithGradOp" in {getattr(n.op, "name", None) for n in fgraph.toposort()}
+    jaxed = jax_funcify(fgraph)
+    args = [le, lA, ld, lpi]
+    got = jax.grad(lambda *a: jaxed(*a)[0], argnums=(0, 1, 2, 3))(*args)
+    want = pytensor.function(xs, grads, mode="FAST_COMPILE")(*args)
+    for g, wv in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), wv, rtol=1e-10, atol=1e-12)
+        assert np.abs(wv).max() > 0
+    with pytest.raises(pytensor.gradient.NullTypeGradError, match="HsmmLikelihoodWithGradOp.*only its outputs"):
+        jax.grad(lambda *a: jaxed(*a)[1].sum())(*args)
+
+
+# ------------------------------------------------------------------ posteriors and sampled paths
+@compiled_once
+def inference(dtype, mode, batched=False):
+    """(marginals, sampled path) on symbols of ``dtype``; ``right_censored`` then the uniforms the last inputs."""
+    xs = symbols(dtype, batched)
+    u = pt.matrix(dtype=dtype)
+    marginals = ptnative.hsmm_posteriors(*xs[:4], mask=xs[4], right_censored=xs[5])
+    path = ptnative.hsmm_sample_states(*xs[:4], mask=xs[4], right_censored=xs[5], uniforms=u)
+    return pytensor.function([*xs, u], [marginals, path], mode=mode)
+
+
+def infer(dtype, mode, le, lA, ld, lpi, lens, censored=True, u=None):
+    T, B = np.shape(le)[:2]
+    u = np.random.default_rng(0).random((T, B)) if u is None else u
+    args = [np.asarray(a, dtype) for a in (le, lA, ld, lpi, mask_of(lens, T))]
+    return inference(dtype, mode, np.ndim(ld) == 3)(*args, np.int32(censored), np.asarray(u, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_posteriors_and_samples_against_enumeration(mode, dtype):
+    """Tiny ragged batches (T <= 6, a sequence of T_b = 1 and an empty one), both censorings, shared and
+    per-sequence parameters with impossible durations: the marginals equal those of the enumeration; the sampled
+    paths those of the numpy sampler driven by the same uniforms (computed from the same rounded inputs)."""
+    rng = np.random.default_rng(21)
+    for K, D, censored, batched in [(3, 4, True, False), (3, 4, False, True), (2, 3, True, True), (1, 4, False, False)]:
+        T, lens = 6, [6, 4, 1, 0, 5]
+        le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=batched, scale=1.5)
+        if batched:
+            ld[0, :, 0] = -np.inf
+        u = rng.random((T, len(lens)))
+        le, lA, ld, lpi, u = (np.asarray(a, dtype).astype(np.float64) for a in (le, lA, ld, lpi, u))
+        marginals, path = infer(dtype, mode, le, lA, ld, lpi, lens, censored, u)
+        assert marginals.dtype == dtype and path.dtype == np.int32
+        np.testing.assert_allclose(marginals, ref.marginals_brute_force(le, lA, ld, lpi, lens, censored), **tol(dtype))
+        np.testing.assert_array_equal(path, ref.sample_states(le, lA, ld, lpi, lens, u, censored))
+        possible = ref.brute_force(le, lA, ld, lpi, lens, censored)[0] > -np.inf
+        for b, L in enumerate(lens):  # a sampled path is a possible one; without a path: -1
+            if L and possible[b]:
+                assert tuple(path[:L, b]) in ref.segment_path_posterior(
+                    le[:, b], lA, ld[b] if batched else ld, lpi[b] if batched else lpi, L, censored)
+            else:
+                assert (path[:, b] == -1).all()
+        if K == 1:  # one segment of at most D = 4 frames: the series of 6 and 5 frames have no path
+            np.testing.assert_array_equal(possible, [False, True, True, True, False])
+
+
+@compiled_once
+def expanded_posteriors(censored, K, D):
+    """The HSMM's marginals, and the marginals of the expanded-state HMM (numbers from tests/reference/hsmm.py's
+    expanded_hmm) run by ptnative.hmm_posteriors, summed over the time spent in each state."""
+    le, lA, ld, lpi, mask = pt.tensor3("le"), pt.matrix("lA"), pt.matrix("ld"), pt.vector("lpi"), pt.matrix("mask")
+    XA, Xpi, Xf = pt.matrix("XA"), pt.vector("Xpi"), pt.vector("Xf")
+    marginals = ptnative.hsmm_posteriors(le, lA, ld, lpi, mask, right_censored=censored)
+    mx, _ = ptnative.hmm_posteriors(pt.repeat(le, D, axis=2), XA, Xpi, Xf, mask)
+    summed = mx.reshape((le.shape[0], le.shape[1], K, D)).sum(axis=3)
+    return pytensor.function([le, lA, ld, lpi, mask, XA, Xpi, Xf], [marginals, summed], mode="FAST_COMPILE")
+
+
+@pytest.mark.parametrize("censored", [True, False])
+def test_posteriors_against_expanded_state_hmm(censored):
+    """Marginals equal the expanded-state HMM's summed over durations (T = 300 with large log-densities, ragged),
+    and the emission gradient of hsmm_log_likelihood (upstream 1)."""
+    rng = np.random.default_rng(22 + censored)
+    T, K, D, lens = 300, 3, 7, [300, 211, 1, 0, 57]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, scale=8.0)
+    ld[1, 2] = -np.inf  # state 1 never lasts 3 frames
+    XA, Xpi, Xf = ref.expanded_hmm(lA, ld, lpi, censored)
+    got, want = expanded_posteriors(censored, K, D)(le, lA, ld, lpi, mask_of(lens, T), XA, Xpi, Xf)
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    np.testing.assert_allclose(got.sum(axis=2), mask_of(lens, T), atol=1e-10)
+    gle = run("float64", "FAST_COMPILE", le, lA, ld, lpi, lens, censored)[3]
+    np.testing.assert_allclose(got, gle, atol=1e-12)
+
+
+def test_sampled_path_frequencies():
+    """20000 draws of a tiny series (T = 5, K = 2, D = 3, both censorings): no impossible path is drawn, and the
+    counts of the paths fit their enumerated posterior probabilities (Pearson's chi-square over the paths expected
+    at least 5 times, the rarer ones pooled, below its 1 - 1e-6 quantile), each frequency within 5 standard errors."""
+    rng = np.random.default_rng(23)
+    N, T, K, D = 20000, 5, 2, 3
+    le1, lA, ld, lpi = model(rng, T, 1, K, D, scale=0.8)
+    le = np.broadcast_to(le1, (T, N, K)).copy()
+    for censored in (True, False):
+        want = ref.segment_path_posterior(le1[:, 0], lA, ld, lpi, T, censored)
+        _, path = infer("float64", "FAST_COMPILE", le, lA, ld, lpi, [T] * N, censored, rng.random((T, N)))
+        paths, counts = np.unique(path.T, axis=0, return_counts=True)
+        freq = dict(zip(map(tuple, paths), counts / N))
+        assert set(freq) <= set(want)
+        q = np.array(list(want.values()))
+        f = np.array([freq.get(p, 0.0) for p in want])
+        common = q * N >= 5
+        observed = np.append(f[common], f[~common].sum()) * N
+        expected = np.append(q[common], q[~common].sum()) * N
+        chi2 = (((observed - expected) ** 2) / expected).sum()
+        assert chi2 < scipy.stats.chi2.ppf(1 - 1e-6, len(expected) - 1), (censored, chi2, len(expected))
+        assert (np.abs(f - q)[common] <= 5 * np.sqrt(q * (1 - q) / N)[common]).all()
+
+
+def test_posteriors_and_samples_special_cases(mode):
+    """NaN in: NaN marginals / -1 paths for that sequence only; no path: zeros / -1; the empty series and B = 0,
+    T = 0; T = 1 (one segment of duration 1)."""
+    rng = np.random.default_rng(24)
+    T, K, D, lens = 6, 3, 4, [6, 4, 2, 0]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=True)
+    clean = infer("float64", mode, le, lA, ld, lpi, lens)
+    nan_le = le.copy()
+    nan_le[2, 1, 0] = np.nan
+    nan_le[5, 2, 1] = np.nan  # a padded frame of sequence 2: ignored
+    got = infer("float64", mode, nan_le, lA, ld, lpi, lens)
+    assert np.isnan(got[0][:4, 1]).all() and (got[0][4:, 1] == 0).all() and (got[1][:, 1] == -1).all()
+    for g, c in zip(got, clean):
+        np.testing.assert_array_equal(g[:, [0, 2, 3]], c[:, [0, 2, 3]])
+    nan_ld = ld.copy()
+    nan_ld[0, 1, 1] = np.nan
+    got = infer("float64", mode, le, lA, nan_ld, lpi, lens)
+    assert np.isnan(got[0][:, 0]).all() and (got[1][:, 0] == -1).all()
+    np.testing.assert_array_equal(got[0][:, 1:], clean[0][:, 1:])
+    no_path = ld.copy()
+    no_path[2, :, :2] = -np.inf  # sequence 2 (T_b = 2) needs a segment of 1 or 2 frames
+    got = infer("float64", mode, le, lA, no_path, lpi, lens, censored=False)
+    assert (got[0][:, 2] == 0).all() and (got[1][:, 2] == -1).all() and (got[1][:6, 0] >= 0).all()
+    z = np.zeros
+    for T0, B0 in [(0, 3), (4, 0), (0, 0)]:
+        marginals, path = infer("float64", mode, z((T0, B0, 2)), z((2, 2)), z((2, 3)), z(2), [0] * B0)
+        assert marginals.shape == (T0, B0, 2) and path.shape == (T0, B0)
+        assert (marginals == 0).all() and (path == -1).all()
+    le, lA, ld, lpi = model(rng, 1, 2, 3, 4)
+    for censored in (True, False):
+        first = lpi + (ref.survival(ld)[:, 0] if censored else ld[:, 0]) + le[0]
+        marginals, path = infer("float64", mode, le, lA, ld, lpi, [1, 1], censored, np.array([[0.0, 0.999]]))
+        np.testing.assert_allclose(marginals[0], np.exp(first - np.logaddexp.reduce(first, axis=-1)[:, None]),
+                                   rtol=1e-12)
+        np.testing.assert_array_equal(path[0], [np.flatnonzero(np.exp(first[0]) > 0)[0],
+                                                np.flatnonzero(np.exp(first[1]) > 0)[-1]])
+
+
+def test_sample_bad_uniforms_and_shapes(mode):
+    rng = np.random.default_rng(25)
+    T, K, D, lens = 4, 2, 3, [4, 2]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D)
+    u = rng.random((T, 2))
+    for bad, text in [(1.0, "1"), (-0.25, "-0.25"), (np.nan, "nan")]:
+        v = u.copy()
+        v[1, 1] = bad
+        with pytest.raises(ValueError, match=rf"hsmm_sample_states: uniforms\[1, 1\] = {text} is not in \[0, 1\)"):
+            infer("float64", mode, le, lA, ld, lpi, lens, True, v)
+    v = u.copy()
+    v[3, 1] = 7.0  # a padded frame: not read
+    infer("float64", mode, le, lA, ld, lpi, lens, True, v)
+    x = symbols("float64")
+    uu = pt.matrix()
+    f = pytensor.function([*x[:5], uu], hsmm.hsmm_sample_states(*x[:5], uniforms=uu), mode=mode)
+    with pytest.raises(ValueError, match=r"hsmm_sample_states: uniforms must have shape \(T, B\), got \(3, 2\)"):
+        f(le, lA, ld, lpi, mask_of(lens, T), u[:3])
+    with pytest.raises(ValueError, match=r"hsmm_posteriors: log_initial.flat\[1\] = inf"):
+        hsmm.hsmm_posteriors(le, lA, ld, np.array([0.0, np.inf]), mask_of(lens, T)).eval()
+    with pytest.raises(ValueError, match=r"hsmm_sample_states: uniforms must have ndim 2"):
+        hsmm.hsmm_sample_states(le, lA, ld, lpi, uniforms=pt.vector())
+
+
+def test_posteriors_have_no_gradient():
+    """The marginals are not differentiable: pytensor.grad raises instead of returning zeros."""
+    le = pt.tensor3()
+    marginals = hsmm.hsmm_posteriors(le, np.zeros((2, 2)), np.zeros((2, 3)), np.zeros(2))
+    with pytest.raises(pytensor.gradient.NullTypeGradError):
+        pytensor.grad(marginals.sum(), le)
+
+
+def test_posteriors_and_samples_float32_jax_and_threads(monkeypatch):
+    """float32 against float64 (marginals to 1e-4; paths equal), JAX mode against FAST_COMPILE, and the same bits
+    for 1 and 3 CPU threads above the threshold."""
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(26)
+    T, K, D, lens = 30, 4, 7, [30, 12, 1, 0]
+    le, lA, ld, lpi = (np.asarray(a, "float32").astype(np.float64) for a in model(rng, T, len(lens), K, D))
+    u = np.asarray(rng.random((T, len(lens))), "float32").astype(np.float64)
+    got = infer("float32", "FAST_COMPILE", le, lA, ld, lpi, lens, True, u)
+    want = infer("float64", "FAST_COMPILE", le, lA, ld, lpi, lens, True, u)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4)
+    np.testing.assert_array_equal(got[1], want[1])
+    for g, w in zip(infer("float64", "JAX", le, lA, ld, lpi, lens, True, u), want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    T, K, D, lens = 1200, 4, 40, [1200, 900, 0, 1, 1200, 77]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, scale=2.0)
+    u = rng.random((T, len(lens)))
+    results = {}
+    for n in ["1", "3"]:
+        monkeypatch.setenv("PTNATIVE_NUM_THREADS", n)
+        results[n] = infer("float64", "FAST_COMPILE", le, lA, ld, lpi, lens, True, u)
+    for got, want in zip(results["3"], results["1"]):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["C", "FAST_COMPILE"], ids=["fused", "apart"])
+def test_outputs_are_fully_written(mode, poison_pattern, monkeypatch):
+    """Every output declared fully_written (the likelihood's gradients, fused or apart, the marginals, both paths,
+    the score) is the same with its memory poisoned before the kernel runs (PTNATIVE_POISON_OUTPUTS): padded
+    frames, the empty series, a sequence with a NaN input and one without a path included."""
+    rng = np.random.default_rng(33)
+    T, K, D, lens = 7, 3, 3, [7, 0, 5, 2, 7]
+    le, lA, ld, lpi = model(rng, T, len(lens), K, D, batched=True)
+    le[1, 2, 0] = np.nan  # sequence 2: NaN
+    ld[3, :, :2] = -np.inf  # sequence 3 (T_b = 2), not censored: no path
+    w = np.linspace(0.5, 2.0, len(lens))
+    poisoned = [*run("float64", mode, le, lA, ld, lpi, lens, False, w), *infer("float64", mode, le, lA, ld, lpi, lens,
+                                                                                 False)]
+    monkeypatch.delenv("PTNATIVE_POISON_OUTPUTS")
+    clean = [*run("float64", mode, le, lA, ld, lpi, lens, False, w), *infer("float64", mode, le, lA, ld, lpi, lens,
+                                                                              False)]
+    assert clean[2][3] == -np.inf and np.isnan(clean[0][2]) and (clean[1][:, 1] == -1).all()
+    for got, want in zip(poisoned, clean):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -369,4 +656,7 @@ def test_kernels_compile_with_nvcc(monkeypatch):
     it from the second unit of a joint build."""
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     build_with_nvcc(hsmm.HsmmLikelihoodOp.make_op().grad_op().variant("float64", device="cuda"))
+    build_with_nvcc(hsmm.HsmmLikelihoodWithGradOp.make_op().variant("float32", device="cuda"))
     build_with_nvcc(hsmm.HsmmViterbiOp.make_op().variant("float32", device="cuda"))
+    build_with_nvcc(hsmm.HsmmPosteriorsOp.make_op().variant("float64", device="cuda"))
+    build_with_nvcc(hsmm.HsmmSampleStatesOp.make_op().variant("float32", device="cuda"))

@@ -47,16 +47,19 @@ static double* hsmm_grad_work_alloc(ptn::Scratch& scratch, const HsmmModel& m) {
 // exp(v) of a log-posterior (at most 0 up to rounding).
 DEV_FUNC inline double hsmm_post(double v) { return v <= 0.0 ? fsa_exp(v) : exp(v); }
 
-// The backward pass of sequence b (L > 0, log p = ll finite; hsmm_forward_seq has filled w): bstart, bend and the
-// accumulators of g.
+// The backward pass of sequence b (L > 0): bstart and bend, and with GRAD (log p = ll finite; hsmm_forward_seq has
+// filled w) the accumulators of g.  Without GRAD only w.em (hsmm_load_emissions) and w.buf are read.
+template <bool GRAD>
 DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const HsmmSeqWork& w,
                                 const HsmmGradWork& g) {
   const int64_t T = m.T, K = m.K, D = m.D, L = m.seq_len[b];
   const double* ld = m.ld + (m.Bd == 1 ? 0 : b) * K * D;
   const double* lW = m.lW + (m.Bd == 1 ? 0 : b) * K * D;
   const double* lpi = m.lpi + (m.Bp == 1 ? 0 : b) * K;
-  for (int64_t i = 0; i < hsmm_acc_size(m); ++i) g.gA[i] = 0.0;
-  for (int64_t i = 0; i < K * (T + 1); ++i) g.diff[i] = 0.0;
+  if constexpr (GRAD) {
+    for (int64_t i = 0; i < hsmm_acc_size(m); ++i) g.gA[i] = 0.0;
+    for (int64_t i = 0; i < K * (T + 1); ++i) g.diff[i] = 0.0;
+  }
   for (int64_t t = L - 1; t >= 0; --t) {
     if (t < L - 1) {
       for (int64_t j = 0; j < K; ++j) {
@@ -64,6 +67,7 @@ DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const 
         double sum;
         const double mx = hsmm_exps(w.buf, K, &sum);  // w.buf[k] = exp(log A(j, k) + bstart_{t+1}(k) - mx)
         g.bend[j * T + t] = mx > -INFINITY ? mx + log(sum) : mx;
+        if constexpr (!GRAD) continue;
         const double a = w.alpha[j * T + t] - ll;
         if (!(a > -INFINITY) || !(mx > -INFINITY)) continue;
         const double f = hsmm_post(a + mx);
@@ -82,6 +86,7 @@ DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const 
       double sum;
       const double mx = hsmm_exps(w.buf, n, &sum);  // w.buf[d] = exp(term_d - mx)
       g.bstart[k * T + t] = mx > -INFINITY ? mx + log(sum) : mx;
+      if constexpr (!GRAD) continue;
       const double sk = w.start[k * T + t] - ll;
       if (!(sk > -INFINITY) || !(mx > -INFINITY)) continue;
       const double f = hsmm_post(sk + mx);  // P_d = exp(start + term_d - ll) = f w.buf[d]
@@ -104,9 +109,11 @@ DEV_FUNC void hsmm_backward_seq(const HsmmModel& m, int64_t b, double ll, const 
       diff[t] += total;
     }
   }
-  for (int64_t k = 0; k < K; ++k) {
-    const double v = lpi[k] + g.bstart[k * T] - ll;
-    g.gpi[k] = v > -INFINITY ? hsmm_post(v) : 0.0;
+  if constexpr (GRAD) {
+    for (int64_t k = 0; k < K; ++k) {
+      const double v = lpi[k] + g.bstart[k * T] - ll;
+      g.gpi[k] = v > -INFINITY ? hsmm_post(v) : 0.0;
+    }
   }
 }
 
@@ -136,6 +143,26 @@ DEV_FUNC void hsmm_emission_grad(const HsmmModel& m, int64_t b, int status, Floa
       gle[(t * B + b) * K + k] = v;
     }
   }
+}
+
+// Sequence b's forward and backward passes: its emission posteriors times g_b in gle (the emission gradient; all
+// of (T, b, K) written) and its accumulators in g (hsmm_emission_grad's cases).  Returns log p(x_b) (0 for the empty
+// series, NaN for a NaN status, -inf without a path).
+DEV_FUNC double hsmm_seq_posteriors(const HsmmModel& m, int64_t b, double* work, double* gwork, Float g_b,
+                                    Float* gle) {
+  const HsmmGradWork g = hsmm_grad_work(m, gwork, b);
+  int status = m.status[b];
+  double ll = m.seq_len[b] == 0 ? 0.0 : (double)NAN_F;
+  if (m.seq_len[b] > 0 && status == HSMM_OK) {
+    const HsmmSeqWork w = hsmm_seq_work(m, work, b);
+    ll = hsmm_forward_seq<false>(m, b, w, nullptr, nullptr);
+    if (ll > -INFINITY)
+      hsmm_backward_seq<true>(m, b, ll, w, g);
+    else
+      status = HSMM_NO_PATH;
+  }
+  hsmm_emission_grad(m, b, status, g_b, g, gle);
+  return ll;
 }
 
 // Sums of the accumulators over the sequences of each duration row q (all of them when Bd = 1), weighted by the

@@ -29,7 +29,8 @@ enum { HSMM_OK = 0, HSMM_NO_PATH = 2, HSMM_NAN = 3 };
 
 // FsaCheck code of a +inf parameter: i = the parameter (0 log_transitions, 1 log_durations, 2 log_initial), j = the
 // flat index into the array as the op got it (log_durations and log_initial: with their leading batch dim).
-enum { HSMM_CHECK_PARAM_PLUS_INF = 100 };
+// HSMM_CHECK_UNIFORM: uniforms[i, j] = value is not in [0, 1) (hsmm_sample_states).
+enum { HSMM_CHECK_PARAM_PLUS_INF = 100, HSMM_CHECK_UNIFORM = 101 };
 
 // The model of one call (device pointers).
 struct HsmmModel {
@@ -167,9 +168,13 @@ DEF_KERNEL void hsmm_param_status(int64_t B, int64_t Bd, int64_t Bp, const int32
 
 // The message of a failed check of `fn`'s arguments.
 static std::string hsmm_check_message(const FsaCheck& c, const FsaTerms& terms) {
+  std::ostringstream s;
+  if (c.code == HSMM_CHECK_UNIFORM) {
+    s << terms.fn << ": uniforms[" << c.i << ", " << c.j << "] = " << c.value << " is not in [0, 1)";
+    return s.str();
+  }
   if (c.code != HSMM_CHECK_PARAM_PLUS_INF) return fsa_check_message(c, terms);
   static const char* params[] = {"log_transitions", "log_durations", "log_initial"};
-  std::ostringstream s;
   s << terms.fn << ": " << params[c.i < 0 || c.i > 2 ? 0 : c.i] << ".flat[" << c.j
     << "] = inf (a log-probability above every finite value) is not allowed";
   return s.str();
@@ -177,6 +182,22 @@ static std::string hsmm_check_message(const FsaCheck& c, const FsaTerms& terms) 
 
 static void hsmm_require(bool ok, const char* fn, const std::string& what) {
   if (!ok) ptn::raise(PTN_STATUS_VALUE, std::string(fn) + ": " + what);
+}
+
+// Raises the ValueError of a failed check recorded in m.check (T, B, K of m), in the terms of `fn`.
+static void hsmm_raise_check(const HsmmModel& m, const char* fn) {
+  FsaCheck c;
+  Ndarray_copy_to_host(&c, m.check, sizeof(FsaCheck));
+  if (c.code == FSA_CHECK_OK) return;
+  FsaTerms terms;
+  memset(&terms, 0, sizeof(terms));
+  terms.fn = fn;
+  terms.scores = "log_emissions";
+  terms.mask = "mask";
+  terms.T = m.T;
+  terms.B = m.B;
+  terms.D = m.K;
+  ptn::raise(PTN_STATUS_VALUE, hsmm_check_message(c, terms));
 }
 
 // The model of inputs 0-5 (see the top): shapes checked, parameters in double, lengths and statuses; failures raise
@@ -228,19 +249,7 @@ static HsmmModel hsmm_model_setup(ptn::Scratch& scratch, Ndarray** inputs, const
                                   m.check));
   start_dev_kernel(hsmm_param_status, (m.B, m.Bd, m.Bp, pnan, seq_len, status));
   HANDLE_LAST_ERROR();
-  FsaCheck c;
-  Ndarray_copy_to_host(&c, m.check, sizeof(FsaCheck));
-  if (c.code != FSA_CHECK_OK) {
-    FsaTerms terms;
-    memset(&terms, 0, sizeof(terms));
-    terms.fn = fn;
-    terms.scores = "log_emissions";
-    terms.mask = "mask";
-    terms.T = m.T;
-    terms.B = m.B;
-    terms.D = m.K;
-    ptn::raise(PTN_STATUS_VALUE, hsmm_check_message(c, terms));
-  }
+  hsmm_raise_check(m, fn);
   m.le = Ndarray_DEV_DATA(le);
   m.seq_len = seq_len;
   m.status = status;
@@ -272,17 +281,23 @@ static double* hsmm_work_alloc(ptn::Scratch& scratch, const HsmmModel& m) {
   return scratch.get<double>(m.B * (3 * m.K * m.T + (m.D > m.K ? m.D : m.K)));
 }
 
+// w.em: the log-emissions of sequence b's valid frames in double, state-major.
+DEV_FUNC inline void hsmm_load_emissions(const HsmmModel& m, int64_t b, const HsmmSeqWork& w) {
+  const int64_t T = m.T, B = m.B, K = m.K, L = m.seq_len[b];
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t k = 0; k < K; ++k) w.em[k * T + t] = (double)m.le[(t * B + b) * K + k];
+}
+
 // The forward recursion of sequence b (L > 0): starts and alpha for t < L; returns the log-likelihood (MAX: the
 // Viterbi score, with backpointers bp_d (best duration of alpha, from 1) and bp_j (best previous state of a start),
 // state-major like alpha; ties: the shortest duration, the lowest previous state).
 template <bool MAX>
 DEV_FUNC double hsmm_forward_seq(const HsmmModel& m, int64_t b, const HsmmSeqWork& w, int32_t* bp_d, int32_t* bp_j) {
-  const int64_t T = m.T, B = m.B, K = m.K, D = m.D, L = m.seq_len[b];
+  const int64_t T = m.T, K = m.K, D = m.D, L = m.seq_len[b];
   const double* ld = m.ld + (m.Bd == 1 ? 0 : b) * K * D;
   const double* lW = m.lW + (m.Bd == 1 ? 0 : b) * K * D;
   const double* lpi = m.lpi + (m.Bp == 1 ? 0 : b) * K;
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t k = 0; k < K; ++k) w.em[k * T + t] = (double)m.le[(t * B + b) * K + k];
+  hsmm_load_emissions(m, b, w);
   for (int64_t t = 0; t < L; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       if (t == 0) {

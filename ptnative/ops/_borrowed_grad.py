@@ -8,7 +8,7 @@ from pytensor.gradient import DisconnectedType, disconnected_type, grad_not_impl
 
 from ..op import NativeOp
 
-__all__ = ["BorrowedGradientOp"]
+__all__ = ["BorrowedGradientOp", "value_and_gradient_fusion"]
 
 
 class BorrowedGradientOp(NativeOp):
@@ -40,3 +40,40 @@ class BorrowedGradientOp(NativeOp):
         donor_cotangents += [disconnected_type() for _ in node.outputs[self.shared_outputs:]]
         grads = donor.pullback(list(inputs[:n]), node.outputs, donor_cotangents)
         return grads + [pt.zeros_like(x) if on else disconnected_type() for x, on in zip(inputs[n:], connected[n:])]
+
+
+def value_and_gradient_fusion(value_spec, fused_spec):
+    """A node rewriter (for ``register_specialize``) that puts one ``fused_spec`` node in place of a node of
+    ``value_spec``'s op and the node of its gradient op on the same inputs (the gradient op's inputs: the value op's
+    inputs, then the upstream gradient of its one output), when the upstream gradient does not depend on the value
+    (as for ``ll.sum()``).  ``fused_spec``'s op takes the gradient op's inputs and returns the value, then the
+    gradients; its op class is a :class:`BorrowedGradientOp` lending ``value_spec``'s gradient."""
+    from pytensor.graph.rewriting.basic import node_rewriter
+
+    try:
+        from pytensor.graph.traversal import ancestors
+    except ImportError:  # PyTensor before the traversal module
+        from pytensor.graph.basic import ancestors
+
+    value_name, grad_name = value_spec.__name__, "GradOf" + value_spec.__name__
+    n_inputs = len(value_spec.in_info)
+
+    @node_rewriter([NativeOp])
+    def fuse(fgraph, node):
+        if node.op.name != grad_name or len(node.inputs) != n_inputs + 1:
+            return None
+        inputs = node.inputs[:n_inputs]
+        forward = next((client for client, _ in fgraph.clients.get(inputs[0], ())
+                        if client != "output" and isinstance(getattr(client, "op", None), NativeOp)
+                        and client.op.name == value_name and client.inputs == inputs
+                        and client.op.device == node.op.device and client.op.float_dtypes == node.op.float_dtypes),
+                       None)
+        if forward is None or forward.outputs[0] in set(ancestors([node.inputs[n_inputs]])):
+            return None
+        fused = fused_spec.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)(*node.inputs)
+        replacements = {forward.outputs[0]: fused[0]}
+        replacements.update(zip(node.outputs, fused[1:]))
+        return replacements
+
+    fuse.__name__ = f"fuse_{value_name}_value_and_gradient"
+    return fuse

@@ -1,9 +1,12 @@
-"""Explicit-duration HMMs (hidden semi-Markov models): the likelihood with gradients and the most likely state path
-(kernels in ``c_code/hsmm/``).
+"""Explicit-duration HMMs (hidden semi-Markov models): the likelihood with gradients, the state marginals, the most
+likely state path and paths drawn from the posterior (kernels in ``c_code/hsmm/``).
 
 * :class:`HsmmLikelihoodOp`: the log-likelihood and its gradients with respect to every float input
-  (:func:`hsmm_log_likelihood`).
+  (:func:`hsmm_log_likelihood`), with :class:`HsmmLikelihoodWithGradOp` (both in one pass, put in by a rewrite).
+* :class:`HsmmPosteriorsOp`: the state marginals ``p(z_t = k | x_b)`` (:func:`hsmm_posteriors`).
 * :class:`HsmmViterbiOp`: the most likely state path and its log score (:func:`hsmm_viterbi`).
+* :class:`HsmmSampleStatesOp`: state paths drawn from ``p(z | x_b)`` by backward filtering, forward sampling,
+  driven by the caller's uniforms (:func:`hsmm_sample_states`).
 
 The model: a state path is a sequence of segments ``(s_1, d_1), ..., (s_m, d_m)`` with ``d_1 + ... + d_m = T_b``
 and ``s_j != s_{j+1}``, of weight ``pi(s_1) prod_{j<m} p_{s_j}(d_j) A(s_j, s_{j+1}) * L_{s_m}(d_m) * prod_t e_t(z_t)``
@@ -14,16 +17,19 @@ and ``p_k(d)`` otherwise; all arguments in log space.  See ``docs/hsmm.md``.
 from __future__ import annotations
 
 import pytensor.tensor as pt
+from pytensor.tensor.rewriting.basic import register_specialize
 
 from ..op import NativeOpGenBase
 from ..source import kernel_unit
 from ._args import WRITTEN, flag, float_tensor, host_int32_scalar, input_entry, output_entry, real_tensor
+from ._borrowed_grad import BorrowedGradientOp, value_and_gradient_fusion
 
 
 def _hsmm_inputs(disc):
     """The inputs of the HSMM ops: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_durations``
     (Bd, K, D), ``log_initial`` (Bp, K) with Bd, Bp in {1, B}, ``mask`` (T, B), ``right_censored`` (host int32);
-    ``disc``: no gradient for any.  The gradient op writes every element of its outputs (``fully_written``).  No
+    ``disc``: no gradient for any (connected float inputs of an op without a gradient op make ``pytensor.grad``
+    raise).  The gradient op writes every element of its outputs (``fully_written``).  No
     batch axes: per-sequence durations and initial weights are (B, ...) arrays that a fold under ``jax.vmap`` would
     not resize."""
     gradient = {} if disc else {"bw_out_var": WRITTEN}
@@ -43,7 +49,8 @@ class HsmmLikelihoodOp(NativeOpGenBase):
     Inputs: ``log_emissions`` (T, B, K), ``log_transitions`` (K, K) (diagonal not read), ``log_durations``
     (Bd, K, D), ``log_initial`` (Bp, K) with Bd, Bp in {1, B}, ``mask`` (T, B) 0/1 prefix mask and
     ``right_censored`` (int32 scalar) without gradients.  Output: ``log_likelihood`` (B,).  The gradient op runs the
-    forward recursion again, then the backward one (``c_code/hsmm/hsmm_grad.h``).
+    forward recursion again, then the backward one (``c_code/hsmm/hsmm_grad.h``); where a graph needs both,
+    :class:`HsmmLikelihoodWithGradOp` takes the two ops' place.
     """
 
     in_info = _hsmm_inputs(False)
@@ -54,6 +61,44 @@ class HsmmLikelihoodOp(NativeOpGenBase):
     c_fw_code = "hsmm_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "hsmm_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+
+
+class _LikelihoodWithGradOp(BorrowedGradientOp):
+    """HsmmLikelihoodWithGradOp's Op: the log-likelihood's gradient is HsmmLikelihoodOp's; the fused gradients have
+    none (second derivatives raise)."""
+
+    gradient_spec = HsmmLikelihoodOp
+    shared_outputs = 1
+
+
+class HsmmLikelihoodWithGradOp(NativeOpGenBase):
+    """:class:`HsmmLikelihoodOp`'s value and gradients in one call (one forward recursion instead of two).
+
+    Inputs: those of the gradient op, :class:`HsmmLikelihoodOp`'s six and ``D_log_likelihood`` (B,) the upstream
+    gradient.  Outputs: the log-likelihood (B,), then its gradients for ``log_emissions``, ``log_transitions``,
+    ``log_durations`` and ``log_initial`` (weighted by ``D_log_likelihood``).  Not built by users: the rewrite
+    ``ptnative_hsmm_value_and_gradient`` puts it where a graph computes both and the upstream gradient does not
+    depend on the value (as for ``ll.sum()``).  The log-likelihood's gradient is :class:`HsmmLikelihoodOp`'s (a
+    graph differentiated after the rewrites, as JAX differentiates a jaxified one); the gradient outputs have none
+    (second derivatives raise ``NullTypeGradError``).
+    """
+
+    in_info = (*_hsmm_inputs(False), input_entry("D_log_likelihood", 1, shape=((0, 1),), differentiable=True))
+    out_info = (
+        output_entry("log_likelihood", ((0, 1),)),
+        output_entry("D_log_emissions", ((0, 0), (0, 1), (0, 2)), fully_written=True),  # padded frames included
+        output_entry("D_log_transitions", ((1, 0), (1, 1)), fully_written=True),
+        output_entry("D_log_durations", ((2, 0), (2, 1), (2, 2)), fully_written=True),
+        output_entry("D_log_initial", ((3, 0), (3, 1)), fully_written=True),
+    )
+    c_extra_support_code = kernel_unit("hsmm/hsmm.cu")
+    c_fw_code = "hsmm_fw_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+    op_class = _LikelihoodWithGradOp
+
+
+register_specialize(value_and_gradient_fusion(HsmmLikelihoodOp, HsmmLikelihoodWithGradOp),
+                    name="ptnative_hsmm_value_and_gradient")
 
 
 class HsmmViterbiOp(NativeOpGenBase):
@@ -67,6 +112,35 @@ class HsmmViterbiOp(NativeOpGenBase):
                 output_entry("score", ((0, 1),), fully_written=True))
     c_extra_support_code = kernel_unit("hsmm/hsmm_viterbi.cu")
     c_fw_code = "hsmm_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HsmmPosteriorsOp(NativeOpGenBase):
+    """The state marginals of an explicit-duration HMM (see :func:`hsmm_posteriors`).
+
+    Inputs as :class:`HsmmLikelihoodOp`'s.  Output: ``marginals`` (T, B, K), every element written (padded frames:
+    0).  No gradient op: its float inputs are connected, so ``pytensor.grad`` through the marginals raises
+    (``NullTypeGradError``) instead of returning zeros.
+    """
+
+    in_info = _hsmm_inputs(False)
+    out_info = (output_entry("marginals", ((0, 0), (0, 1), (0, 2)), fully_written=True),)
+    c_extra_support_code = kernel_unit("hsmm/hsmm_posteriors.cu")
+    c_fw_code = "hsmm_posteriors_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HsmmSampleStatesOp(NativeOpGenBase):
+    """State paths of an explicit-duration HMM drawn from the posterior with the given uniforms (see
+    :func:`hsmm_sample_states`).
+
+    Inputs (no gradients): :class:`HsmmLikelihoodOp`'s and ``uniforms`` (T, B).  Output: ``path`` (T, B) int32.
+    """
+
+    in_info = (*_hsmm_inputs(True), input_entry("uniforms", 2))
+    out_info = (output_entry("path", ((0, 0), (0, 1)), dtype="int32", fully_written=True),)  # padded frames: -1
+    c_extra_support_code = kernel_unit("hsmm/hsmm_sample.cu")
+    c_fw_code = "hsmm_sample_fw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
 
 
@@ -145,7 +219,51 @@ def hsmm_viterbi(log_emissions, log_transitions, log_durations, log_initial, mas
     return path, score
 
 
-for _f in (hsmm_log_likelihood, hsmm_viterbi):
+def hsmm_posteriors(log_emissions, log_transitions, log_durations, log_initial, mask=None, right_censored=True):
+    """The state marginals of each sequence under an explicit-duration HMM.
+    {params}
+
+    Returns
+    -------
+    (T, B, K) marginals ``p(z_t = k | x_b)``, the posterior probability that frame t lies in a segment of state k:
+    they sum to 1 (to rounding) on every valid frame and are 0 on padded frames.  Computed by the forward and
+    backward recursions over segments in log space (double), O(T K (D + K)) per sequence; they are the gradient of
+    :func:`hsmm_log_likelihood` with respect to ``log_emissions``.  A sequence without a possible path gets zeros;
+    a NaN input on a valid frame of sequence b (or in the parameters b uses) gives b NaN on its valid frames; the
+    empty series: zeros.  **Not differentiable** (a gradient would need second derivatives of the likelihood):
+    ``pytensor.grad`` through the marginals raises ``NullTypeGradError``.  Errors as in
+    :func:`hsmm_log_likelihood`, naming ``hsmm_posteriors``.
+    """
+    return HsmmPosteriorsOp.make_op()(*_model("hsmm_posteriors", log_emissions, log_transitions, log_durations,
+                                              log_initial, mask, right_censored))
+
+
+def hsmm_sample_states(log_emissions, log_transitions, log_durations, log_initial, mask=None, right_censored=True, *,
+                       uniforms):
+    """State paths drawn from ``p(z | x_b)`` under an explicit-duration HMM, by backward filtering, forward sampling.
+    {params}
+    uniforms : (T, B) float in ``[0, 1)``, the caller's random numbers (e.g. ``pt.random.uniform(size=(T, B))``),
+        one per frame: the op is deterministic, so the randomness (and its seeding) stays with PyTensor / PyMC.
+
+    Returns
+    -------
+    (T, B) int32 paths, ``-1`` on padded frames.  The segments are drawn in time order: the segment starting at
+    frame s, a pair (state k, duration d), is drawn with ``uniforms[s, b]`` from its posterior given the segment
+    before it (over k = 0..K-1, then d = 1..D, in that order: the first pair whose cumulative weight exceeds ``u``
+    times the total); the uniforms of the frames a segment covers after its first are not used.  Each path is a draw
+    from the exact posterior over segmentations when the uniforms are independent and uniform.  A sequence with a
+    NaN input or without a possible path gets -1 on every frame.  No gradient.  A uniform outside ``[0, 1)`` (or
+    NaN) on a valid frame raises ``ValueError``; other errors as in :func:`hsmm_log_likelihood`, naming
+    ``hsmm_sample_states``.
+    """
+    model = _model("hsmm_sample_states", log_emissions, log_transitions, log_durations, log_initial, mask,
+                   right_censored)
+    uniforms = real_tensor("hsmm_sample_states", "uniforms", uniforms, 2, model[0].dtype, "(T, B)")
+    return HsmmSampleStatesOp.make_op()(*model, uniforms)
+
+
+for _f in (hsmm_log_likelihood, hsmm_posteriors, hsmm_viterbi, hsmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC)
 
-__all__ = ["HsmmLikelihoodOp", "HsmmViterbiOp", "hsmm_log_likelihood", "hsmm_viterbi"]
+__all__ = ["HsmmLikelihoodOp", "HsmmLikelihoodWithGradOp", "HsmmPosteriorsOp", "HsmmViterbiOp", "HsmmSampleStatesOp", "hsmm_log_likelihood",
+           "hsmm_posteriors", "hsmm_viterbi", "hsmm_sample_states"]

@@ -37,8 +37,10 @@ from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
-                              HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
-from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmViterbiOp
+                              HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp,
+                              HmmVaryingPosteriorsOp, HmmVaryingSampleStatesOp, HmmVaryingViterbiOp, HmmViterbiOp)
+from ptnative.ops.hsmm import (HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmPosteriorsOp, HsmmSampleStatesOp,
+                               HsmmViterbiOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
@@ -402,8 +404,9 @@ def _hmm(g, dtype, size):
 
 def _hmm_inference(g, dtype, size):
     """Viterbi, posteriors (with their gradients, and without: HmmPosteriorsValuesOp, and HmmPosteriorsDefaultsOp
-    with the default final weights and mask), posterior sampling and the time-varying log-likelihood (with its
-    gradients) on one ragged batch."""
+    with the default final weights and mask), posterior sampling, and with time-varying transitions and per-sequence
+    initial weights the log-likelihood, posteriors (both with their gradients), Viterbi and sampling, on one ragged
+    batch."""
     T, B, K = size
     rng = np.random.default_rng(T + K + 1)
     le, lA, lpi, lf = hmm_data(rng, T, B, K, scale=3.0)
@@ -420,9 +423,14 @@ def _hmm_inference(g, dtype, size):
     draws = g.op(HmmSampleStatesOp)(*ins[:6])
     varying = [ins[0], ins[6], ins[7], ins[3], ins[4]]
     ll = g.op(HmmVaryingLikelihoodOp)(*varying)
-    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll,
+    v_marginals, v_counts = g.op(HmmVaryingPosteriorsOp)(*varying)
+    v_path, v_score = g.op(HmmVaryingViterbiOp)(*varying)
+    v_draws = g.op(HmmVaryingSampleStatesOp)(*varying, ins[5])
+    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll, v_marginals, v_counts, v_path,
+                 v_score, v_draws,
                  *g.grads([marginals, counts], ins[:4]),
-                 *g.grads([ll], varying[:4])], values
+                 *g.grads([ll], varying[:4]),
+                 *g.grads([v_marginals, v_counts], varying[:4])], values
 
 
 def _hsmm(g, dtype, size):
@@ -439,11 +447,16 @@ def _hsmm(g, dtype, size):
     lpi_b = np.log(rng.dirichlet(np.ones(K), size=B))
     lens = rng.integers(1, T + 1, size=B)
     lens[0], lens[-1] = T, 0
-    values = cast([le, lA, ld, lpi, mask_of(lens, T), ld_b, lpi_b], dtype)
-    ins = g.syms("log_emissions log_transitions log_durations log_initial mask log_durations_b log_initial_b", values)
+    uniforms = rng.random((T, B))
+    values = cast([le, lA, ld, lpi, mask_of(lens, T), ld_b, lpi_b, uniforms], dtype)
+    ins = g.syms("log_emissions log_transitions log_durations log_initial mask log_durations_b log_initial_b uniforms",
+                 values)
     ll = g.op(HsmmLikelihoodOp)(*ins[:5], i32(1))
-    path, score = g.op(HsmmViterbiOp)(ins[0], ins[1], ins[5], ins[6], ins[4], i32(0))
-    return ins, [ll, path, score, *g.grads([ll], ins[:4])], values
+    per_sequence = (ins[0], ins[1], ins[5], ins[6], ins[4], i32(0))
+    path, score = g.op(HsmmViterbiOp)(*per_sequence)
+    marginals = g.op(HsmmPosteriorsOp)(*ins[:5], i32(1))
+    draws = g.op(HsmmSampleStatesOp)(*per_sequence, ins[7])
+    return ins, [ll, path, score, marginals, draws, *g.grads([ll], ins[:4])], values
 
 
 # ------------------------------------------------------------------------------------------ RNN-T
@@ -535,10 +548,11 @@ CASES = [
     # HMM inference
     _case("hmm_inference", "hmm",
           [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp, HmmSampleStatesOp,
-           HmmVaryingLikelihoodOp],
+           HmmVaryingLikelihoodOp, HmmVaryingPosteriorsOp, HmmVaryingViterbiOp, HmmVaryingSampleStatesOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # explicit-duration HMM
-    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
+    _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmViterbiOp, HsmmPosteriorsOp,
+                           HsmmSampleStatesOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
           representative=True),
     # RNN-T
     _case("rnnt", "rnnt", [MultiBlankRnntLoss], _rnnt((), 0.0, 0.0, -1.0), [(4, 9, 4, 5), (40, 60, 12, 24)],

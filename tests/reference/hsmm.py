@@ -109,3 +109,99 @@ def expanded_hmm(lA, ld, lpi, censored=True, K=None, D=None, xp=np):
         init = xp.set_subtensor(xp.full((K, D), -np.inf, dtype=ld.dtype)[:, 0], lpi + lL[:, 0])
     log_final = xp.zeros(K * D) if censored else hazard.reshape((K * D,))
     return big.reshape((K * D, K * D)), init.reshape((K * D,)), log_final
+
+
+def marginals_brute_force(le, lA, ld, lpi, lens, censored=True):
+    """p(z_t = k | x_b) (T, B, K) by enumeration of every segmentation (0 on padded frames and for a sequence
+    without a path)."""
+    le = np.asarray(le, np.float64)
+    T, B, K = le.shape
+    out = np.zeros((T, B, K))
+    for b in range(B):
+        L = int(lens[b])
+        if L == 0:
+            continue
+        ldb, lpib = _per_sequence(ld, b, 2), _per_sequence(lpi, b, 1)
+        vals, paths = [], []
+        for states, durs in segmentations(L, K, ldb.shape[-1]):
+            vals.append(segmentation_log_weight(le[:, b], lA, ldb, lpib, states, durs, censored))
+            paths.append([k for k, d in zip(states, durs) for _ in range(d)])
+        if not logsumexp(vals) > -np.inf:
+            continue
+        w = np.exp(np.array(vals) - logsumexp(vals))
+        for p, wp in zip(paths, w):
+            out[np.arange(L), b, p] += wp
+    return out
+
+
+def segment_path_posterior(le_b, lA, ld, lpi, L, censored=True):
+    """{path tuple: posterior probability} of one sequence (le_b: (T, K)) by enumeration."""
+    K, D = np.shape(ld)
+    vals, paths = [], []
+    for states, durs in segmentations(L, K, D):
+        vals.append(segmentation_log_weight(le_b, lA, ld, lpi, states, durs, censored))
+        paths.append(tuple(k for k, d in zip(states, durs) for _ in range(d)))
+    vals = np.array(vals)
+    return dict(zip(paths, np.exp(vals - logsumexp(vals))))
+
+
+def _pick(x, u):
+    """The index drawn with uniform u from the weights exp(x - max x), summed in index order (as the kernel does):
+    the first whose cumulative weight exceeds u times the total; -1 if every x is -inf."""
+    top = np.max(x)
+    if not top > -np.inf:
+        return -1
+    w = np.exp(x - top)
+    total = 0.0
+    for v in w:
+        total += v
+    acc, target = 0.0, u * total
+    for i, v in enumerate(w):
+        acc += v
+        if acc > target and v > 0:
+            return i
+    return int(np.flatnonzero(w > 0)[-1])
+
+
+def sample_states(le, lA, ld, lpi, lens, uniforms, censored=True):
+    """Paths (T, B) int32 drawn by backward filtering, forward sampling with the kernel's use of the uniforms: the
+    segment starting at frame s is the pair (k, d), flat index k * n + d - 1 over n = min(D, L - s) durations,
+    drawn with uniforms[s, b] from its posterior given the previous segment's state.  -1 on padded frames and for
+    a sequence without a path."""
+    le = np.asarray(le, np.float64)
+    T, B, K = le.shape
+    lA_off = np.where(np.eye(K) > 0, -np.inf, np.asarray(lA, np.float64))
+    path = np.full((T, B), -1, np.int32)
+    for b in range(B):
+        L = int(lens[b])
+        ldb, lpib = _per_sequence(ld, b, 2), _per_sequence(lpi, b, 1)
+        D = ldb.shape[-1]
+        lW = survival(ldb) if censored else ldb
+
+        def segment(k, s, d, after):
+            """log weight of a segment of k over frames s..s+d-1 with everything after it (after: (L,) of k)."""
+            e = s + d - 1
+            tail = lW[k, d - 1] if e == L - 1 else ldb[k, d - 1] + after[e]
+            return le[s:e + 1, b, k].sum() + tail
+
+        # after[e, k]: log weight of every continuation after a segment of k ending at frame e (0 at e = L - 1)
+        after = np.full((L, K), -np.inf)
+        begin = np.full((L, K), -np.inf)  # begin[s, k]: a segment of k starts at s, with everything after it
+        for s in range(L - 1, -1, -1):
+            if s < L - 1:
+                after[s] = logsumexp(lA_off + begin[s + 1][None, :], axis=1)
+            for k in range(K):
+                begin[s, k] = logsumexp([segment(k, s, d, after[:, k]) for d in range(1, min(D, L - s) + 1)])
+        s, prev = 0, None
+        while s < L:
+            n = min(D, L - s)
+            x = np.array([(lpib[k] if prev is None else lA_off[prev, k]) + segment(k, s, d, after[:, k])
+                          for k in range(K) for d in range(1, n + 1)])
+            i = _pick(x, uniforms[s, b])
+            if i < 0:
+                path[:, b] = -1
+                break
+            prev, d = divmod(i, n)
+            path[s:s + d + 1, b] = prev
+            s += d + 1
+    return path
