@@ -196,12 +196,8 @@ static void sparse_to_dense_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   HANDLE_LAST_ERROR();
 }
 
-// inputs: s0, s1, mask (N,B), D_W (T,B,D) [= D__initial_W]; outputs: D__initial_W (= D_W), D_weight (N,B).
-static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 4);
-  assert_cmp(n_outputs, ==, 2);
-  Ndarray* dW = *outputs[0];
-  Ndarray* dw = *outputs[1];
+// D_weight[i, b] = D_W[s0, b, s1] for the entries that count, else 0: the gradient of both ops.
+static void ptn_s2d_weight_grad(Ndarray** inputs, Ndarray* dW, Ndarray* dw) {
   Ndarray* arrs[4] = {inputs[0], inputs[1], inputs[2], dw};
   const char* names[4] = {"s0", "s1", "mask", "D_weight"};
   const PtnSpEntries e = ptn_sp_entries(arrs, names, 4, 0, 1, 2, Ndarray_DIMS(dW)[0], Ndarray_DIMS(dW)[1],
@@ -209,6 +205,69 @@ static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   if (e.N * e.B == 0) return;
   start_dev_kernel(ptn_s2d_bw_kernel, (e, Ndarray_DEV_DATA(dW), Ndarray_DEV_DATA(dw)));
   HANDLE_LAST_ERROR();
+}
+
+// inputs: s0, s1, mask (N,B), D_W (T,B,D) [= D__initial_W]; outputs: D__initial_W (= D_W), D_weight (N,B).
+static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 4);
+  assert_cmp(n_outputs, ==, 2);
+  ptn_s2d_weight_grad(inputs, *outputs[0], *outputs[1]);
+}
+
+// ---------------------------------------------------------------- SparseToDenseZeros
+#if !CUDA
+// W (C-contiguous, fully written here) = zeros + the entries, one block of W at a time: the block is zeroed (its
+// pages faulted in) and then receives its entries while it is in the cache.  The entries are bucketed by block
+// with a stable counting sort, so that the entries of one slot are added in the order of k, as ptn_s2d_kernel
+// adds them (the same sums, bit for bit).
+static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
+  const int64_t n = e.T * e.B * e.D, n_entries = e.N * e.B;
+  const int64_t block = ((int64_t)1 << 18) / (int64_t)sizeof(Float);  // 256 KiB of W
+  const int64_t n_blocks = (n + block - 1) / block;
+  std::vector<int64_t> slot(n_entries), start(n_blocks + 1, 0);
+  for (int64_t k = 0; k < n_entries; ++k) {
+    slot[k] = e.slot(k);
+    if (slot[k] >= 0) ++start[slot[k] / block + 1];
+  }
+  for (int64_t q = 0; q < n_blocks; ++q) start[q + 1] += start[q];
+  std::vector<int64_t> order(start[n_blocks] > 0 ? start[n_blocks] : 1), next(start.begin(), start.end() - 1);
+  for (int64_t k = 0; k < n_entries; ++k)
+    if (slot[k] >= 0) order[next[slot[k] / block]++] = k;
+  for (int64_t q = 0; q < n_blocks; ++q) {
+    const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
+    memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
+    for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
+  }
+}
+#endif
+
+// inputs: _shape_of_W (T,0,D) (its shape only), s0, s1, weight, mask (N,B); outputs: W (T,B,D), fully written:
+// zeros, then W[s0, b, s1] += weight.
+static void sparse_to_dense_zeros_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
+                                     bool strict) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 1);
+  Ndarray* W = *outputs[0];
+  const char* names[4] = {"s0", "s1", "weight", "mask"};
+  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
+                                        Ndarray_DIMS(W)[2]);
+  if (strict && e.N * e.B > 0)
+    ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
+  if (e.T * e.B * e.D == 0) return;
+#if CUDA
+  Ndarray_memset(Ndarray_DEV_DATA(W), 0, e.T * e.B * e.D * sizeof(Float));
+  if (e.N * e.B > 0) start_dev_kernel(ptn_s2d_kernel, (e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W)));
+  HANDLE_LAST_ERROR();
+#else
+  ptn_s2d_zeros_cpu(e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W));
+#endif
+}
+
+// inputs: s0, s1, mask (N,B), D_W (T,B,D); outputs: D_weight (N,B).
+static void sparse_to_dense_zeros_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 4);
+  assert_cmp(n_outputs, ==, 1);
+  ptn_s2d_weight_grad(inputs, inputs[3], *outputs[0]);
 }
 
 // ---------------------------------------------------------------- MaxAndArgmaxSparse
