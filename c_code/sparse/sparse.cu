@@ -83,6 +83,18 @@ static void ptn_sp_check_entries(Ndarray** arrs, const char** names, int n_arrs,
   }
 }
 
+#if !CUDA
+// Runs body(begin, end) over [0, n) items of `item_bytes` bytes of a fresh output, in parts of at least 4 MiB on
+// threads of their own (ptn::cpu_threads(), PTNATIVE_NUM_THREADS): most of the time of writing a fresh output
+// goes to its page faults (the system zeroing the pages), which run in parallel on disjoint parts.
+template <typename F>
+static void ptn_sp_fresh_parts(int64_t n, int64_t item_bytes, F&& body) {
+  const int64_t by_size = n * item_bytes / ((int64_t)4 << 20);
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(by_size, ptn::cpu_threads()));
+  ptn::parallel_parts((int)parts, [&](int p) { body(n * p / parts, n * (p + 1) / parts); });
+}
+#endif
+
 // The kernels below are grid-stride loops, the same on both targets (on the CPU start_dev_kernel runs one thread).
 // Out-of-range entries are skipped (or clipped); the strict variants check them on the host first.
 
@@ -108,13 +120,26 @@ DEF_KERNEL void ptn_sbi_fw_kernel(PtnSbiArgs a, const Float* x, Float* y) {
   }
 }
 
-// dx is C-contiguous.
+// dx is C-contiguous and fully written: zeroed (all at once on the GPU; on the CPU row by row, so that each row is
+// in the cache when its entry lands, in parts on several threads), then D_y at the selected entries.
 DEF_KERNEL void ptn_sbi_bw_kernel(PtnSbiArgs a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
   GRID_LOOP(k, a.T * a.B) {
     const int64_t t = k / a.B, b = k % a.B;
     dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
   }
 }
+
+#if !CUDA
+static void ptn_sbi_bw_cpu(const PtnSbiArgs& a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
+  ptn_sp_fresh_parts(a.T * a.B, a.D * (int64_t)sizeof(Float), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t t = k / a.B, b = k % a.B;
+      memset(dx + k * a.D, 0, (size_t)a.D * sizeof(Float));
+      dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
+    }
+  });
+}
+#endif
 
 // inputs: x (T,B,D), idx (T,B); outputs: y (T,B) with y[t,b] = x[t, b, clip(idx[t,b])].
 static void subtensor_batched_index_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
@@ -129,7 +154,8 @@ static void subtensor_batched_index_fw(int n_inputs, Ndarray** inputs, int n_out
   HANDLE_LAST_ERROR();
 }
 
-// inputs: x (shape only), idx (T,B), D_y (T,B); outputs: D_x (T,B,D), zero but at the selected entries.
+// inputs: x (shape only), idx (T,B), D_y (T,B); outputs: D_x (T,B,D) (fully written), zero but at the selected
+// entries.
 static void subtensor_batched_index_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 3);
   assert_cmp(n_outputs, ==, 1);
@@ -138,9 +164,14 @@ static void subtensor_batched_index_bw(int n_inputs, Ndarray** inputs, int n_out
   ptn_sp_check("D_y dim 0", Ndarray_DIMS(dy)[0], a.T);
   ptn_sp_check("D_y dim 1", Ndarray_DIMS(dy)[1], a.B);
   if (a.T * a.B == 0 || a.D == 0) return;
+#if CUDA
+  Ndarray_memset(Ndarray_DEV_DATA(*outputs[0]), 0, a.T * a.B * a.D * sizeof(Float));
   start_dev_kernel(ptn_sbi_bw_kernel, (a, Ndarray_DEV_DATA(dy), Ndarray_STRIDE(dy, 0), Ndarray_STRIDE(dy, 1),
                                        Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
+#else
+  ptn_sbi_bw_cpu(a, Ndarray_DEV_DATA(dy), Ndarray_STRIDE(dy, 0), Ndarray_STRIDE(dy, 1), Ndarray_DEV_DATA(*outputs[0]));
+#endif
 }
 
 // ---------------------------------------------------------------- COO entries
@@ -219,7 +250,7 @@ static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
 // W (C-contiguous, fully written here) = zeros + the entries, one block of W at a time: the block is zeroed (its
 // pages faulted in) and then receives its entries while it is in the cache.  The entries are bucketed by block
 // with a stable counting sort, so that the entries of one slot are added in the order of k, as ptn_s2d_kernel
-// adds them (the same sums, bit for bit).
+// adds them (the same sums, bit for bit, on any number of threads).
 static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
   const int64_t n = e.T * e.B * e.D, n_entries = e.N * e.B;
   const int64_t block = ((int64_t)1 << 18) / (int64_t)sizeof(Float);  // 256 KiB of W
@@ -233,11 +264,13 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
   std::vector<int64_t> order(start[n_blocks] > 0 ? start[n_blocks] : 1), next(start.begin(), start.end() - 1);
   for (int64_t k = 0; k < n_entries; ++k)
     if (slot[k] >= 0) order[next[slot[k] / block]++] = k;
-  for (int64_t q = 0; q < n_blocks; ++q) {
-    const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
-    memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
-    for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
-  }
+  ptn_sp_fresh_parts(n_blocks, block * (int64_t)sizeof(Float), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
+      memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
+      for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
+    }
+  });
 }
 #endif
 

@@ -71,7 +71,7 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """
 
     in_info = (
-        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1),
+        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1, bw_out_var={"fully_written": True}),
         input_entry("idx", 2, contiguous=False, batch_axis=1),
     )
     out_info = (output_entry("y", dims_of(0, 2), contiguous=False, batch_axis=1),)
