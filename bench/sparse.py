@@ -9,17 +9,12 @@ Workloads (float32):
     z (T=200, B=16, D=2000), 2 target entries per frame.
 The numpy peers are the usual dense formulations (np.take_along_axis, np.add.at, np.maximum.at,
 log-softmax); the pytensor peers build the same dense graph (advanced indexing / inc_subtensor,
-pt.special.log_softmax), compiled in the default mode.  ptnative writes a fresh output of 4 MiB or more in parts on
-its threads (PTNATIVE_NUM_THREADS); the "(1 thr)" rows are the same call on one.  Prints median times and
-peer / ptnative ratios.
+pt.special.log_softmax), compiled in the default mode.  Prints median times and peer / ptnative ratios.
 
 Usage:  python bench/sparse.py [--reps R] [--no-sweep]
 """
 
 from __future__ import annotations
-
-import os
-from unittest import mock
 
 import numpy as np
 import pytensor
@@ -50,14 +45,6 @@ def close(a, b, tol=1e-4):
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
-def one_thread(fn):
-    """``fn`` run with PTNATIVE_NUM_THREADS=1 (read by the kernels at every call)."""
-    def run():
-        with mock.patch.dict(os.environ, {"PTNATIVE_NUM_THREADS": "1"}):
-            return fn()
-    return run
-
-
 def sbi_case(T, B, D, with_pytensor):
     """subtensor_batched_index forward + gradient at (T, B, D) against numpy (and pytensor)."""
     xv = rng.normal(size=(T, B, D)).astype(DTYPE)
@@ -76,7 +63,7 @@ def sbi_case(T, B, D, with_pytensor):
 
     for a, b in zip(f_ours(xv, idxv, dyv), np_sbi(xv, idxv, dyv)):
         close(a, b)
-    peers = {"ptnative (1 thr)": one_thread(lambda: f_ours(xv, idxv, dyv)), "numpy": lambda: np_sbi(xv, idxv, dyv)}
+    peers = {"numpy": lambda: np_sbi(xv, idxv, dyv)}
     if with_pytensor:
         y_pt = x[pt.arange(T)[:, None], pt.arange(B)[None, :], i_int]
         f_pt = pytensor.function([x, i_int, dy], [y_pt, pytensor.grad((y_pt * dy).sum(), x)], mode=MODE)
@@ -104,8 +91,7 @@ def s2d_case(T, B, D, N, with_pytensor):
         return W
 
     close(f_ours(s0v, s1v, wv, mv), np_s2d(s0v, s1v, wv, mv))
-    peers = {"ptnative (1 thr)": one_thread(lambda: f_ours(s0v, s1v, wv, mv)),
-             "numpy": lambda: np_s2d(s0v, s1v, wv, mv)}
+    peers = {"numpy": lambda: np_s2d(s0v, s1v, wv, mv)}
     if with_pytensor:
         dense = pt.zeros((T, B, D), DTYPE)[s0, pt.as_tensor(bidx), s1].inc(w * m)
         f_pt = pytensor.function([s0, s1, w, m], dense, mode=MODE)

@@ -157,6 +157,31 @@ def test_sparse_to_dense_writes_every_block(mode, dtype, poison_pattern):
     assert f(*[a[:0] for a in args]).shape == (T, B, D) and not f(*[a[:0] for a in args]).any()  # no entries
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern):
+    """From 32 MiB up, sparse_to_dense's W and subtensor_batched_index's gradient are zeroed by handing their pages
+    back (sparse.cu, ptn_sp_zero_fresh_pages) and memsetting the partial pages at both ends: under the poison, every
+    element must still be zero or the sum of its entries."""
+    if mode not in (None, "C"):
+        pytest.skip("checked in the default and C modes")
+    T, B, D, N = 257, 4, 8200 if dtype == "float32" else 4100, 300  # W: 33.7 MB, not a whole number of pages
+    s0v, s1v, wv, mv = coo(N, B, T, D, seed=22)
+    s0v[-1, -1], s1v[-1, -1], mv[-1, -1] = T - 1, D - 1, 1  # the last element, on the tail's partial page
+    s0v[-2, 0], s1v[-2, 0], mv[-2, 0] = 0, 0, 1  # the first one, on the head's
+    s0, s1, w, m = matrices(4, dtype)
+    f = pytensor.function([s0, s1, w, m], sparse_to_dense(s0, s1, w, m, T, D), mode=mode)
+    args = [a.astype(dtype) for a in (s0v, s1v, wv, mv)]
+    np.testing.assert_allclose(f(*args), ref.dense_targets(s0v, s1v, args[2], mv, T, D), rtol=1e-6, atol=0)
+    x, i = pt.tensor3("x", dtype=dtype), pt.matrix("i", dtype=dtype)
+    y = subtensor_batched_index(x, i)
+    g = pytensor.function([x, i], pytensor.grad(y.sum(), x), mode=mode)
+    idx = np.random.default_rng(23).integers(0, D, size=(T, B)).astype(dtype)
+    idx[0, 0], idx[-1, -1] = 0, D - 1
+    want = np.zeros((T, B, D), dtype)
+    np.put_along_axis(want, idx.astype(int)[..., None], 1, axis=2)
+    np.testing.assert_array_equal(g(np.zeros((T, B, D), dtype), idx), want)
+
+
 def test_sparse_to_dense_verify_grad():
     rng = np.random.default_rng(7)
     s0v, s1v, _, mv = coo(6, 2, 3, 4, seed=8)

@@ -8,6 +8,11 @@
 // with `strict`, raise ValueError.
 #include "../dialect/kernel.h"
 
+#if !CUDA && defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 HOST_FUNC DEV_FUNC inline int64_t ptn_sp_index(Float v, int64_t n) {
   if (!(v > Float(-1)) || !(v < Float(n))) return -1;
   return (int64_t)v;
@@ -84,14 +89,27 @@ static void ptn_sp_check_entries(Ndarray** arrs, const char** names, int n_arrs,
 }
 
 #if !CUDA
-// Runs body(begin, end) over [0, n) items of `item_bytes` bytes of a fresh output, in parts of at least 4 MiB on
-// threads of their own (ptn::cpu_threads(), PTNATIVE_NUM_THREADS): most of the time of writing a fresh output
-// goes to its page faults (the system zeroing the pages), which run in parallel on disjoint parts.
-template <typename F>
-static void ptn_sp_fresh_parts(int64_t n, int64_t item_bytes, F&& body) {
-  const int64_t by_size = n * item_bytes / ((int64_t)4 << 20);
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(by_size, ptn::cpu_threads()));
-  ptn::parallel_parts((int)parts, [&](int p) { body(n * p / parts, n * (p + 1) / parts); });
+// Zeroes a fresh output of this call (n elements at p; the glue's allocation, private anonymous memory) in the way
+// numpy's zeros gets one: from 32 MiB up, where glibc's malloc maps every allocation anew (its largest mmap
+// threshold), the whole pages inside are handed back with MADV_DONTNEED, after which they read as zero and are
+// zeroed by the system where first written, which the system does for fresh pages anyway; the partial pages at
+// both ends are memset.  Returns false where it zeroed nothing (smaller outputs, no madvise, or a failed one):
+// the caller then zeroes as it writes, while the memory is in the cache.
+static bool ptn_sp_zero_fresh_pages(Float* p, int64_t n) {
+#if defined(__linux__) && defined(MADV_DONTNEED)
+  const size_t bytes = (size_t)n * sizeof(Float);
+  if (bytes < ((size_t)32 << 20)) return false;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t begin = ((uintptr_t)p + page - 1) & ~(page - 1), end = ((uintptr_t)p + bytes) & ~(page - 1);
+  if (madvise((void*)begin, end - begin, MADV_DONTNEED) != 0) return false;
+  memset(p, 0, begin - (uintptr_t)p);
+  memset((void*)end, 0, (uintptr_t)p + bytes - end);
+  return true;
+#else
+  (void)p;
+  (void)n;
+  return false;
+#endif
 }
 #endif
 
@@ -120,8 +138,9 @@ DEF_KERNEL void ptn_sbi_fw_kernel(PtnSbiArgs a, const Float* x, Float* y) {
   }
 }
 
-// dx is C-contiguous and fully written: zeroed (all at once on the GPU; on the CPU row by row, so that each row is
-// in the cache when its entry lands, in parts on several threads), then D_y at the selected entries.
+// dx is C-contiguous and fully written: zeroed (all at once on the GPU; on the CPU by the system when large,
+// ptn_sp_zero_fresh_pages, else row by row, so that each row is in the cache when its entry lands), then D_y at
+// the selected entries.
 DEF_KERNEL void ptn_sbi_bw_kernel(PtnSbiArgs a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
   GRID_LOOP(k, a.T * a.B) {
     const int64_t t = k / a.B, b = k % a.B;
@@ -131,13 +150,12 @@ DEF_KERNEL void ptn_sbi_bw_kernel(PtnSbiArgs a, const Float* dy, int64_t ds0, in
 
 #if !CUDA
 static void ptn_sbi_bw_cpu(const PtnSbiArgs& a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
-  ptn_sp_fresh_parts(a.T * a.B, a.D * (int64_t)sizeof(Float), [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t t = k / a.B, b = k % a.B;
-      memset(dx + k * a.D, 0, (size_t)a.D * sizeof(Float));
-      dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
-    }
-  });
+  const bool zeroed = ptn_sp_zero_fresh_pages(dx, a.T * a.B * a.D);
+  for (int64_t k = 0; k < a.T * a.B; ++k) {
+    const int64_t t = k / a.B, b = k % a.B;
+    if (!zeroed) memset(dx + k * a.D, 0, (size_t)a.D * sizeof(Float));
+    dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
+  }
 }
 #endif
 
@@ -248,9 +266,10 @@ static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
 // ---------------------------------------------------------------- SparseToDenseZeros
 #if !CUDA
 // W (C-contiguous, fully written here) = zeros + the entries, one block of W at a time: the block is zeroed (its
-// pages faulted in) and then receives its entries while it is in the cache.  The entries are bucketed by block
+// pages faulted in; a large W is zeroed by the system, ptn_sp_zero_fresh_pages) and then receives its entries while
+// it is in the cache.  The entries are bucketed by block
 // with a stable counting sort, so that the entries of one slot are added in the order of k, as ptn_s2d_kernel
-// adds them (the same sums, bit for bit, on any number of threads).
+// adds them (the same sums, bit for bit).
 static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
   const int64_t n = e.T * e.B * e.D, n_entries = e.N * e.B;
   const int64_t block = ((int64_t)1 << 18) / (int64_t)sizeof(Float);  // 256 KiB of W
@@ -264,13 +283,12 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
   std::vector<int64_t> order(start[n_blocks] > 0 ? start[n_blocks] : 1), next(start.begin(), start.end() - 1);
   for (int64_t k = 0; k < n_entries; ++k)
     if (slot[k] >= 0) order[next[slot[k] / block]++] = k;
-  ptn_sp_fresh_parts(n_blocks, block * (int64_t)sizeof(Float), [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
-      memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
-      for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
-    }
-  });
+  const bool zeroed = ptn_sp_zero_fresh_pages(W, n);
+  for (int64_t q = 0; q < n_blocks; ++q) {
+    const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
+    if (!zeroed) memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
+    for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
+  }
 }
 #endif
 
