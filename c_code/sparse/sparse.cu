@@ -231,16 +231,24 @@ DEF_KERNEL void ptn_s2d_bw_kernel(PtnSpEntries e, const Float* dW, Float* dw) {
   }
 }
 
+// The entries s0, s1, weight, mask (inputs 1 to 4 of both ops) into W, checked (strict: every entry that counts
+// in range).
+static PtnSpEntries ptn_s2d_entries(Ndarray** inputs, Ndarray* W, bool strict) {
+  const char* names[4] = {"s0", "s1", "weight", "mask"};
+  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
+                                        Ndarray_DIMS(W)[2]);
+  if (strict && e.N * e.B > 0)
+    ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
+  return e;
+}
+
 // inputs: _initial_W (T,B,D) [= W], s0, s1, weight, mask (N,B); outputs: W with W[s0, b, s1] += weight.
 static void sparse_to_dense_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs, bool strict) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
   Ndarray* W = *outputs[0];
-  const char* names[4] = {"s0", "s1", "weight", "mask"};
-  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
-                                        Ndarray_DIMS(W)[2]);
+  const PtnSpEntries e = ptn_s2d_entries(inputs, W, strict);
   if (e.N * e.B == 0) return;
-  if (strict) ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
   start_dev_kernel(ptn_s2d_kernel, (e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W)));
   HANDLE_LAST_ERROR();
 }
@@ -299,11 +307,7 @@ static void sparse_to_dense_zeros_fw(int n_inputs, Ndarray** inputs, int n_outpu
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
   Ndarray* W = *outputs[0];
-  const char* names[4] = {"s0", "s1", "weight", "mask"};
-  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
-                                        Ndarray_DIMS(W)[2]);
-  if (strict && e.N * e.B > 0)
-    ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
+  const PtnSpEntries e = ptn_s2d_entries(inputs, W, strict);
   if (e.T * e.B * e.D == 0) return;
 #if CUDA
   Ndarray_memset(Ndarray_DEV_DATA(W), 0, e.T * e.B * e.D * sizeof(Float));

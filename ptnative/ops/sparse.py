@@ -81,6 +81,16 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
         return x, idx, DY
 
 
+#: The COO entries of SparseToDense and SparseToDenseZeros (their inputs 1 to 4; the gradient op gets s0, s1, mask
+#: and D_W, so D_weight is shaped like its input 0).
+_S2D_ENTRIES = (
+    _coo("s0"),
+    _coo("s1"),
+    input_entry("weight", 2, differentiable=True, batch_axis=1, bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
+    _coo("mask"),
+)
+
+
 class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
     """COO -> dense: ``W = _initial_W``, then ``W[s0[i,b], b, s1[i,b]] += weight[i,b]``
     for every entry that counts (``mask >= 0.1``); duplicates add up (atomics on the GPU).
@@ -95,11 +105,7 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
     in_info = (
         input_entry("_initial_W", 3, differentiable=True, batch_axis=1, want_inplace=0,
                     bw_out_var={"shape": dims_of(3, 3), "batch_axis": 1}),
-        _coo("s0"),
-        _coo("s1"),
-        input_entry("weight", 2, differentiable=True, batch_axis=1,
-                    bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
-        _coo("mask"),
+        *_S2D_ENTRIES,
     )
     out_info = (
         output_entry("W", dims_of(0, 3), contiguous=False, batch_axis=1,
@@ -114,21 +120,15 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
 class SparseToDenseZeros(_SparseOpGen, kernel="sparse_to_dense_zeros"):
     """:class:`SparseToDense` starting from zeros (what :func:`sparse_to_dense` uses): ``W`` is a fresh output
     that the kernel writes whole, zeroing it block by block just before adding that block's entries (no
-    ``(T, B, D)`` input to allocate and fill, and each block is in the cache when its entries arrive).
+    ``(T, B, D)`` input to allocate and fill, and each block is in the cache when its entries arrive; from 32 MiB
+    up the system zeroes it, see docs/sparse.md).
 
     Inputs: ``_shape_of_W`` (T, 0, D), of which only the shape is read (its dims 0 and 2 size ``W``), then
     ``s0``, ``s1``, ``weight``, ``mask`` (N, B) as for :class:`SparseToDense`.  Output ``W`` (T, B, D).
     Gradient: ``D_weight`` as for :class:`SparseToDense`; the other inputs have none.
     """
 
-    in_info = (
-        input_entry("_shape_of_W", 3, contiguous=False),
-        _coo("s0"),
-        _coo("s1"),
-        input_entry("weight", 2, differentiable=True, batch_axis=1,
-                    bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
-        _coo("mask"),
-    )
+    in_info = (input_entry("_shape_of_W", 3, contiguous=False), *_S2D_ENTRIES)
     out_info = (
         output_entry("W", ((0, 0), (1, 1), (0, 2)), batch_axis=1, fully_written=True,
                      bw_grad_var={"need_contiguous": True}),
