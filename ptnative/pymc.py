@@ -40,9 +40,9 @@ def recover_states(idata, log_emissions, log_transitions, log_initial, log_final
 
     ``log_emissions`` ... ``mask`` are the graphs given to :func:`hmm_marginal` (or to
     ``hmm_log_likelihood`` in a model of your own), built from the model's free random variables, with
-    ``log_transitions`` (K, K) and ``log_initial`` (K,) (the shapes of :func:`ptnative.hmm_posteriors`); for each
-    ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that draw's values and the selected results
-    computed:
+    ``log_transitions`` (K, K), (B, K, K) or (T-1, B, K, K) and ``log_initial`` (K,) or (B, K) (the shapes of
+    :func:`ptnative.hmm_posteriors`); for each ``(chain, draw)`` of ``idata.posterior`` they are evaluated at that
+    draw's values and the selected results computed:
 
     * ``hmm_marginals`` (chain, draw, time, series, state): ``p(z_t = k | x, theta_draw)`` (0 on padded frames);
     * ``hmm_viterbi`` (chain, draw, time, series) int32 and ``hmm_viterbi_logp`` (chain, draw, series): the most

@@ -512,7 +512,8 @@ def test_varying_nan_short_series_and_errors(mode):
     bad[0, 1, 1, 0] = np.inf
     with pytest.raises(ValueError, match=fn + r"log_transitions.flat\[6\] = inf"):
         f(le, bad, lpi, lf)
-    with pytest.raises(ValueError, match=r"log_transitions must have ndim 2, got 5"):
+    with pytest.raises(ValueError, match=r"hmm_log_likelihood: log_transitions must have ndim 2 or 3 or 4 \(K, K\), "
+                                         r"\(B, K, K\) or \(T-1, B, K, K\), got 5"):
         ptnative.hmm_log_likelihood(xs[0], pt.tensor(shape=(None,) * 5), xs[2])
 
 
@@ -547,7 +548,8 @@ def test_bad_input(mode):
         f(np.zeros((3, 1, 2)), np.ones((3, 1)), A, np.zeros((2, 1)))
     # a uniform on a padded frame is not used
     f(np.zeros((3, 1, 2)), np.array([[1.0], [0.0], [0.0]]), A, np.array([[0.5], [7.0], [np.nan]]))
-    with pytest.raises(ValueError, match=r"hmm_viterbi: log_transitions must have ndim 2 \(K, K\), got 1"):
+    with pytest.raises(ValueError, match=r"hmm_viterbi: log_transitions must have ndim 2 or 3 or 4 \(K, K\), "
+                                         r"\(B, K, K\) or \(T-1, B, K, K\), got 1"):
         hmm.hmm_viterbi(x, np.zeros(2), np.zeros(2))
     with pytest.raises(ValueError, match=r"hmm_sample_states: uniforms must have ndim 2 \(T, B\), got 3"):
         hmm.hmm_sample_states(x, lA, np.zeros(2), uniforms=x)

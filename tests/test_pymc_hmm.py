@@ -96,6 +96,42 @@ def test_recover_states_per_draw_against_references():
     assert set(again.data_vars) == {"hmm_sample"}
 
 
+def test_recover_states_with_time_varying_transitions():
+    """Transitions driven by a covariate, (T-1, B, K, K), and per-series initial weights (B, K): every draw's
+    marginals, Viterbi path and score and sampled path (the same uniforms: numpy.random.default_rng(seed), one
+    (T, B) array per draw in chain, draw order) against the numpy references."""
+    y = series(4)
+    x = np.random.default_rng(5).normal(size=(T - 1, B))
+    mask = (np.arange(T)[:, None] < LENS).astype(np.float64)
+    lpi = np.log([[0.8, 0.2], [0.3, 0.7]])
+    with pm.Model() as model:
+        mu = pm.Normal("mu", [-1.0, 1.0], 1.0)
+        beta = pm.Normal("beta", [2.0, 0.0], 1.0)
+        stay = pm.math.sigmoid(beta[0] + beta[1] * x)  # (T-1, B)
+        log_A = pt.log(pt.stack([pt.stack([stay, 1 - stay], -1), pt.stack([1 - stay, stay], -1)], -2))
+        log_e = pm.logp(pm.Normal.dist(mu, 0.7), pt.as_tensor(y)[:, :, None])
+        graphs = (log_e, log_A, lpi, None, mask)
+        hmm_marginal("hmm", *graphs)
+    rng = np.random.default_rng(6)
+    n_chain, n_draw = 2, 2
+    mus = rng.normal([-1.0, 1.5], 0.2, size=(n_chain, n_draw, K))
+    betas = rng.normal([2.0, 1.0], 0.5, size=(n_chain, n_draw, 2))
+    with model:
+        out = recover_states(posterior(mu=mus, beta=betas), *graphs, random_seed=7)
+    uniforms = np.random.default_rng(7)
+    for c in range(n_chain):
+        for d in range(n_draw):
+            s = 1 / (1 + np.exp(-(betas[c, d, 0] + betas[c, d, 1] * x)))
+            lA = np.log(np.stack([np.stack([s, 1 - s], -1), np.stack([1 - s, s], -1)], -2))
+            args = (numpy_log_e(y, mus[c, d]), lA, lpi, None, LENS)
+            gamma, _ = ref.forward_backward(*args)
+            np.testing.assert_allclose(out["hmm_marginals"].values[c, d], gamma, atol=1e-10)
+            path, score = ref.viterbi(*args)
+            np.testing.assert_array_equal(out["hmm_viterbi"].values[c, d], path)
+            np.testing.assert_allclose(out["hmm_viterbi_logp"].values[c, d], score, rtol=1e-10)
+            np.testing.assert_array_equal(out["hmm_sample"].values[c, d], ref.sample(*args, uniforms.random((T, B))))
+
+
 def test_sampled_states_follow_the_marginals():
     """400 draws at one parameter value: the sampled states' frequencies are its marginals."""
     y = series(1)

@@ -169,6 +169,7 @@ struct HmmSharedSteps {
     for (int64_t k = 0; k < p->K; ++k) pred[k] = p->pi[k];
   }
   DEV_FUNC void next(int64_t t, int64_t b, const double* x, double* pred) const { hmm_infer_matvec(*p, x, pred); }
+  DEV_FUNC const double* matrix(int64_t t, int64_t b) const { return p->A; }  // the shifted exps into frame t
 };
 
 // Step t of the scaled filter of sequence b (t < T_b): alpha_t (T, B, K), c_t and m_t (T, B); pred: Kp scratch;

@@ -22,6 +22,7 @@
 #include "hmm_posteriors_steps.h"
 #include "hmm_posteriors_small.h"
 #include "hmm_posteriors_lanes.h"
+#include "hmm_posteriors_grad.h"
 
 #if !CUDA
 // The sequential pass over the sequences [b0, b1) (status set, xi zeroed): time outer, batch inner (the sequences'
@@ -245,7 +246,16 @@ static void hmm_posteriors_defaults_fw(int n_inputs, Ndarray** inputs, int n_out
 }
 
 // ---------------------------------------------------------------- gradient
-// Per sequence: the tangent forward r (T, B, K scratch), then beta, s backwards with the products.
+// hmm_post_grad_seq's matrices: the one A, its gradient dA_acc (K x K), d log pi dpi_acc (K).
+struct HmmSharedMats {
+  const HmmInferParams* p;
+  double *dA_acc, *dpi_acc;
+  DEV_FUNC const double* A(int64_t, int64_t) const { return p->A; }
+  DEV_FUNC double* dA(int64_t, int64_t) const { return dA_acc; }
+  DEV_FUNC double* dpi(int64_t) const { return dpi_acc; }
+};
+
+// Per sequence: hmm_post_grad_seq, or the zeros / NaN of a sequence without a path / with a NaN.
 // dA_acc (K x K), dpi_acc, df_acc (K): double accumulators shared by the batch (atomics on CUDA).
 DEF_KERNEL void hmm_post_grad_kernel(HmmInferParams p, HmmPostState st, const Float* G, const Float* H, double* r,
                                      double* work, Float* dle, double* dA_acc, double* dpi_acc, double* df_acc,
@@ -261,87 +271,7 @@ DEF_KERNEL void hmm_post_grad_kernel(HmmInferParams p, HmmPostState st, const Fl
       elem_atomic_add(any_nan, 1);
       continue;
     }
-    double* E = work + b * 5 * p.Kp;
-    double* beta = E + p.Kp;
-    double* s = beta + p.Kp;
-    double* u = s + p.Kp;
-    double* sn = u + p.Kp;
-    const Float* Hb = H + b * K * K;
-    // tangent forward
-    for (int64_t t = 0; t < len; ++t) {
-      const int64_t tb = t * B + b;
-      const double* at = st.alpha + tb * K;
-      double* rt = r + tb * K;
-      const Float* Gt = G + tb * K;
-      if (t == 0) {
-        for (int64_t k = 0; k < K; ++k) rt[k] = at[k] * (double)Gt[k];
-        continue;
-      }
-      const double* ap = st.alpha + (tb - B) * K;
-      const double* rp = r + (tb - B) * K;
-      for (int64_t j = 0; j < K; ++j) u[j] = 0.0;
-      for (int64_t i = 0; i < K; ++i) {
-        const double ri = rp[i], ai = ap[i];
-        const double* Ai = p.A + i * K;
-        const Float* Hi = Hb + i * K;
-        for (int64_t j = 0; j < K; ++j) u[j] += Ai[j] * (ri + ai * (double)Hi[j]);
-      }
-      hmm_infer_emissions(p, t, b, st.m[tb], E);
-      const double ic = 1.0 / st.c[tb];
-      for (int64_t k = 0; k < K; ++k) rt[k] = u[k] * E[k] * ic + at[k] * (double)Gt[k];
-    }
-    // backward: beta, s, and the products
-    const int64_t last = (len - 1) * B + b;
-    for (int64_t k = 0; k < K; ++k) {
-      beta[k] = p.f[k];
-      s[k] = 0.0;
-    }
-    hmm_post_normalise(K, st.alpha + last * K, beta, s);
-    for (int64_t t = len - 1; t >= 0; --t) {
-      const int64_t tb = t * B + b;
-      const double* at = st.alpha + tb * K;
-      const double* rt = r + tb * K;
-      double z = 0.0, ef = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        z += at[k] * beta[k];
-        ef += rt[k] * beta[k] + at[k] * s[k];
-      }
-      const double rz = 1.0 / z;
-      ef *= rz;  // E[F]
-      Float* d = dle + tb * K;
-      for (int64_t k = 0; k < K; ++k) {
-        const double gk = ((rt[k] * beta[k] + at[k] * s[k]) - ef * at[k] * beta[k]) * rz;
-        d[k] = (Float)gk;
-        if (t == 0) elem_atomic_add(dpi_acc + k, gk);
-        if (tb == last) elem_atomic_add(df_acc + k, gk);
-      }
-      if (t == 0) break;
-      const Float* Gt = G + tb * K;
-      hmm_infer_emissions(p, t, b, st.m[tb], E);
-      const double* ap = st.alpha + (tb - B) * K;
-      const double* rp = r + (tb - B) * K;
-      const double x = rz / st.c[tb];
-      for (int64_t i = 0; i < K; ++i) {
-        const double* Ai = p.A + i * K;
-        const Float* Hi = Hb + i * K;
-        double bi = 0.0, si = 0.0;
-        for (int64_t j = 0; j < K; ++j) {
-          const double w = Ai[j] * E[j];
-          const double gh = (double)Gt[j] + (double)Hi[j];
-          bi += w * beta[j];
-          si += w * (s[j] + beta[j] * gh);
-          const double dij = w * x * (rp[i] * beta[j] + ap[i] * (beta[j] * (gh - ef) + s[j]));
-          if (dij != 0.0) elem_atomic_add(dA_acc + i * K + j, dij);
-        }
-        u[i] = bi;
-        sn[i] = si;
-      }
-      for (int64_t i = 0; i < K; ++i) {
-        beta[i] = u[i];
-        s[i] = sn[i];
-      }
-      hmm_post_normalise(K, ap, beta, s);
-    }
+    hmm_post_grad_seq(p, st, G, H, r, work, dle, HmmSharedMats{&p, dA_acc, dpi_acc}, df_acc, b);
   }
 }
 

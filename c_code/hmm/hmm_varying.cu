@@ -1,103 +1,21 @@
 // Dense K-state HMM log-likelihood with batched or time-varying transitions and batched initial weights, and its
-// gradients.
+// gradients (the parameters as hmm_varying.h takes them).
 //
-// log_transitions arrives as (Ta, Ba, K, K), broadcast over time (Ta = 1) and / or the batch (Ba = 1): frame t >= 1
-// of sequence b uses matrix [Ta == 1 ? 0 : t - 1, Ba == 1 ? 0 : b]; log_initial as (Bp, K), Bp = 1 or B.  Nothing
-// is materialised: each matrix is shifted by its own maximum (one prep pass) and exponentiated when a step needs
-// it (once per matrix if Ta = 1).  The forward is the scaled filter of hmm_infer.h with these steps; the backward
-// recomputes beta, gamma (d log e, d log pi, d log f) and xi_t (d log A of the matrix frame t used).  A weight below
-// e^-708 times the largest of its matrix counts as impossible.
+// The forward is the scaled filter of hmm_infer.h with hmm_varying.h's steps; the backward recomputes beta, gamma
+// (d log e, d log pi, d log f) and xi_t (d log A of the matrix frame t used) by hmm_var_smooth.
 //
 // A NaN in a sequence's emissions (valid frames) or in a matrix or initial row it uses gives it the log-likelihood
 // NaN and NaN in every gradient entry it touches.  No path: -inf, gradient 0.  The empty series: 0.
 #include "../dialect/kernel.h"
 
-#include "hmm_infer.h"
+#include "hmm_varying.h"
 
-struct HmmVarying {
-  int64_t Ta, Ba, Bp;
-  const Float *lA, *lpi;
-  const double *Ashift, *pishift;  // per matrix / initial row: the maximum (0 if all -inf)
-  const int32_t *A_nan, *pi_nan;   // per matrix / initial row: has a NaN
-  const double* expA;              // (Ba, K, K) shifted exps when Ta == 1, else null
-  double* work;                    // K * K per sequence (Ta > 1)
-};
-
-struct HmmMatrixReport {
-  int q;
-  int64_t offset;
-  DEV_FUNC void operator()(FsaCheck* c, int64_t i) const {
-    fsa_fail(c, FSA_CHECK_PARAM_PLUS_INF, q, offset + i, 0, INFINITY);
-  }
-};
-
-// Shift and NaN flag of every transition matrix, initial row and log_final; +inf recorded.  The NaN flag of
-// log_final goes to consts[3] (read by hmm_infer_scan), its shift to consts[2] and its exps to f.
-DEF_KERNEL void hmm_var_prep(HmmInferParams p, HmmVarying v, double* Ashift, double* pishift, int32_t* A_nan,
-                             int32_t* pi_nan, double* expA, double* f, double* consts) {
-  const int64_t K = p.K, KK = K * K, nA = v.Ta * v.Ba;
-  GRID_LOOP(i, nA + v.Bp + 1) {
-    double mx;
-    if (i < nA) {
-      A_nan[i] = hmm_checked_max(v.lA + i * KK, KK, &mx, p.check, HmmMatrixReport{0, i * KK});
-      Ashift[i] = mx > -INFINITY ? mx : 0.0;
-      if (expA) hmm_exp_row(v.lA + i * KK, KK, mx, expA + i * KK);
-    } else if (i < nA + v.Bp) {
-      const int64_t r = i - nA;
-      pi_nan[r] = hmm_checked_max(v.lpi + r * K, K, &mx, p.check, HmmMatrixReport{1, r * K});
-      pishift[r] = mx > -INFINITY ? mx : 0.0;
-    } else {
-      consts[3] = hmm_checked_max(p.lf, K, &mx, p.check, HmmMatrixReport{2, 0}) ? 1.0 : 0.0;
-      hmm_exp_row(p.lf, K, mx, f);
-      consts[2] = mx > -INFINITY ? mx : 0.0;
-    }
-  }
-}
-
-DEV_FUNC inline int64_t hmm_var_matrix(const HmmVarying& v, int64_t t, int64_t b) {
-  return (v.Ta == 1 ? 0 : t - 1) * v.Ba + (v.Ba == 1 ? 0 : b);
-}
-
-struct HmmVaryingSteps {
-  const HmmInferParams* p;
-  const HmmVarying* v;
-  DEV_FUNC void first(int64_t b, double* pred) const {
-    const int64_t r = v->Bp == 1 ? 0 : b;
-    hmm_exp_row(v->lpi + r * p->K, p->K, v->pishift[r], pred);
-  }
-  // the shifted exps of the matrix used at frame t of sequence b
-  DEV_FUNC const double* matrix(int64_t t, int64_t b) const {
-    const int64_t KK = p->K * p->K, i = hmm_var_matrix(*v, t, b);
-    if (v->expA) return v->expA + (v->Ba == 1 ? 0 : b) * KK;
-    double* A = v->work + b * KK;
-    hmm_exp_row(v->lA + i * KK, KK, v->Ashift[i], A);
-    return A;
-  }
-  DEV_FUNC void next(int64_t t, int64_t b, const double* x, double* pred) const {
-    const int64_t K = p->K;
-    const double* A = matrix(t, b);
-    for (int64_t j = 0; j < K; ++j) pred[j] = 0.0;
-    for (int64_t i = 0; i < K; ++i) {
-      const double xi = x[i];
-      const double* Ai = A + i * K;
-#if !CUDA
-#pragma GCC ivdep
-#endif
-      for (int64_t j = 0; j < K; ++j) pred[j] += xi * Ai[j];
-    }
-  }
-};
-
-// Per sequence: the status from its parameters (a NaN matrix / initial row it uses), then the filter and ll.
+// Per sequence: the filter and the log-likelihood.
 DEF_KERNEL void hmm_var_forward(HmmInferParams p, HmmVarying v, double* alpha, double* c, double* m, double* status,
                                 double* work, Float* ll) {
   GRID_LOOP(b, p.B) {
     const int64_t len = p.seq_len[b];
     int st = p.status[b];
-    const int64_t r = v.Bp == 1 ? 0 : b;
-    if (len > 0 && v.pi_nan[r]) st = HMM_NAN;
-    for (int64_t t = 1; t < len && st != HMM_NAN; ++t)
-      if (v.A_nan[hmm_var_matrix(v, t, b)]) st = HMM_NAN;
     if (st == HMM_SCALED && len > 0)
       st = hmm_infer_filter(p, b, alpha, c, m, work + b * p.Kp, p.f, HmmVaryingSteps{&p, &v});
     status[b] = st;
@@ -109,7 +27,7 @@ DEF_KERNEL void hmm_var_forward(HmmInferParams p, HmmVarying v, double* alpha, d
       ll[b] = st == HMM_NAN ? (Float)NAN_F : (Float)-INFINITY;
       continue;
     }
-    double acc = v.pishift[r] + p.consts[2];
+    double acc = v.pishift[hmm_var_initial(v, b)] + p.consts[2];
     for (int64_t t = 0; t < len; ++t) {
       const int64_t tb = t * p.B + b;
       acc += log(c[tb]) + m[tb];
@@ -122,86 +40,10 @@ DEF_KERNEL void hmm_var_forward(HmmInferParams p, HmmVarying v, double* alpha, d
   }
 }
 
-static HmmInferParams hmm_var_setup(HmmScratch& scratch, Ndarray** inputs, HmmVarying* v) {
-  Ndarray *le = inputs[0], *lA = inputs[1], *lpi = inputs[2], *lf = inputs[3], *mask = inputs[4];
-  HmmInferParams p;
-  memset(&p, 0, sizeof(p));
-  p.T = Ndarray_DIMS(le)[0];
-  p.B = Ndarray_DIMS(le)[1];
-  p.K = Ndarray_DIMS(le)[2];
-  p.Kp = (p.K + 3) / 4 * 4;
-  const FsaTerms terms = hmm_model_terms("hmm_log_likelihood", p.T, p.B, p.K);
-  const int64_t* dA = Ndarray_DIMS(lA);
-  const int64_t Tm1 = p.T > 0 ? p.T - 1 : 0;
-  if (!((dA[0] == 1 || dA[0] == Tm1) && (dA[1] == 1 || dA[1] == p.B) && dA[2] == p.K && dA[3] == p.K)) {
-    std::ostringstream s;
-    s << "log_transitions must have shape (K, K), (B, K, K) or (T-1, B, K, K), as (T-1, B, K, K) got (" << dA[0]
-      << ", " << dA[1] << ", " << dA[2] << ", " << dA[3] << ") (log_emissions has shape (" << p.T << ", " << p.B
-      << ", " << p.K << "))";
-    fsa_require(false, terms, s.str());
-  }
-  const int64_t* dpi = Ndarray_DIMS(lpi);
-  if (!((dpi[0] == 1 || dpi[0] == p.B) && dpi[1] == p.K)) {
-    std::ostringstream s;
-    s << "log_initial must have shape (K,) or (B, K), as (B, K) got (" << dpi[0] << ", " << dpi[1]
-      << ") (log_emissions has shape (" << p.T << ", " << p.B << ", " << p.K << "))";
-    fsa_require(false, terms, s.str());
-  }
-  hmm_check_shape(terms, lf, "log_final", p.K, 0, "(K,)");
-  hmm_check_shape(terms, mask, "mask", p.T, p.B, "(T, B)");
-  p.le = Ndarray_DEV_DATA(le);
-  p.lf = Ndarray_DEV_DATA(lf);
-  v->Ta = dA[0];
-  v->Ba = dA[1];
-  v->Bp = dpi[0];
-  v->lA = Ndarray_DEV_DATA(lA);
-  v->lpi = Ndarray_DEV_DATA(lpi);
-  const int64_t nA = v->Ta * v->Ba, KK = p.K * p.K;
-  double* Ashift = scratch.get<double>(nA);
-  double* pishift = scratch.get<double>(v->Bp);
-  int32_t* A_nan = scratch.get<int32_t>(nA);
-  int32_t* pi_nan = scratch.get<int32_t>(v->Bp);
-  double* expA = v->Ta == 1 ? scratch.get<double>(nA * KK) : (double*)0;
-  double* f = scratch.get<double>(p.K);
-  double* consts = scratch.get<double>(4);
-  int32_t* seq_len = scratch.get<int32_t>(p.B);
-  Ndarray_memset(consts, 0, 4 * sizeof(double));
-  p.status = scratch.get<int32_t>(p.B);
-  p.check = scratch.get<FsaCheck>(1);
-  Ndarray_memset(p.check, 0, sizeof(FsaCheck));
-  start_dev_kernel(fsa_mask_lengths, (p.T, p.B, Ndarray_DEV_DATA(mask), seq_len, p.check));
-  start_dev_kernel(hmm_var_prep, (p, *v, Ashift, pishift, A_nan, pi_nan, expA, f, consts));
-  hmm_infer_raise(p.check, terms);
-  p.seq_len = seq_len;
-  p.f = f;
-  p.consts = consts;
-  v->Ashift = Ashift;
-  v->pishift = pishift;
-  v->A_nan = A_nan;
-  v->pi_nan = pi_nan;
-  v->expA = expA;
-  v->work = v->Ta == 1 ? (double*)0 : scratch.get<double>(p.B * KK);
-  start_dev_kernel(hmm_infer_scan, (p));
-  hmm_infer_raise(p.check, terms);
-  return p;
-}
-
-// The start of the entry points: the argument counts checked, then hmm_var_setup.
-struct HmmVarCall {
-  HmmScratch scratch;
-  HmmVarying v;
-  HmmInferParams p;
-  HmmVarCall(Ndarray** inputs, int n_inputs, int want_inputs, int n_outputs, int want_outputs) {
-    assert_cmp(n_inputs, ==, want_inputs);
-    assert_cmp(n_outputs, ==, want_outputs);
-    p = hmm_var_setup(scratch, inputs, &v);
-  }
-};
-
 // inputs: log_emissions (T,B,K), log_transitions (Ta,Ba,K,K), log_initial (Bp,K), log_final (K), mask (T,B)
 // outputs: log_likelihood (B); hidden (double): alpha (T,B,K), c (T,B), m (T,B), status (B)
 static void hmm_varying_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  HmmVarCall call(inputs, n_inputs, 5, n_outputs, 5);
+  HmmVarCall call("hmm_log_likelihood", inputs, n_inputs, 5, n_outputs, 5);
   const HmmInferParams& p = call.p;
   if (p.B == 0) return;
   start_dev_kernel(hmm_var_forward, (p, call.v, (double*)(*outputs[1])->data, (double*)(*outputs[2])->data,
@@ -211,101 +53,56 @@ static void hmm_varying_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
 }
 
 // ---------------------------------------------------------------- gradient
-struct HmmVarGrad {
-  double *dA, *dpi, *df;  // accumulators: (Ta, Ba, K, K), (Bp, K), (K)
+// hmm_var_smooth's sink for the gradients: gamma into d log e (and d log pi, d log f at the ends), the pair
+// marginals into d log A of the matrix of their frame (the nonzero ones: atomics on CUDA).
+struct HmmVarLikSink {
+  const HmmInferParams* p;
+  const HmmVarying* v;
+  int64_t b;
+  Float* dle;
+  HmmVarGrad gr;
+  DEV_FUNC void state(int64_t t, int64_t k, double gam) const {
+    dle[(t * p->B + b) * p->K + k] = (Float)gam;
+    if (t == 0) elem_atomic_add(gr.dpi + hmm_var_initial(*v, b) * p->K + k, gam);
+    if (t == p->seq_len[b] - 1) elem_atomic_add(gr.df + k, gam);
+  }
+  DEV_FUNC void row(int64_t t, int64_t i, double a, const double* Ai, const double* E) const {
+    double* d = gr.dA + (hmm_var_matrix(*v, t, b) * p->K + i) * p->K;
+    for (int64_t j = 0; j < p->K; ++j) {
+      const double x = a * Ai[j] * E[j];
+      if (x != 0.0) elem_atomic_add(d + j, x);
+    }
+  }
 };
-
-// NaN into every gradient entry sequence b touches.
-DEV_FUNC void hmm_var_grad_nan(const HmmInferParams& p, const HmmVarying& v, int64_t b, Float* dle, HmmVarGrad gr) {
-  const int64_t K = p.K, len = p.seq_len[b];
-  const double nan = (double)NAN_F;
-  for (int64_t t = 0; t < len; ++t) {
-    for (int64_t k = 0; k < K; ++k) dle[(t * p.B + b) * K + k] = (Float)NAN_F;
-    if (t > 0)
-      for (int64_t i = 0; i < K * K; ++i) elem_atomic_add(gr.dA + hmm_var_matrix(v, t, b) * K * K + i, nan);
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    elem_atomic_add(gr.dpi + (v.Bp == 1 ? 0 : b) * K + k, nan);
-    elem_atomic_add(gr.df + k, nan);
-  }
-}
 
 DEF_KERNEL void hmm_var_backward(HmmInferParams p, HmmVarying v, const double* alpha, const double* c,
                                  const double* m, const double* status, const Float* g, double* work, Float* dle,
                                  HmmVarGrad gr) {
   GRID_LOOP(b, p.B) {
-    const int64_t B = p.B, K = p.K, len = p.seq_len[b];
-    const double gb = (double)g[b];
-    hmm_zero_frames(dle, len == 0 || status[b] == HMM_NO_PATH ? 0 : len, p.T, B, K, b);  // padded frames too
+    const int64_t len = p.seq_len[b];
+    hmm_zero_frames(dle, len == 0 || status[b] == HMM_NO_PATH ? 0 : len, p.T, p.B, p.K, b);  // padded frames too
     if (len == 0 || status[b] == HMM_NO_PATH) continue;
     if (status[b] == HMM_NAN) {
       hmm_var_grad_nan(p, v, b, dle, gr);
       continue;
     }
-    const HmmVaryingSteps steps{&p, &v};
-    double* beta = work + b * 3 * p.Kp;
-    double* E = beta + p.Kp;
-    double* nb = E + p.Kp;
-    for (int64_t k = 0; k < K; ++k) beta[k] = p.f[k];
-    hmm_post_normalise(K, alpha + ((len - 1) * B + b) * K, beta, (double*)0);
-    for (int64_t t = len - 1; t >= 0; --t) {
-      const int64_t tb = t * B + b;
-      const double* at = alpha + tb * K;
-      double z = 0.0;
-      for (int64_t k = 0; k < K; ++k) z += at[k] * beta[k];
-      const double r = gb / z;
-      for (int64_t k = 0; k < K; ++k) {
-        const double gam = at[k] * beta[k] * r;
-        dle[tb * K + k] = (Float)gam;
-        if (t == 0) elem_atomic_add(gr.dpi + (v.Bp == 1 ? 0 : b) * K + k, gam);
-        if (t == len - 1) elem_atomic_add(gr.df + k, gam);
-      }
-      if (t == 0) break;
-      const double* A = steps.matrix(t, b);
-      double* dA = gr.dA + hmm_var_matrix(v, t, b) * K * K;
-      hmm_infer_emissions(p, t, b, m[tb], E);
-      for (int64_t k = 0; k < K; ++k) E[k] *= beta[k];  // v = E_t beta_t
-      const double* ap = alpha + (tb - B) * K;
-      const double x = r / c[tb];
-      for (int64_t i = 0; i < K; ++i) {
-        const double ai = ap[i] * x;
-        double bi = 0.0;
-        for (int64_t j = 0; j < K; ++j) {
-          const double w = A[i * K + j] * E[j];
-          bi += w;
-          if (ai * w != 0.0) elem_atomic_add(dA + i * K + j, ai * w);
-        }
-        nb[i] = bi;
-      }
-      for (int64_t k = 0; k < K; ++k) beta[k] = nb[k];
-      hmm_post_normalise(K, ap, beta, (double*)0);
-    }
+    HmmVarLikSink sink = {&p, &v, b, dle, gr};
+    hmm_var_smooth(p, v, b, alpha, c, m, (double)g[b], work + b * 3 * p.Kp, sink);
   }
-}
-
-DEF_KERNEL void hmm_var_store(int64_t n, const double* acc, Float* out) {
-  GRID_LOOP(i, n) out[i] = (Float)acc[i];
 }
 
 // inputs: the five inputs, alpha, c, m, status (hidden outputs), D_log_likelihood (B)
 // outputs: d log_emissions (T,B,K), d log_transitions (Ta,Ba,K,K), d log_initial (Bp,K), d log_final (K)
 static void hmm_varying_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  HmmVarCall call(inputs, n_inputs, 10, n_outputs, 4);
+  HmmVarCall call("hmm_log_likelihood", inputs, n_inputs, 10, n_outputs, 4);
   const HmmInferParams& p = call.p;
   const HmmVarying& v = call.v;
-  HmmScratch& scratch = call.scratch;
   if (p.B == 0) return;
   assert_cmp(Ndarray_DIMS(inputs[8])[0], ==, p.B);
-  const int64_t K = p.K, nA = v.Ta * v.Ba * K * K, n = nA + v.Bp * K + K;
-  double* acc = scratch.get<double>(n);
-  Ndarray_memset(acc, 0, n * sizeof(double));
-  HmmVarGrad gr = {acc, acc + nA, acc + nA + v.Bp * K};
+  const HmmVarGrad gr = hmm_var_grad_start(call.scratch, p, v);
   start_dev_kernel(hmm_var_backward, (p, v, (const double*)inputs[5]->data, (const double*)inputs[6]->data,
                                       (const double*)inputs[7]->data, (const double*)inputs[8]->data,
-                                      Ndarray_DEV_DATA(inputs[9]), scratch.get<double>(p.B * 3 * p.Kp),
+                                      Ndarray_DEV_DATA(inputs[9]), call.scratch.get<double>(p.B * 3 * p.Kp),
                                       Ndarray_DEV_DATA(*outputs[0]), gr));
-  start_dev_kernel(hmm_var_store, (nA, gr.dA, Ndarray_DEV_DATA(*outputs[1])));
-  start_dev_kernel(hmm_var_store, (v.Bp * K, gr.dpi, Ndarray_DEV_DATA(*outputs[2])));
-  start_dev_kernel(hmm_var_store, (K, gr.df, Ndarray_DEV_DATA(*outputs[3])));
-  HANDLE_LAST_ERROR();
+  hmm_var_grad_store(p, v, gr, outputs);
 }

@@ -7,102 +7,9 @@
 // int32 scratch.
 #include "../dialect/kernel.h"
 
-#include "hmm_infer.h"
 #include "hmm_vectors_small.h"
+#include "hmm_viterbi_steps.h"
 #include "hmm_viterbi_lanes.h"
-
-// One step: cur(j) = max_i prev(i) + log A(i, j), bp(j) = its lowest argmax.  lAd: log A in double, rows padded
-// to Kp with -inf.  CPU: four columns at a time in vector registers.
-DEV_FUNC inline void hmm_viterbi_step(const HmmInferParams& p, const double* __restrict__ lAd,
-                                      const double* __restrict__ prev, double* __restrict__ cur,
-                                      int32_t* __restrict__ bp) {
-  const int64_t K = p.K, Kp = p.Kp;
-#if !CUDA
-  for (int64_t j0 = 0; j0 < Kp; j0 += 4) {
-    hmm_v4d best = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, arg = {0.0, 0.0, 0.0, 0.0};
-    for (int64_t i = 0; i < K; ++i) {
-      hmm_v4d row;
-      memcpy(&row, lAd + i * Kp + j0, sizeof(row));
-      const double di = prev[i], fi = (double)i;
-      const hmm_v4d v = row + hmm_v4d{di, di, di, di};
-      const auto better = v > best;
-      best = better ? v : best;
-      arg = better ? hmm_v4d{fi, fi, fi, fi} : arg;
-    }
-    for (int q = 0; q < 4 && j0 + q < K; ++q) {
-      cur[j0 + q] = best[q];
-      bp[j0 + q] = (int32_t)arg[q];
-    }
-  }
-#else
-  for (int64_t j = 0; j < K; ++j) {
-    double best = -INFINITY;
-    int32_t arg = 0;
-    for (int64_t i = 0; i < K; ++i) {
-      const double v = prev[i] + lAd[i * Kp + j];
-      if (v > best) {
-        best = v;
-        arg = (int32_t)i;
-      }
-    }
-    cur[j] = best;
-    bp[j] = arg;
-  }
-#endif
-}
-
-// lAd (K x Kp) = log A in double, padded with -inf.
-DEF_KERNEL void hmm_viterbi_prep(HmmInferParams p, double* lAd) {
-  GRID_LOOP(i, p.K * p.Kp) {
-    const int64_t r = i / p.Kp, j = i % p.Kp;
-    lAd[i] = j < p.K ? (double)p.lA[r * p.K + j] : -INFINITY;
-  }
-}
-
-// Frame t of sequence b: delta_t into slot t % 2 of the sequence's two K-slots.
-DEV_FUNC inline void hmm_viterbi_frame(const HmmInferParams& p, const double* lAd, int64_t t, int64_t b, double* delta,
-                                       int32_t* bp) {
-  const int64_t B = p.B, K = p.K, tb = t * B + b;
-  if (t >= p.seq_len[b] || p.status[b] == HMM_NAN) return;
-  double* cur = delta + b * 2 * K + (t % 2) * K;
-  const Float* et = p.le + tb * K;
-  if (t == 0) {
-    for (int64_t k = 0; k < K; ++k) cur[k] = (double)p.lpi[k] + (double)et[k];
-    return;
-  }
-  hmm_viterbi_step(p, lAd, delta + b * 2 * K + ((t - 1) % 2) * K, cur, bp + tb * K);
-  for (int64_t k = 0; k < K; ++k) cur[k] += (double)et[k];
-}
-
-// The score and the backtrace of sequence b.
-DEV_FUNC void hmm_viterbi_finish(const HmmInferParams& p, int64_t b, const double* delta, const int32_t* bp,
-                                 int32_t* path, Float* score) {
-  const int64_t B = p.B, K = p.K, len = p.seq_len[b];
-  for (int64_t t = 0; t < p.T; ++t) path[t * B + b] = -1;
-  if (len == 0 || p.status[b] == HMM_NAN) {
-    score[b] = len == 0 ? (Float)0.0 : (Float)NAN_F;
-    return;
-  }
-  const double* last = delta + b * 2 * K + ((len - 1) % 2) * K;
-  double best = -INFINITY;
-  int32_t arg = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    double v = last[k] + (double)p.lf[k];
-    if (v > best) {
-      best = v;
-      arg = (int32_t)k;
-    }
-  }
-  if (!(best > -INFINITY)) {
-    score[b] = (Float)-INFINITY;
-    return;
-  }
-  score[b] = (Float)best;
-  for (int64_t t = len - 1; t >= 0; --t) {
-    path[t * B + b] = arg;
-    if (t > 0) arg = bp[(t * B + b) * K + arg];
-  }
-}
 
 #if !CUDA
 // ---------------------------------------------------------------- one sequence, K <= 4, on the CPU
@@ -131,7 +38,7 @@ static inline hmm_v4d hmm_vmax(hmm_v4d a, hmm_v4d b) {
 #ifdef __AVX__
   return __builtin_ia32_maxpd256(a, b);
 #else
-  return a > b ? a : b;
+  return ptn_select(a > b, a, b);
 #endif
 }
 
@@ -246,7 +153,7 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
 #if CUDA
   GRID_LOOP(i, b1 - b0) {
     const int64_t b = b0 + i;
-    for (int64_t t = 0; t < p.seq_len[b]; ++t) hmm_viterbi_frame(p, lAd, t, b, delta, bp);
+    for (int64_t t = 0; t < p.seq_len[b]; ++t) hmm_viterbi_frame(p, lAd, p.lpi, t, b, delta, bp);
     hmm_viterbi_finish(p, b, delta, bp, path, score);
   }
 #else
@@ -256,7 +163,7 @@ DEF_KERNEL void hmm_viterbi_kernel(HmmInferParams p, const double* lAd, double* 
     hmm_with_k(p.K, [&](auto k) { hmm_viterbi_small<decltype(k)::value>(p, b, bytes, path, score); });
     return;
   }
-  hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_viterbi_frame(p, lAd, t, b, delta, bp); });
+  hmm_time_outer(p.T, b0, b1, false, [&](int64_t t, int64_t b) { hmm_viterbi_frame(p, lAd, p.lpi, t, b, delta, bp); });
   for (int64_t b = b0; b < b1; ++b) hmm_viterbi_finish(p, b, delta, bp, path, score);
 #endif
 }

@@ -207,7 +207,7 @@ class _PosteriorsDefaultsOp(NativeOp):
 
     def pullback(self, inputs, outputs, cotangents):
         log_emissions, log_transitions, log_initial = inputs
-        full = _model("hmm_posteriors", log_emissions, log_transitions, log_initial, None, None)
+        full = _model("hmm_posteriors", log_emissions, log_transitions, log_initial, None, None)[1]
         values = HmmPosteriorsValuesOp.make_op(device=self.device, float_dtypes=self.float_dtypes)
         node = values.make_node(*full)
         return values.pullback(list(full), node.outputs, cotangents)[:3]
@@ -281,6 +281,16 @@ class HmmSampleStatesOp(NativeOpGenBase):
     code_version = (1,)
 
 
+#: The hidden outputs of the ops with batched or time-varying parameters (float64, feeding their gradient ops): the
+#: scaled filter ``alpha`` (T, B, K), its normalisers ``scales`` and emission shifts ``shifts`` (T, B), ``status`` (B,).
+_VARYING_FILTER = (
+    hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
+    hidden_output("scales", ((0, 0), (0, 1))),
+    hidden_output("shifts", ((0, 0), (0, 1))),
+    hidden_output("status", ((0, 1),)),
+)
+
+
 class HmmVaryingLikelihoodOp(NativeOpGenBase):
     """Log-likelihood of a dense K-state HMM with batched or time-varying transitions and batched
     initial weights, with gradients (used by :func:`ptnative.hmm_log_likelihood` for those shapes).
@@ -293,13 +303,7 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
     """
 
     in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
-    out_info = (
-        output_entry("log_likelihood", ((0, 1),)),
-        hidden_output("alpha", ((0, 0), (0, 1), (0, 2))),
-        hidden_output("scales", ((0, 0), (0, 1))),
-        hidden_output("shifts", ((0, 0), (0, 1))),
-        hidden_output("status", ((0, 1),)),
-    )
+    out_info = (output_entry("log_likelihood", ((0, 1),)), *_VARYING_FILTER)
     # gradient op inputs: the five inputs, the hidden outputs and the log-likelihood's gradient
     grad_input_map = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
     c_extra_support_code = _support("varying")
@@ -308,29 +312,76 @@ class HmmVaryingLikelihoodOp(NativeOpGenBase):
     code_version = (1,)
 
 
-def varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask):
-    """:class:`HmmVaryingLikelihoodOp` on the inputs of :func:`ptnative.hmm_log_likelihood` (already
-    cast): ``log_transitions`` (K, K), (B, K, K) or (T-1, B, K, K), ``log_initial`` (K,) or (B, K)."""
-    if log_transitions.ndim < 4:
-        log_transitions = pt.shape_padleft(log_transitions, 4 - log_transitions.ndim)
-    if log_initial.ndim < 2:
-        log_initial = pt.shape_padleft(log_initial, 1)
-    return HmmVaryingLikelihoodOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
+class HmmVaryingPosteriorsOp(NativeOpGenBase):
+    """:class:`HmmPosteriorsOp` with batched or time-varying transitions and batched initial weights, with gradients
+    (used by :func:`hmm_posteriors` for those shapes).
+
+    Inputs as :class:`HmmVaryingLikelihoodOp`'s: ``log_emissions`` (T, B, K), ``log_transitions`` (Ta, Ba, K, K)
+    with Ta in {1, T-1} and Ba in {1, B} (broadcast), ``log_initial`` (Bp, K) with Bp in {1, B}, ``log_final``
+    (K,), ``mask`` (T, B) (no gradient).  Outputs: ``marginals`` (T, B, K), ``counts`` (B, K, K) (summed over the
+    frames).  Hidden outputs (float64, feeding the gradient op): ``alpha`` (T, B, K), ``scales`` and ``shifts``
+    (T, B), ``status`` (B,).  The gradients have the inputs' (broadcast) shapes.
+    """
+
+    in_info = _hmm_inputs(False, transitions_ndim=4, initial_ndim=2)
+    out_info = (output_entry("marginals", ((0, 0), (0, 1), (0, 2))), output_entry("counts", ((0, 1), (0, 2), (0, 2))),
+                *_VARYING_FILTER)
+    # gradient op inputs: the five inputs, the hidden outputs, and the gradients of marginals and counts
+    grad_input_map = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
+    c_extra_support_code = _support("varying_posteriors")
+    c_fw_code = "hmm_varying_posteriors_fw(n_inputs, inputs, n_outputs, outputs);"
+    c_bw_code = "hmm_varying_posteriors_bw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HmmVaryingViterbiOp(NativeOpGenBase):
+    """:class:`HmmViterbiOp` with batched or time-varying transitions and batched initial weights (used by
+    :func:`hmm_viterbi` for those shapes).  Inputs as :class:`HmmVaryingPosteriorsOp`'s (no gradients); outputs
+    ``path`` (T, B) int32, ``score`` (B,).
+    """
+
+    in_info = _hmm_inputs(True, transitions_ndim=4, initial_ndim=2)
+    out_info = HmmViterbiOp.out_info
+    c_extra_support_code = _support("varying_viterbi")
+    c_fw_code = "hmm_varying_viterbi_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
+class HmmVaryingSampleStatesOp(NativeOpGenBase):
+    """:class:`HmmSampleStatesOp` with batched or time-varying transitions and batched initial weights (used by
+    :func:`hmm_sample_states` for those shapes).  Inputs as :class:`HmmVaryingPosteriorsOp`'s (no gradients), then
+    ``uniforms`` (T, B); output ``path`` (T, B) int32.
+    """
+
+    in_info = (*_hmm_inputs(True, transitions_ndim=4, initial_ndim=2), input_entry("uniforms", 2, batch_axis=1))
+    out_info = (_PATH,)
+    c_extra_support_code = _support("varying_sample")
+    c_fw_code = "hmm_varying_sample_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
 
 
 # ---------------------------------------------------------------------------------------- functional API
+_TRANSITIONS = "(K, K), (B, K, K) or (T-1, B, K, K)"
+
+
 def _model(fn, log_emissions, log_transitions, log_initial, log_final, mask):
-    """The five op inputs, in the dtype of ``log_emissions`` (integer and bool emissions: float64); errors
-    (ops/_args.py's rule) name ``fn``."""
+    """``(varying, inputs)``: the five op inputs in the dtype of ``log_emissions`` (integer and bool emissions:
+    float64); errors (ops/_args.py's rule) name ``fn``.  ``varying``: whether ``log_transitions`` is (B, K, K) or
+    (T-1, B, K, K) or ``log_initial`` (B, K); the inputs are then those of the ``HmmVarying*`` ops (transitions
+    padded on the left to 4 dimensions, initial weights to 2), else those of the shared-parameter ops."""
     log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, "(T, B, K)", cast_int=True)
     dtype = log_emissions.dtype
-    log_transitions = real_tensor(fn, "log_transitions", log_transitions, 2, dtype, "(K, K)")
-    log_initial = real_tensor(fn, "log_initial", log_initial, 1, dtype, "(K,)")
-    log_final = (pt.zeros_like(log_initial) if log_final is None
+    log_transitions = real_tensor(fn, "log_transitions", log_transitions, (2, 3, 4), dtype, _TRANSITIONS)
+    log_initial = real_tensor(fn, "log_initial", log_initial, (1, 2), dtype, "(K,) or (B, K)")
+    log_final = (pt.zeros_like(log_initial if log_initial.ndim == 1 else log_initial[0]) if log_final is None
                  else real_tensor(fn, "log_final", log_final, 1, dtype, "(K,)"))
     mask = (pt.ones(log_emissions.shape[:2], dtype=dtype) if mask is None
             else real_tensor(fn, "mask", mask, 2, dtype, "(T, B)"))
-    return log_emissions, log_transitions, log_initial, log_final, mask
+    varying = log_transitions.ndim > 2 or log_initial.ndim > 1
+    if varying:
+        log_transitions = pt.shape_padleft(log_transitions, 4 - log_transitions.ndim)
+        log_initial = pt.shape_padleft(log_initial, 2 - log_initial.ndim)
+    return varying, (log_emissions, log_transitions, log_initial, log_final, mask)
 
 
 def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=None, mask=None):
@@ -366,34 +417,19 @@ def hmm_log_likelihood(log_emissions, log_transitions, log_initial, log_final=No
     in a matrix or initial row makes the sequences using it NaN; a weight below ``e^-708``
     times the largest of its matrix counts as impossible there).
     """
-    fn = "hmm_log_likelihood"
-    log_emissions = float_tensor(fn, "log_emissions", log_emissions, 3, cast_int=True)
-    dtype = log_emissions.dtype
-    log_transitions = pt.as_tensor_variable(log_transitions)
-    log_initial = pt.as_tensor_variable(log_initial)
-    varying = log_transitions.ndim in (3, 4) or log_initial.ndim == 2  # batched / time-varying: ptnative.ops.hmm
-    transitions_ndim = log_transitions.ndim if log_transitions.ndim in (3, 4) else 2
-    log_transitions = real_tensor(fn, "log_transitions", log_transitions, transitions_ndim, dtype)
-    log_initial = real_tensor(fn, "log_initial", log_initial, 2 if log_initial.ndim == 2 else 1, dtype)
-    if log_final is None:
-        log_final = pt.zeros_like(log_initial[0] if log_initial.ndim == 2 else log_initial)
-    else:
-        log_final = real_tensor(fn, "log_final", log_final, 1, dtype)
-    if mask is None:
-        mask = pt.ones(log_emissions.shape[:2], dtype=dtype)
-    else:
-        mask = real_tensor(fn, "mask", mask, 2, dtype)
-    if varying:
-        return varying_log_likelihood(log_emissions, log_transitions, log_initial, log_final, mask)
-    return HmmForwardBackwardOp.make_op()(log_emissions, log_transitions, log_initial, log_final, mask)
+    varying, model = _model("hmm_log_likelihood", log_emissions, log_transitions, log_initial, log_final, mask)
+    spec = HmmVaryingLikelihoodOp if varying else HmmForwardBackwardOp
+    return spec.make_op()(*model)
 
 
 _PARAMS_DOC = """
     Parameters
     ----------
     log_emissions : (T, B, K) float, ``log e_t(k)`` (log-densities of any magnitude).
-    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised).
-    log_initial : (K,) float, ``log pi``.
+    log_transitions : (K, K) float, ``log A(i, j)`` (from i to j; rows need not be normalised); or (B, K, K) per
+        sequence, or (T-1, B, K, K) per sequence and frame (entry t-1 is the transition into frame t; leading dims
+        of size 1 broadcast).
+    log_initial : (K,) float, ``log pi``; or (B, K) per sequence.
     log_final : (K,) float, optional, ``log f`` (default 0: no final weighting).
     mask : (T, B), optional, 0/1 prefix mask (default: all frames valid)."""
 
@@ -413,10 +449,11 @@ def hmm_viterbi(log_emissions, log_transitions, log_initial, log_final=None, mas
     in the shared parameters) gives b the score NaN and the path -1 on every frame; a
     sequence without a possible path gets ``-inf`` and -1 everywhere.  No gradient.  ``+inf``
     log-probabilities, a non-0/1 or non-prefix mask and shape mismatches raise ``ValueError``
-    naming ``hmm_viterbi`` and the argument.
+    naming ``hmm_viterbi`` and the argument.  Batched or time-varying parameters run
+    :class:`HmmVaryingViterbiOp` (a NaN in a matrix or initial row: only the sequences using it).
     """
-    path, score = HmmViterbiOp.make_op()(*_model("hmm_viterbi", log_emissions, log_transitions, log_initial,
-                                                 log_final, mask))
+    varying, model = _model("hmm_viterbi", log_emissions, log_transitions, log_initial, log_final, mask)
+    path, score = (HmmVaryingViterbiOp if varying else HmmViterbiOp).make_op()(*model)
     return path, score
 
 
@@ -438,10 +475,13 @@ def hmm_posteriors(log_emissions, log_transitions, log_initial, log_final=None, 
     without a possible path gets all-zero marginals, counts and gradients; a NaN input on a
     valid frame of sequence b (or in the shared parameters) gives b NaN marginals, counts and
     emission gradients, and the shared parameters NaN gradients.  The empty series: zeros.
-    Errors as in :func:`hmm_viterbi`, naming ``hmm_posteriors``.
+    Errors as in :func:`hmm_viterbi`, naming ``hmm_posteriors``.  Batched or time-varying parameters
+    run :class:`HmmVaryingPosteriorsOp`: ``counts`` summed over the frames as above, gradients in the
+    parameters' (broadcast) shapes, and a NaN in a matrix or initial row makes only the sequences using
+    it NaN (and the gradient entries they touch).
     """
-    marginals, counts = HmmPosteriorsOp.make_op()(*_model("hmm_posteriors", log_emissions, log_transitions,
-                                                          log_initial, log_final, mask))
+    varying, model = _model("hmm_posteriors", log_emissions, log_transitions, log_initial, log_final, mask)
+    marginals, counts = (HmmVaryingPosteriorsOp if varying else HmmPosteriorsOp).make_op()(*model)
     return marginals, counts
 
 
@@ -459,16 +499,18 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
     state is the first whose cumulative weight exceeds ``u`` times the total.  A sequence
     with a NaN input or without a possible path gets -1 on every frame.  No gradient.  A
     uniform outside ``[0, 1)`` (or NaN) on a valid frame raises ``ValueError``; other errors
-    as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.
+    as in :func:`hmm_viterbi`, naming ``hmm_sample_states``.  Batched or time-varying parameters run
+    :class:`HmmVaryingSampleStatesOp` (frame t given frame t+1 weighted by the matrix into frame t+1).
     """
-    model = _model("hmm_sample_states", log_emissions, log_transitions, log_initial, log_final, mask)
+    varying, model = _model("hmm_sample_states", log_emissions, log_transitions, log_initial, log_final, mask)
     uniforms = real_tensor("hmm_sample_states", "uniforms", uniforms, 2, model[0].dtype, "(T, B)")
-    return HmmSampleStatesOp.make_op()(*model, uniforms)
+    return (HmmVaryingSampleStatesOp if varying else HmmSampleStatesOp).make_op()(*model, uniforms)
 
 
 for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
 __all__ = ["HmmForwardBackwardOp", "HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp",
-           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "hmm_log_likelihood",
+           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "HmmVaryingPosteriorsOp",
+           "HmmVaryingViterbiOp", "HmmVaryingSampleStatesOp", "hmm_log_likelihood",
            "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]

@@ -37,7 +37,8 @@ from ptnative.ops.edit_distance import (EditDistanceOp, NextEditDistanceReduceOp
 from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, FastViterbiOp, GetCtcFsaFastBwOp,
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
-                              HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmViterbiOp)
+                              HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp,
+                              HmmVaryingPosteriorsOp, HmmVaryingSampleStatesOp, HmmVaryingViterbiOp, HmmViterbiOp)
 from ptnative.ops.hsmm import HsmmLikelihoodOp, HsmmViterbiOp
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
                                NativeLstm2Layer, TwoDLSTM)
@@ -402,8 +403,9 @@ def _hmm(g, dtype, size):
 
 def _hmm_inference(g, dtype, size):
     """Viterbi, posteriors (with their gradients, and without: HmmPosteriorsValuesOp, and HmmPosteriorsDefaultsOp
-    with the default final weights and mask), posterior sampling and the time-varying log-likelihood (with its
-    gradients) on one ragged batch."""
+    with the default final weights and mask), posterior sampling, and with time-varying transitions and per-sequence
+    initial weights the log-likelihood, posteriors (both with their gradients), Viterbi and sampling, on one ragged
+    batch."""
     T, B, K = size
     rng = np.random.default_rng(T + K + 1)
     le, lA, lpi, lf = hmm_data(rng, T, B, K, scale=3.0)
@@ -420,9 +422,14 @@ def _hmm_inference(g, dtype, size):
     draws = g.op(HmmSampleStatesOp)(*ins[:6])
     varying = [ins[0], ins[6], ins[7], ins[3], ins[4]]
     ll = g.op(HmmVaryingLikelihoodOp)(*varying)
-    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll,
+    v_marginals, v_counts = g.op(HmmVaryingPosteriorsOp)(*varying)
+    v_path, v_score = g.op(HmmVaryingViterbiOp)(*varying)
+    v_draws = g.op(HmmVaryingSampleStatesOp)(*varying, ins[5])
+    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll, v_marginals, v_counts, v_path,
+                 v_score, v_draws,
                  *g.grads([marginals, counts], ins[:4]),
-                 *g.grads([ll], varying[:4])], values
+                 *g.grads([ll], varying[:4]),
+                 *g.grads([v_marginals, v_counts], varying[:4])], values
 
 
 def _hsmm(g, dtype, size):
@@ -535,7 +542,7 @@ CASES = [
     # HMM inference
     _case("hmm_inference", "hmm",
           [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp, HmmSampleStatesOp,
-           HmmVaryingLikelihoodOp],
+           HmmVaryingLikelihoodOp, HmmVaryingPosteriorsOp, HmmVaryingViterbiOp, HmmVaryingSampleStatesOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # explicit-duration HMM
     _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmViterbiOp], _hsmm, [(9, 4, 3, 4), (64, 40, 4, 12)], rtol32=1e-3,
