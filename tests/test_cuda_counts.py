@@ -1,0 +1,110 @@
+"""What one call of an op's CUDA path costs, counted by the CUDA emulation (tests/cuda_emulation.h): kernel launches,
+device allocations, host <-> device bytes; and the one-pass kernels that keep those counts low, against the CPU path
+on inputs that exercise their corners (RNA and CTC topologies, log-probabilities, repeated labels, ties, sequences
+without a path, zero lengths).  docs/gpu.md lists the counts."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+from ptnative.ops.fsa import CtcFsaLossOp, CtcViterbiLossOp
+
+from .test_cuda_emulation import MODE, emulated
+
+I32 = np.int32
+
+
+def read_counts(path) -> list[dict]:
+    """The per-call lines that the emulation appended to ``path``: one dict per call (op signature and counts)."""
+    calls = []
+    for line in path.read_text().splitlines():
+        sig, _, rest = line.rpartition(": ")
+        calls.append({"op": sig, **{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}})
+    return calls
+
+
+@pytest.fixture
+def counts_file(tmp_path, monkeypatch):
+    path = tmp_path / "counts.txt"
+    path.write_text("")
+    monkeypatch.setenv("PTNATIVE_EMU_COUNTS", str(path))
+    return path
+
+
+# ------------------------------------------------------------------ CTC: one pass per batch
+def _ctc_function(op_cls, emulate, dtype, blank, loop, normalized):
+    logits = pt.tensor3("logits", dtype=dtype)
+    lens, targets, tlens = pt.ivector("lens"), pt.imatrix("targets"), pt.ivector("tlens")
+    op = op_cls.make_op()
+    op = emulated(op) if emulate else op
+    outs = op(logits, lens, targets, tlens, pt.constant(I32(blank)), pt.constant(I32(loop)),
+              pt.constant(I32(normalized)))
+    return pytensor.function([logits, lens, targets, tlens], list(outs), mode=MODE)
+
+
+def _ctc_values(T, B, D, N, dtype, normalized, ties, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-1, 2, size=(T, B, D)).astype(float) if ties else rng.normal(size=(T, B, D)) * 2
+    if normalized:
+        x = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    targets = rng.integers(1, D, size=(B, N)).astype(I32)
+    targets[0, :2] = targets[0, 0]  # a repeated label
+    tlens = rng.integers(0, N + 1, size=B).astype(I32)
+    tlens[0] = N
+    lens = rng.integers(max(T // 2, 1), T + 1, size=B).astype(I32)
+    lens[0] = T
+    if B > 2:
+        lens[1], tlens[1] = 0, 0  # the empty alignment: loss 0
+        lens[2], tlens[2] = min(T, 1), min(N, 2)  # no path
+    return [x.astype(dtype), lens, targets, tlens]
+
+
+CTC_CONFIGS = [(loop, normalized) for loop in (1, 0) for normalized in (0, 1)]
+
+
+@pytest.mark.parametrize("op_cls", [CtcFsaLossOp, CtcViterbiLossOp], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("T", [1, 6, 31])
+def test_ctc_is_one_pass_and_matches_cpu(op_cls, T, counts_file):
+    """Two launches per call (the input check and the pass), whatever T; loss and gradient equal the CPU's for CTC
+    and RNA, logits and log-probabilities, with ties (integer logits: the Viterbi alignment's tie-breaking)."""
+    B, D, N = 5, 6, 4
+    for loop, normalized in CTC_CONFIGS:
+        for ties in (False, True):
+            values = _ctc_values(T, B, D, N, "float64", normalized, ties, seed=T + 10 * loop + normalized)
+            want = _ctc_function(op_cls, False, "float64", 0, loop, normalized)(*values)
+            counts_file.write_text("")
+            got = _ctc_function(op_cls, True, "float64", 0, loop, normalized)(*values)
+            for g, w, name in zip(got, want, ("loss", "grad")):
+                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9,
+                                           err_msg=f"{name} T={T} loop={loop} normalized={normalized} ties={ties}")
+            assert np.isinf(want[0][2]) and want[0][1] == 0  # the corner sequences are there
+            (call,) = read_counts(counts_file)
+            assert call["launches"] == 2, call
+
+
+@pytest.mark.parametrize("op_cls", [CtcFsaLossOp, CtcViterbiLossOp], ids=lambda c: c.__name__)
+def test_ctc_float32_and_blank_last(op_cls):
+    values = _ctc_values(17, 4, 7, 3, "float32", 0, False, seed=3)
+    values[2] = np.where(values[2] == 6, 5, values[2]).astype(I32) - 1  # labels in [0, 5): blank = 6 (last)
+    want = _ctc_function(op_cls, False, "float32", -1, 1, 0)(*values)
+    got = _ctc_function(op_cls, True, "float32", -1, 1, 0)(*values)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_ctc_warm_call_allocates_nothing_new(counts_file):
+    """The second call of the same shapes: no device allocation (entry buffers and the scratch block are kept);
+    the first (larger than any before in this process) allocates."""
+    values = _ctc_values(45, 9, 11, 5, "float64", 0, False, seed=1)
+    f = _ctc_function(CtcFsaLossOp, True, "float64", 0, 1, 0)
+    f(*values)
+    f(*values)
+    first, second = read_counts(counts_file)
+    assert first["allocs"] > 0 and second["allocs"] == 0, (first, second)
+    logits_bytes = values[0].nbytes
+    assert second["h2d"] >= logits_bytes and second["d2h"] >= logits_bytes  # logits in, grad out
