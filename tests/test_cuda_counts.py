@@ -108,3 +108,53 @@ def test_ctc_warm_call_allocates_nothing_new(counts_file):
     assert first["allocs"] > 0 and second["allocs"] == 0, (first, second)
     logits_bytes = values[0].nbytes
     assert second["h2d"] >= logits_bytes and second["d2h"] >= logits_bytes  # logits in, grad out
+
+
+# ------------------------------------------------------------------ FastBaumWelch: fused frame steps
+def _launches_of(case_name, builder, size, monkeypatch, counts_file, op_prefix):
+    from .gpu import cases
+    from .test_cuda_emulation import run_emulated
+
+    counts_file.write_text("")
+    case = cases._case(case_name, "fsa", [], builder, [size])
+    run_emulated(case, "float64", monkeypatch)
+    calls = [c for c in read_counts(counts_file) if c["op"].startswith(op_prefix)]
+    assert len(calls) == 1, calls
+    return calls[0]["launches"]
+
+
+@pytest.mark.parametrize("no_path", [False, True], ids=["paths", "log-space pass"])
+def test_fast_baum_welch_launches_per_frame(no_path, monkeypatch, counts_file):
+    """Forward and backward each take two launches per frame (the edges, then the frame's normalisation and
+    outputs); sequences without a path in the scaled pass (here: every edge weight inf) are redone in log space,
+    with as many launches again."""
+    from ptnative.ops.fsa import FastBaumWelchOp
+
+    from .gpu.cases import n_states_of
+
+    def build(g, dtype, size):
+        T, B, D = size  # sequence b: one state b with a self-loop per class (every sequence has a path)
+        edges = np.array([np.repeat(np.arange(B), D), np.repeat(np.arange(B), D), np.tile(np.arange(D), B),
+                          np.repeat(np.arange(B), D)], I32)
+        weights = np.full(B * D, np.inf if no_path else 0.5, dtype)
+        se = np.array([np.arange(B), np.arange(B)], I32)
+        values = [np.random.default_rng(T).random((T, B, D)).astype(dtype), edges, weights, se,
+                  np.ones((T, B), dtype)]
+        am, e, w, s_, m = g.syms("am edges weights se mask", values)
+        out, sums = g.op(FastBaumWelchOp)(am, e, w, s_, m, pt.zeros((2, n_states_of(e, s_)), dtype=dtype))
+        return [am, e, w, s_, m], [out, sums], values
+
+    per = {T: _launches_of("fast_bw_counts", build, (T, 3, 4), monkeypatch, counts_file, "am_scores,")
+           for T in (6, 16)}
+    assert (per[16] - per[6]) / 10 == (8 if no_path else 4), per
+
+
+# ------------------------------------------------------------------ RNN-T: alpha, beta and gradient fused
+@pytest.mark.parametrize("durations", [(), (2, 4)], ids=["rnnt", "multiblank"])
+def test_rnnt_takes_three_launches_whatever_the_lattice(durations, monkeypatch, counts_file):
+    from .gpu import cases
+
+    fn = cases._rnnt(durations, 0.05, 0.1, -1.0)
+    launches = {size: _launches_of("rnnt_counts", fn, size, monkeypatch, counts_file, "acts,")
+                for size in [(2, 3, 2, 4), (3, 12, 6, 5)]}
+    assert set(launches.values()) == {3}, launches

@@ -1,5 +1,5 @@
-// The Baum-Welch passes on CUDA: one launch per frame over the whole batch (fsa_baum_welch.h declares the problem; the CPU
-// schedule is fsa_baum_welch_cpu.h).
+// The Baum-Welch passes on CUDA: per frame, two launches over the whole batch forward and two backward
+// (fsa_baum_welch.h declares the problem; the CPU schedule is fsa_baum_welch_cpu.h).
 #ifndef PTNATIVE_FSA_FSA_BAUM_WELCH_CUDA_H
 #define PTNATIVE_FSA_FSA_BAUM_WELCH_CUDA_H
 
@@ -158,26 +158,34 @@ DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* 
   }
 }
 
-// Backward, frame t, before its edges: clear beta_cur (q < S); per sequence (S + b) reset the sums, and
-// sequences of length t + 1 start here (their end states get the end weights in beta_next).
+// Backward, frame t, before its edges (the part of frame t + 1's fbw_bw_finish that prepares frame t; launched on its
+// own for the last frame): clear beta_cur (q < S); per sequence (S + b) reset frame t's sums, and sequences of length
+// t + 1 start here (their end states get the end weights in beta_next).
+DEV_FUNC inline void fbw_bw_start_item(int64_t i, int64_t t, int64_t n_states, const int32_t* seq_len, int64_t n_end,
+                                       const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
+                                       const double* end_wmin, double* beta_cur, double* beta_next, double* dsum,
+                                       double* zsum) {
+  if (i < n_states) {
+    beta_cur[i] = 0.0;
+    return;
+  }
+  int64_t b = i - n_states;
+  dsum[b] = 0.0;
+  zsum[b] = 0.0;
+  if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) return;
+  FSA_END_LOOP(n, b, end_pairs, n_end) {
+    double w = fsa_end_weight(end_w, n);
+    if (w < INFINITY) beta_next[fsa_end_state(end_pairs, end_simple, n)] += exp(-(w - end_wmin[b]));
+  }
+}
+
 DEF_KERNEL void fbw_bw_start(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* seq_len, int64_t n_end,
                              const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
                              const double* end_wmin, double* beta_cur, double* beta_next, double* dsum,
                              double* zsum) {
-  GRID_LOOP(i, n_states + n_batch) {
-    if (i < n_states) {
-      beta_cur[i] = 0.0;
-      continue;
-    }
-    int64_t b = i - n_states;
-    dsum[b] = 0.0;
-    zsum[b] = 0.0;
-    if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) continue;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double w = fsa_end_weight(end_w, n);
-      if (w < INFINITY) beta_next[fsa_end_state(end_pairs, end_simple, n)] += exp(-(w - end_wmin[b]));
-    }
-  }
+  GRID_LOOP(i, n_states + n_batch)
+    fbw_bw_start_item(i, t, n_states, seq_len, n_end, end_pairs, end_simple, end_w, end_wmin, beta_cur, beta_next,
+                      dsum, zsum);
 }
 
 DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
@@ -204,15 +212,26 @@ DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
 // Frame t's outputs.  FBW_NEGLOG: out = -log posterior (INF where none), sums = -log p on
 // valid frames of sequences with a path, else 0.  FBW_LOGITS / FBW_LOGPROBS: out = d(-log p)/d
 // logits = softmax - posterior (resp. -posterior), 0 on padded frames.
-// Backward, frame t, after its edges, in one launch: normalise beta_cur (q < S) and write the frame's outputs
-// (S + b * D + d).
+// Backward, frame t, after its edges, in one launch: normalise beta_cur (q < S), write the frame's outputs
+// (S + b * D + d), and prepare frame t - 1 (fbw_bw_start_item, items from S + B D on) when t > 0.  Frame t's sums
+// (dsum, zsum) and frame t - 1's are separate buffers (the caller alternates them); of the two beta rows, frame
+// t - 1's beta_cur is frame t's beta_next (no item here reads it), and its beta_next is beta_cur, where only
+// sequences of length t (whose states this frame leaves alone) get their end weights.
 DEF_KERNEL void fbw_bw_finish(int mode, int64_t t, int64_t n_states, int64_t n_batch, int64_t n_classes,
                               const int32_t* state_seq, const int32_t* seq_len, const double* dsum, double* beta_cur,
                               const double* nll, const double* zsum, const double* P, const double* norm, double* G,
-                              Float* out, Float* sums) {
-  GRID_LOOP(j, n_states + n_batch * n_classes) {
+                              Float* out, Float* sums, int64_t n_end, const int32_t* end_pairs,
+                              const int32_t* end_simple, const Float* end_w, const double* end_wmin,
+                              double* beta_prev_cur, double* dsum_prev, double* zsum_prev) {
+  const int64_t n_cells = n_batch * n_classes;
+  GRID_LOOP(j, n_states + n_cells + (t > 0 ? n_states + n_batch : 0)) {
     if (j < n_states) {
       fbw_normalize_state(t, j, state_seq, seq_len, dsum, beta_cur);
+      continue;
+    }
+    if (j >= n_states + n_cells) {
+      fbw_bw_start_item(j - n_states - n_cells, t - 1, n_states, seq_len, n_end, end_pairs, end_simple, end_w,
+                        end_wmin, beta_prev_cur, beta_cur, dsum_prev, zsum_prev);
       continue;
     }
     int64_t i = j - n_states;
@@ -288,19 +307,37 @@ DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_
   }
 }
 
-DEF_KERNEL void fbl_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, const int32_t* redo, int64_t n_end,
-                            const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                            double* lb_next) {
-  GRID_LOOP(b, n_batch) {
-    if (!redo[b] || seq_len[b] != t + 1) continue;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double w = fsa_end_weight(end_w, n);
-      if (w < INFINITY) {
-        int32_t q = fsa_end_state(end_pairs, end_simple, n);
-        lb_next[q] = fsa_neglog_add(lb_next[q], w);
-      }
+// Log-space backward, frame t, before its edges (the part of frame t + 1's fbl_bw_out that prepares frame t;
+// launched on its own for the last frame): clear lb_cur (q < S); per sequence (S + b) to redo: the end weights of
+// sequences of length t + 1 into lb_next, and frame t's emissions Q.
+DEV_FUNC inline void fbl_bw_prepare_item(int64_t i, int mode, int64_t t, int64_t n_states, int64_t n_classes,
+                                         const Float* am, int64_t n_batch, const int32_t* seq_len, const int32_t* redo,
+                                         int64_t n_end, const int32_t* end_pairs, const int32_t* end_simple,
+                                         const Float* end_w, double* lb_cur, double* lb_next, double* Q) {
+  if (i < n_states) {
+    lb_cur[i] = INFINITY;
+    return;
+  }
+  int64_t b = i - n_states;
+  if (!redo[b] || t >= seq_len[b]) return;
+  fbl_emission_row(mode, n_classes, am + (t * n_batch + b) * n_classes, Q + b * n_classes);
+  if (seq_len[b] != t + 1) return;
+  FSA_END_LOOP(n, b, end_pairs, n_end) {
+    double w = fsa_end_weight(end_w, n);
+    if (w < INFINITY) {
+      int32_t q = fsa_end_state(end_pairs, end_simple, n);
+      lb_next[q] = fsa_neglog_add(lb_next[q], w);
     }
   }
+}
+
+DEF_KERNEL void fbl_bw_prepare(int mode, int64_t t, int64_t n_states, int64_t n_classes, const Float* am,
+                               int64_t n_batch, const int32_t* seq_len, const int32_t* redo, int64_t n_end,
+                               const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w, double* lb_cur,
+                               double* lb_next, double* Q) {
+  GRID_LOOP(i, n_states + n_batch)
+    fbl_bw_prepare_item(i, mode, t, n_states, n_classes, am, n_batch, seq_len, redo, n_end, end_pairs, end_simple,
+                        end_w, lb_cur, lb_next, Q);
 }
 
 DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
@@ -320,10 +357,21 @@ DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, cons
   }
 }
 
+// Frame t's outputs in log space (items i < B D), and frame t - 1's preparation (fbl_bw_prepare_item, items from
+// B D on) when t > 0: frame t - 1's lb_cur is frame t's lb_next, its lb_next is frame t's lb_cur (where only
+// sequences of length t get their end weights), and its emissions go to Q_prev (frame t's are Q).
 DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
                            const int32_t* redo, const double* nll, const double* Q, double* G, Float* out,
-                           Float* sums) {
-  GRID_LOOP(i, n_batch * n_classes) {
+                           Float* sums, int64_t n_states, const Float* am, int64_t n_end, const int32_t* end_pairs,
+                           const int32_t* end_simple, const Float* end_w, double* lb_prev_cur, double* lb_cur,
+                           double* Q_prev) {
+  const int64_t n_cells = n_batch * n_classes;
+  GRID_LOOP(i, n_cells + (t > 0 ? n_states + n_batch : 0)) {
+    if (i >= n_cells) {
+      fbl_bw_prepare_item(i - n_cells, mode, t - 1, n_states, n_classes, am, n_batch, seq_len, redo, n_end,
+                          end_pairs, end_simple, end_w, lb_prev_cur, lb_cur, Q_prev);
+      continue;
+    }
     int64_t b = i / n_classes;
     if (!redo[b]) continue;
     bool valid = t < seq_len[b];
@@ -366,19 +414,21 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
   const double *wmin = ck.wmin, *W = ck.W;
   double* alpha = scratch.get<double>((T + 1) * S);
   double* beta = scratch.get<double>(2 * S);
-  // Emission factors of every frame are computed up front and kept for the backward pass when they fit in
-  // 256 MB; else frame by frame, twice.
-  const bool keep_P = T * B * D <= (int64_t)32 * 1024 * 1024;
-  double* P_all = scratch.get<double>(keep_P ? T * B * D : B * D);
-  double* norm_all = scratch.get<double>(keep_P ? T * B : B);
-  double* shift_all = scratch.get<double>(keep_P ? T * B : B);
+  // Emission factors of up to `chunk` frames at a time, computed in one launch (256 MB at most): for every frame
+  // up front when they all fit (and kept for the backward pass), else chunk by chunk, in each pass.
+  const int64_t max_rows = (int64_t)32 * 1024 * 1024 / std::max<int64_t>(B * D, 1);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, max_rows));
+  const bool keep_P = chunk >= T;
+  double* P_all = scratch.get<double>(std::max<int64_t>(chunk, 2) * B * D);  // two frames for the log-space pass
+  double* norm_all = scratch.get<double>(chunk * B);
+  double* shift_all = scratch.get<double>(chunk * B);
   double* P = P_all;
   double* G = scratch.get<double>(B * D);
   double* c = scratch.get<double>(2 * B);  // frame t's per-sequence sums at c + (t & 1) * B
   double* nll = scratch.get<double>(B);
   double* end_wmin = scratch.get<double>(B);
-  double* dsum = scratch.get<double>(B);
-  double* zsum = scratch.get<double>(B);
+  double* dsum = scratch.get<double>(2 * B);  // frame t's at + (t & 1) * B
+  double* zsum = scratch.get<double>(2 * B);
 
   Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
   Ndarray_memset(c, 0, 2 * B * sizeof(double));
@@ -393,13 +443,16 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
     fsa_raise_check(check, p.terms);
   }
 
-  // forward
+  // forward: two launches per frame (and one per chunk of emission rows)
   for (int64_t t = 0; t < T; ++t) {
     double* a_t = alpha + t * S;
     double* a_next = a_t + S;
-    P = keep_P ? P_all + t * B * D : P_all;
-    double* shift = keep_P ? shift_all + t * B : shift_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all, nan, check);
+    const int64_t k = t % chunk;
+    if (!keep_P && k == 0)
+      fbw_emission_rows(p.mode, t, std::min(chunk, T - t), B, D, p.am, seq_len, P_all, shift_all, norm_all, nan,
+                        check);
+    P = P_all + k * B * D;
+    double* shift = shift_all + k * B;
     double* c_cur = c + (t & 1) * B;
     double* c_next = c + ((t + 1) & 1) * B;
     start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, live, W, P, a_t, a_next,
@@ -411,20 +464,31 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
   fsa_raise_check(check, p.terms);
   if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
 
-  // backward
+  // backward: two launches per frame (the edges, then the frame's outputs with the next frame's start)
   Ndarray_memset(beta, 0, 2 * S * sizeof(double));
+  if (T > 0)
+    start_dev_kernel(fbw_bw_start, (T - 1, S, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin,
+                                    beta + ((T - 1) & 1) * S, beta + (T & 1) * S, dsum + ((T - 1) & 1) * B,
+                                    zsum + ((T - 1) & 1) * B));
   for (int64_t t = T - 1; t >= 0; --t) {
     double* b_next = beta + ((t + 1) & 1) * S;
     double* b_cur = beta + (t & 1) * S;
-    start_dev_kernel(fbw_bw_start, (t, S, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_cur,
-                                    b_next, dsum, zsum));
-    P = keep_P ? P_all + t * B * D : P_all;
-    double* norm = keep_P ? norm_all + t * B : norm_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm, nan, check);
+    double* ds = dsum + (t & 1) * B;
+    double* zs = zsum + (t & 1) * B;
+    double* ds_prev = dsum + ((t + 1) & 1) * B;
+    double* zs_prev = zsum + ((t + 1) & 1) * B;
+    const int64_t k = t % chunk;
+    if (!keep_P && (k == chunk - 1 || t == T - 1)) {
+      const int64_t t0 = t - k;
+      fbw_emission_rows(p.mode, t0, t - t0 + 1, B, D, p.am, seq_len, P_all, shift_all, norm_all, nan, check);
+    }
+    P = P_all + k * B * D;
+    double* norm = norm_all + k * B;
     start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
-                                    G, dsum, zsum));
-    start_dev_kernel(fbw_bw_finish, (p.mode, t, S, B, D, state_seq, seq_len, dsum, b_cur, nll, zsum, P, norm, G,
-                                     p.out, p.sums));
+                                    G, ds, zs));
+    start_dev_kernel(fbw_bw_finish, (p.mode, t, S, B, D, state_seq, seq_len, ds, b_cur, nll, zs, P, norm, G,
+                                     p.out, p.sums, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_next,
+                                     ds_prev, zs_prev));
   }
   HANDLE_LAST_ERROR();
 
@@ -451,15 +515,20 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
     start_dev_kernel(fbl_final, (B, S, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, la, nll));
     HANDLE_LAST_ERROR();
     if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
+    // two launches per frame: the edges, then the frame's outputs with the previous frame's preparation
+    double* Q2 = P_all;  // frame t's emissions at Q2 + (t & 1) B D
+    if (T > 0)
+      start_dev_kernel(fbl_bw_prepare, (p.mode, T - 1, S, D, p.am, B, seq_len, redo, p.n_end, p.end_pairs,
+                                        p.end_simple, p.end_w, lb + ((T - 1) & 1) * S, lb + (T & 1) * S,
+                                        Q2 + ((T - 1) & 1) * B * D));
     for (int64_t t = T - 1; t >= 0; --t) {
       double* b_next = lb + ((t + 1) & 1) * S;
       double* b_cur = lb + (t & 1) * S;
-      start_dev_kernel(fsa_fill, (S, b_cur, (double)INFINITY));
-      start_dev_kernel(fbl_bw_init, (t, B, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, b_next));
-      start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
-      start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, nll, la + t * S,
+      double* Q = Q2 + (t & 1) * B * D;
+      start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, Q, nll, la + t * S,
                                       b_next, b_cur, G));
-      start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, P, G, p.out, p.sums));
+      start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, Q, G, p.out, p.sums, S, p.am, p.n_end,
+                                    p.end_pairs, p.end_simple, p.end_w, b_next, b_cur, Q2 + ((t + 1) & 1) * B * D));
     }
   }
   start_dev_kernel(fbw_nan_out, (T, B, D, seq_len, nan, p.out, p.sums, p.loss));
