@@ -52,14 +52,14 @@ struct Counts {
   long long launches = 0, allocs = 0, h2d = 0, d2h = 0;
 };
 static Counts counts;
-// What the CUDA dialect's scratch allocator keeps between calls: the sizes of its free blocks (a block is reused
-// for a request of at most its size), and the entry's per-argument device buffers.
+// What the CUDA dialect keeps between calls: the sizes of its free scratch blocks (ptn::ScratchPool: a block serves
+// a request of at most its size and more than half of it), and the entry's per-argument device buffers.
 static std::vector<size_t> cached_blocks;
 static std::vector<size_t> entry_buffers;
 inline void count_alloc(size_t bytes) {
   size_t best = (size_t)-1, at = 0;
   for (size_t i = 0; i < cached_blocks.size(); ++i)
-    if (cached_blocks[i] >= bytes && cached_blocks[i] < best) {
+    if (cached_blocks[i] >= bytes && cached_blocks[i] / 2 < bytes && cached_blocks[i] < best) {
       best = cached_blocks[i];
       at = i;
     }
