@@ -123,30 +123,63 @@ def _launches_of(case_name, builder, size, monkeypatch, counts_file, op_prefix):
     return calls[0]["launches"]
 
 
-@pytest.mark.parametrize("no_path", [False, True], ids=["paths", "log-space pass"])
-def test_fast_baum_welch_launches_per_frame(no_path, monkeypatch, counts_file):
-    """Forward and backward each take two launches per frame (the edges, then the frame's normalisation and
-    outputs); sequences without a path in the scaled pass (here: every edge weight inf) are redone in log space,
-    with as many launches again."""
+def _one_state_fsa(no_path):
+    """A FastBaumWelch graph builder: sequence b has one state b with a self-loop per class (a path for every
+    sequence), or (no_path) the same with every weight inf (no path: the log-space pass)."""
     from ptnative.ops.fsa import FastBaumWelchOp
 
     from .gpu.cases import n_states_of
 
     def build(g, dtype, size):
-        T, B, D = size  # sequence b: one state b with a self-loop per class (every sequence has a path)
+        T, B, D = size
         edges = np.array([np.repeat(np.arange(B), D), np.repeat(np.arange(B), D), np.tile(np.arange(D), B),
                           np.repeat(np.arange(B), D)], I32)
-        weights = np.full(B * D, np.inf if no_path else 0.5, dtype)
+        weights = np.random.default_rng(B).random(B * D) if not no_path else np.full(B * D, np.inf)
         se = np.array([np.arange(B), np.arange(B)], I32)
-        values = [np.random.default_rng(T).random((T, B, D)).astype(dtype), edges, weights, se,
-                  np.ones((T, B), dtype)]
+        mask = (np.arange(T)[:, None] < np.maximum(T - np.arange(B), 0)[None, :]).astype(dtype)  # ragged
+        values = [np.random.default_rng(T).random((T, B, D)).astype(dtype) * 3, edges, weights.astype(dtype), se,
+                  mask]
         am, e, w, s_, m = g.syms("am edges weights se mask", values)
         out, sums = g.op(FastBaumWelchOp)(am, e, w, s_, m, pt.zeros((2, n_states_of(e, s_)), dtype=dtype))
         return [am, e, w, s_, m], [out, sums], values
 
-    per = {T: _launches_of("fast_bw_counts", build, (T, 3, 4), monkeypatch, counts_file, "am_scores,")
-           for T in (6, 16)}
-    assert (per[16] - per[6]) / 10 == (8 if no_path else 4), per
+    return build
+
+
+@pytest.mark.parametrize("no_path", [False, True], ids=["paths", "log-space pass"])
+def test_fast_baum_welch_launches_per_frame(no_path, monkeypatch, counts_file):
+    """One launch per frame forward and one backward (the vectors normalised as the next launch reads them; the
+    outputs of each frame written by the next backward launch); sequences without a path in the scaled pass (here:
+    every edge weight inf) are redone in log space, with as many launches again."""
+    per = {T: _launches_of("fast_bw_counts", _one_state_fsa(no_path), (T, 3, 4), monkeypatch, counts_file,
+                           "am_scores,") for T in (6, 16)}
+    assert (per[16] - per[6]) / 10 == (4 if no_path else 2), per
+
+
+@pytest.mark.parametrize("no_path", [False, True], ids=["paths", "log-space pass"])
+def test_fast_baum_welch_emission_rows_by_chunks(no_path, monkeypatch):
+    """With room for the emission rows of only two frames (FBW_MAX_ROW_ELEMENTS made small), both passes compute
+    them chunk by chunk: the results are the CPU's."""
+    from ptnative.op import NativeOpGenBase
+
+    from .gpu import cases
+    from .test_cuda_emulation import run_cpu
+
+    make_op = NativeOpGenBase.make_op.__func__
+
+    def small_rows(cls, **kw):
+        op = emulated(make_op(cls, **kw))
+        code = op.c_extra_support_code.replace("#define CUDA 1\n", "#define CUDA 1\n#define FBW_MAX_ROW_ELEMENTS 30\n", 1)
+        return op.clone_with(c_extra_support_code=code)
+
+    case = cases._case("fast_bw_chunks", "fsa", [], _one_state_fsa(no_path), [(9, 3, 5)])
+    want = run_cpu(case, "float64")
+    with monkeypatch.context() as m:
+        m.setattr(NativeOpGenBase, "make_op", classmethod(small_rows))
+        inputs, outputs, value_sets = case.build(lambda cls, **kw: cls.make_op(**kw), "float64")
+        f = pytensor.function(inputs, outputs, mode=MODE)
+        got = [[np.array(r, copy=True) for r in f(*value_sets[0])]]
+    cases.assert_outputs_close(case, "float64", got, want, "chunked emulated cuda vs cpu")
 
 
 # ------------------------------------------------------------------ RNN-T: alpha, beta and gradient fused
