@@ -169,7 +169,8 @@ def test_fast_baum_welch_emission_rows_by_chunks(no_path, monkeypatch):
 
     def small_rows(cls, **kw):
         op = emulated(make_op(cls, **kw))
-        code = op.c_extra_support_code.replace("#define CUDA 1\n", "#define CUDA 1\n#define FBW_MAX_ROW_ELEMENTS 30\n", 1)
+        code = op.c_extra_support_code.replace("#define CUDA 1\n", "#define CUDA 1\n#define FBW_MAX_ROW_ELEMENTS 30\n",
+                                               1)
         return op.clone_with(c_extra_support_code=code)
 
     case = cases._case("fast_bw_chunks", "fsa", [], _one_state_fsa(no_path), [(9, 3, 5)])
