@@ -60,6 +60,8 @@ from timing import measure, record  # noqa: E402
 REPS = opts.reps or (3 if opts.quick else 10)
 WARMUP = 1 if opts.quick else 2
 FAILED: list[str] = []
+#: per group (title, work label): [(row name, median s or None)], for the summary table of docs/gpu.md
+SUMMARY: list[tuple[str, str, list]] = []
 COPIES = "numpy in/out: host-device copies included" if opts.device == "cuda" else ""
 
 if opts.quick:
@@ -80,9 +82,11 @@ def shape_str(shape):
 class Group:
     """Prints one table; rows are printed as they complete, so a stage killed by a timeout still shows them."""
 
-    def __init__(self, title):
+    def __init__(self, title, work=""):
         self.ref = None
         self.title = title
+        self.rows = []
+        SUMMARY.append((title, work or title, self.rows))
         print(f"\n{title}")
         print(f"  {'implementation':<58} {'median ms':>10} {'min ms':>9} {'x torch':>8}  note")
 
@@ -99,14 +103,41 @@ class Group:
             return None
         if reference:
             self.ref = t.median
+        self.rows.append((name, t.median, reference))
         ratio = f"{t.median / self.ref:8.2f}" if self.ref and not reference else f"{'1.00' if reference else '-':>8}"
         print(f"  {name:<58} {t.median * 1e3:10.2f} {t.best * 1e3:9.2f} {ratio}  {note}", flush=True)
         record("gpu", self.title, name, t.median, ours=not name.startswith("torch"), best=t.best, note=note or None)
         return t.result
 
     def skip(self, name, why):
+        self.rows.append((name, None, False))
         print(f"  {name:<58} {'skipped':>10}  {why}", flush=True)
         record("gpu", self.title, name, None, ours=not name.startswith("torch"), note=f"skipped: {why}")
+
+
+def summary_table():
+    """The table of docs/gpu.md ("Measured on ..."): per work, the peers' medians, then ptnative's in JAX mode and
+    in host-array mode, in ms, each with its ratio to the first peer's (below 1: faster than the peer)."""
+    lines = ["| work | peer | ptnative, JAX mode | ptnative, host arrays |", "|---|---|---|---|"]
+    for _, work, rows in SUMMARY:
+        ref = next((m for _, m, is_ref in rows if is_ref and m), None)
+        def cell(kind):
+            out = []
+            for name, m, is_ref in rows:
+                is_jax, is_host = "JAX mode" in name, "host-array" in name
+                if (kind == "peer") != (not is_jax and not is_host) or (kind == "jax" and not is_jax) or \
+                        (kind == "host" and not is_host):
+                    continue
+                label = name.split(",")[0] if kind != "peer" else name
+                if m is None:
+                    out.append(f"{label} not run")
+                elif kind == "peer" or is_ref or not ref:
+                    out.append(f"{label} {m * 1e3:.3g}")
+                else:
+                    out.append(f"{label} {m * 1e3:.3g} ({m / ref:.2f})")
+            return "; ".join(out) or "-"
+        lines.append(f"| {work} | {cell('peer')} | {cell('jax')} | {cell('host')} |")
+    return "\n".join(lines)
 
 
 def guarded(name, make):
@@ -262,7 +293,8 @@ def bench_lstm(jax, torch, torch_note, graphs):
     import pytensor
 
     T, B, n = LSTM_SHAPE["T"], LSTM_SHAPE["B"], LSTM_SHAPE["n"]
-    g = Group(f"LSTM forward+backward, {shape_str(LSTM_SHAPE)}, float32 (loss = sum(Y))")
+    g = Group(f"LSTM forward+backward, {shape_str(LSTM_SHAPE)}, float32 (loss = sum(Y))",
+              f"LSTM {shape_str(LSTM_SHAPE)}")
     d = guarded("LSTM data", lambda: lstm_data(T, B, n))
     if d is None:
         return
@@ -342,7 +374,8 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
 
     logits, lens, targets, tlens = data
     D = shape["D"]
-    g = Group(f"ctc_loss forward+backward, {shape_str(shape)}, float32, reduction sum")
+    g = Group(f"ctc_loss forward+backward, {shape_str(shape)}, float32, reduction sum",
+              f"ctc_loss {shape_str(shape)}")
     def make_torch(dev):
         x = torch.from_numpy(logits).to(dev).requires_grad_(True)
         tt, lt, tlt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (targets, lens, tlens))
@@ -403,7 +436,8 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
     B, T, U, V = (shape[k] for k in "BTUV")
     elements = B * T * (U + 1) * (V + 1)
     g = Group(f"rnnt_loss forward+backward, {shape_str(shape)} ({elements / 1e6:.3g} M logits), float32, blank 0, "
-              f"reduction sum" + (", data drawn on the device by each framework" if big else ""))
+              f"reduction sum" + (", data drawn on the device by each framework" if big else ""),
+              f"rnnt_loss {shape_str(shape)}")
     ref = None
     try:
         import torchaudio.functional as taf
@@ -509,6 +543,8 @@ def main():
     if big_graph is not None:
         bench_rnnt(jax, torch, torch_note, RNNT_BIG, (None, *big_lens), big_graph, big=True)
 
+    print("\nSummary (docs/gpu.md's table; medians in ms, ratio to the first peer in parentheses):")
+    print(summary_table())
     print(f"\n{'all rows ran' if not FAILED else f'{len(FAILED)} row(s) FAILED: ' + ', '.join(FAILED)} "
           f"({time.perf_counter() - t_start:.0f} s)")
     return 1 if FAILED else 0

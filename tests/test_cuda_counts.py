@@ -192,3 +192,23 @@ def test_rnnt_takes_three_launches_whatever_the_lattice(durations, monkeypatch, 
     launches = {size: _launches_of("rnnt_counts", fn, size, monkeypatch, counts_file, "acts,")
                 for size in [(2, 3, 2, 4), (3, 12, 6, 5)]}
     assert set(launches.values()) == {3}, launches
+
+
+# ------------------------------------------------------------------ LSTM: two launches per frame each way
+@pytest.mark.parametrize("layer", [False, True], ids=["NativeLstm2", "NativeLstm2Layer"])
+def test_lstm_two_launches_per_frame(layer, monkeypatch, counts_file):
+    """Forward: the recurrent product and the gates per frame (the bias of every frame in one launch); backward:
+    the gates' gradient and the product per frame (the matrix of every frame's inputs in one launch)."""
+    from .gpu import cases
+    from .test_cuda_emulation import run_emulated
+
+    builder, size = (cases._native_lstm2_layer, (None, 3, 5, 4, 0, 1)) if layer else (cases._native_lstm2,
+                                                                                      (None, 3, 4, 0, 1))
+    per = {}
+    for T in (5, 13):
+        counts_file.write_text("")
+        run_emulated(cases._case("lstm_counts", "lstm", [], builder, [(T, *size[1:])]), "float64", monkeypatch)
+        per[T] = {c["op"]: c["launches"] for c in read_counts(counts_file)}
+    assert len(per[5]) == 2 and per[5].keys() == per[13].keys(), per  # the op and its gradient op
+    slopes = {op: (per[13][op] - per[5][op]) / 8 for op in per[5]}
+    assert set(slopes.values()) == {2}, (slopes, per)
