@@ -19,8 +19,9 @@ Groups:
    * NativeLstm2 alone (X = the input projections given directly, gradients w.r.t. X and W), JAX mode and
      host-array mode;
    * ``torch.nn.LSTM`` (cuDNN, the same layer with the same weights: the losses are compared), with TF32
-     allowed (torch's default for cuDNN) and in strict float32.  ptnative's GEMMs are strict float32 (cuBLAS's
-     default math mode); XLA's GEMM of the input projection uses its default precision (TF32 on the GPU).
+     allowed (torch's default for cuDNN) and in strict float32.  ptnative's float32 GEMMs use TF32 as torch's
+     cuDNN path does (``ptnative.config.allow_tf32``, default on; NativeLstm2 alone is also timed with it off);
+     XLA's GEMM of the input projection uses its default precision (TF32 on the GPU).
 2. ``ptnative.ctc_loss`` (log-softmax + CTC, reduction sum, blank = last class) against
    ``torch.nn.functional.ctc_loss(log_softmax(x))``: the shape of bench/ctc.py (T=200, B=16, D=50, N=40) and
    T=500, B=64, D=1000, N=100.
@@ -340,6 +341,13 @@ def bench_lstm(jax, torch, torch_note, graphs):
         run = guarded("NativeLstm2 JAX", lambda: make_jax(core_in, core_out, ["X", "W_rec"]))
         if run is not None:
             g.row("NativeLstm2 alone (X given), JAX mode", run)
+            if opts.device == "cuda":  # ptnative.config.allow_tf32 is read at every product
+                import ptnative
+                try:
+                    ptnative.config.allow_tf32 = False
+                    g.row("NativeLstm2 alone (X given), JAX mode, strict float32", run)
+                finally:
+                    ptnative.config.allow_tf32 = None
 
     def make_host():
         f = pytensor.function(core_in, core_out)

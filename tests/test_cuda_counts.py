@@ -5,6 +5,7 @@ without a path, zero lengths).  docs/gpu.md lists the counts."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -212,3 +213,24 @@ def test_lstm_two_launches_per_frame(layer, monkeypatch, counts_file):
     assert len(per[5]) == 2 and per[5].keys() == per[13].keys(), per  # the op and its gradient op
     slopes = {op: (per[13][op] - per[5][op]) / 8 for op in per[5]}
     assert set(slopes.values()) == {2}, (slopes, per)
+
+
+def test_allow_tf32_setting(monkeypatch):
+    """ptnative.config.allow_tf32 lives in PTNATIVE_ALLOW_TF32, which the CUDA kernels read at every product."""
+    import ptnative
+
+    monkeypatch.delenv("PTNATIVE_ALLOW_TF32", raising=False)
+    assert ptnative.config.allow_tf32 is True  # torch's cuDNN default
+    ptnative.config.allow_tf32 = False
+    assert ptnative.config.allow_tf32 is False and os.environ["PTNATIVE_ALLOW_TF32"] == "0"
+    ptnative.config.allow_tf32 = True
+    assert os.environ["PTNATIVE_ALLOW_TF32"] == "1"
+    ptnative.config.allow_tf32 = None
+    assert "PTNATIVE_ALLOW_TF32" not in os.environ and ptnative.config.allow_tf32 is True
+
+
+def test_device_counts_wants_a_cuda_variant():
+    from ptnative.device import device_counts
+
+    with pytest.raises(ValueError, match="not a CUDA one"):
+        device_counts(CtcFsaLossOp.make_op().variant("float32"))
