@@ -21,16 +21,14 @@
 #include "../dialect/kernel.h"
 
 #include "ctc_fsa.h"
+#include "ctc_loss.h"
 
 #if CUDA
 #define CTC_MAX_THREADS 256
 
-struct CtcPass {
-  int64_t T, B, D, N, S;        // S = 2N + 1: the extended states of the longest target
-  bool normalized, label_loop;
-  int32_t blank;
-  const Float* logits;           // (T, B, D)
-  const int32_t *lens, *targets, *tlens;
+// A checked call (CtcLoss, ctc_loss.h: sizes, inputs, outputs) and the pass's scratch arrays.
+struct CtcPass : CtcLoss {
+  int64_t n_ext;                 // 2N + 1: the extended states of the longest target
   double* lse;                   // (B, T): log sum exp of each valid row (LOGITS)
   double* la;                    // ctc_loss: (B, T, S) forward log-values
   double* lb;                    // ctc_loss: (B, 2, S) backward log-values of two frames
@@ -38,7 +36,6 @@ struct CtcPass {
   Float* val;                    // viterbi: (B, T, S) best scores
   uint8_t* arg;                  // viterbi: (B, T, S) best predecessor: s - arg
   int32_t* align;                // viterbi: (B, T) best alignment
-  Float *loss, *grad;            // (B,), (T, B, D)
   FsaCheck* check;
 };
 
@@ -108,7 +105,7 @@ DEV_FUNC inline void ctc_fill_rows(const CtcPass& c, int64_t b, int64_t t0, int6
 
 DEF_KERNEL void ctc_loss_pass(CtcPass c) {
   DEF_SHARED(double, sh);
-  const int64_t tid = threadIdx.x, nt = blockDim.x, S = c.S, D = c.D;
+  const int64_t tid = threadIdx.x, nt = blockDim.x, S = c.n_ext, D = c.D;
   for (int64_t b = blockIdx.x; b < c.B; b += gridDim.x) {
     const int64_t Tb = c.lens[b], L = c.tlens[b], Sb = 2 * L + 1;
     const int32_t* y = c.targets + b * c.N;
@@ -187,7 +184,7 @@ DEF_KERNEL void ctc_loss_pass(CtcPass c) {
 
 DEF_KERNEL void ctc_viterbi_pass(CtcPass c) {
   DEF_SHARED(double, sh);
-  const int64_t tid = threadIdx.x, nt = blockDim.x, S = c.S, D = c.D;
+  const int64_t tid = threadIdx.x, nt = blockDim.x, S = c.n_ext, D = c.D;
   const Float NEG = -(Float)INFINITY;
   for (int64_t b = blockIdx.x; b < c.B; b += gridDim.x) {
     const int64_t Tb = c.lens[b], L = c.tlens[b], Sb = 2 * L + 1;
@@ -267,31 +264,19 @@ DEF_KERNEL void ctc_viterbi_pass(CtcPass c) {
   }
 }
 
-// The pass's view of a checked CtcLoss (ctc_loss.h).
-template <typename Loss> static CtcPass ctc_pass_of(const Loss& l) {
+// The pass over a checked CtcLoss (ctc_loss.h), its scratch arrays still to be set.
+static CtcPass ctc_pass_of(const CtcLoss& l) {
   CtcPass c;
   memset(&c, 0, sizeof(c));
-  c.T = l.T;
-  c.B = l.B;
-  c.D = l.D;
-  c.N = l.N;
-  c.S = 2 * l.N + 1;
-  c.normalized = l.normalized;
-  c.label_loop = l.label_loop;
-  c.blank = l.blank;
-  c.logits = l.logits;
-  c.lens = l.lens;
-  c.targets = l.targets;
-  c.tlens = l.tlens;
-  c.loss = l.loss;
-  c.grad = l.grad;
+  static_cast<CtcLoss&>(c) = l;
+  c.n_ext = 2 * l.N + 1;
   return c;
 }
 
 // The scratch of a pass (one block of device memory) and its launch: checks the lengths and labels first.
 static void ctc_run_pass(bool viterbi, CtcPass c, const FsaTerms& terms) {
   ptn::Scratch scratch;
-  const int64_t T = c.T, B = c.B, S = c.S;
+  const int64_t T = c.T, B = c.B, S = c.n_ext;
   size_t bytes = 0;
   auto take = [&](size_t n) {
     size_t at = bytes;

@@ -97,17 +97,9 @@ DEF_KERNEL void fbw_mark_live(int64_t n_edges, const int32_t* from, const int32_
   }
 }
 
-// Everything the passes' kernels read and write (device pointers), passed by value to each launch.
-struct FbwDev {
-  int mode;
-  int64_t T, B, D, E, S;
-  const Float* am;
-  const int32_t *from, *to, *emis, *seq;
-  const Float* w;
-  const int32_t* start;
-  int64_t n_end;
-  const int32_t *end_pairs, *end_simple;
-  const Float* end_w;
+// Everything the passes' kernels read and write: the problem (its device pointers) and the passes' own arrays, passed
+// by value to each launch.
+struct FbwDev : FbwProblem {
   const int32_t *state_seq, *seq_len, *live;
   const double *wmin, *W;
   double* end_wmin;                // (B,)
@@ -117,7 +109,6 @@ struct FbwDev {
   double *P, *norm, *shift;        // emission rows of frames p0.. (P (rows, B, D), norm (rows, B)); shift (T, B)
   int64_t p0;
   double* nll;                     // (B,)
-  Float *out, *sums, *loss;
   const int32_t* redo;             // log space: the sequences redone
   double* Q;                       // log space: (3, B, D) ring of -log emissions
 };
@@ -389,30 +380,11 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
   FsaCheck* check = ck.check;
   FbwDev d;
   memset(&d, 0, sizeof(d));
-  d.mode = p.mode;
-  d.T = T;
-  d.B = B;
-  d.D = D;
-  d.E = E;
-  d.S = S;
-  d.am = p.am;
-  d.from = p.from;
-  d.to = p.to;
-  d.emis = p.emis;
-  d.seq = p.seq;
-  d.w = p.w;
-  d.start = p.start;
-  d.n_end = p.n_end;
-  d.end_pairs = p.end_pairs;
-  d.end_simple = p.end_simple;
-  d.end_w = p.end_w;
+  static_cast<FbwProblem&>(d) = p;
   d.state_seq = ck.state_seq;
   d.seq_len = ck.seq_len;
   d.wmin = ck.wmin;
   d.W = ck.W;
-  d.out = p.out;
-  d.sums = p.sums;
-  d.loss = p.loss;
   // Emission rows of up to `rows` frames at a time (256 MB at most; at least three frames for the log-space
   // pass's ring): every frame up front when they fit (kept for the backward pass), else chunk by chunk.
   const int64_t max_rows = FBW_MAX_ROW_ELEMENTS / std::max<int64_t>(B * D, 1);
