@@ -317,7 +317,10 @@ inline void* scratch_alloc(size_t n, size_t* got) {
       ScratchPool::Block b = pool.blocks[at];
       pool.blocks.erase(pool.blocks.begin() + at);
       pool.kept -= b.bytes;
-      if (b.stream != current_stream) cuda_check(cudaStreamSynchronize(b.stream), __FILE__, __LINE__);
+      if (b.stream != current_stream && cudaStreamSynchronize(b.stream) != cudaSuccess) {
+        cudaGetLastError();  // that stream is gone: wait for the whole device
+        cuda_check(cudaDeviceSynchronize(), __FILE__, __LINE__);
+      }
       *got = b.bytes;
       return b.p;
     }
