@@ -29,17 +29,21 @@ bench: $(VENV)/.installed
 	$(PY) bench/report.py $(BENCH_ARGS)
 
 # A wheel for other machines of this architecture (docs/install.md, "A wheel for other machines"): its prebuilt
-# kernels target a portable baseline (WHEEL_CXXFLAGS; x86-64: x86-64-v2, SSE4.2, any x86-64 CPU since 2009;
-# aarch64: armv8.2-a) instead of -march=native, recorded in ptnative/prebuilt/toolchain.json, so installing it
-# compiles nothing where the user sets no PTNATIVE_CXXFLAGS.  Built in pip's isolated build environment (as
-# `pip install .` builds), into $(DIST); the kernels' progress lines are shown, pip's whole log is kept there.
+# kernels are built once per portable CPU level of the architecture (ptnative/cpu_levels.py; x86-64: x86-64-v4 with
+# AVX-512, x86-64-v3 with AVX2, x86-64-v2; aarch64: armv8.2-a, armv8-a) instead of for -march=native, recorded in
+# ptnative/prebuilt/toolchain.json, so installing it compiles nothing where the user sets no PTNATIVE_CXXFLAGS, and
+# each machine loads the best level its CPU runs.  WHEEL_CXXFLAGS=... builds one level with those flags instead.
+# Built in pip's isolated build environment (as `pip install .` builds), into $(DIST); the kernels' progress lines
+# are shown, pip's whole log is kept there.
 ARCH := $(shell uname -m)
-WHEEL_CXXFLAGS ?= $(if $(filter x86_64 amd64,$(ARCH)),-march=x86-64-v2,$(if $(filter aarch64 arm64,$(ARCH)),-march=armv8.2-a,))
+WHEEL_CXXFLAGS ?=
+WHEEL_ENV := $(if $(WHEEL_CXXFLAGS),PTNATIVE_CXXFLAGS="$(WHEEL_CXXFLAGS)",PTNATIVE_PREBUILT_LEVELS=portable)
 DIST ?= dist
 wheel: $(VENV)/.installed
-	@if [ -z "$(WHEEL_CXXFLAGS)" ]; then echo "no portable baseline known for $(ARCH): set WHEEL_CXXFLAGS"; exit 1; fi
+	@if [ -z "$(WHEEL_CXXFLAGS)" ] && [ -z "$(filter x86_64 amd64 aarch64 arm64,$(ARCH))" ]; then \
+		echo "no portable CPU levels known for $(ARCH): set WHEEL_CXXFLAGS"; exit 1; fi
 	rm -rf build $(DIST)/.failed && mkdir -p $(DIST)
-	(PTNATIVE_CXXFLAGS="$(WHEEL_CXXFLAGS)" $(PY) -m pip wheel --no-deps -v -w $(DIST) . \
+	($(WHEEL_ENV) $(PY) -m pip wheel --no-deps -v -w $(DIST) . \
 		|| touch $(DIST)/.failed) 2>&1 | tee $(DIST)/wheel-build.log \
 		| grep --line-buffered -E '^ *(ptnative:|\[[0-9]+/[0-9]+\])|Stored in|Successfully built|ERROR'
 	@if [ -e $(DIST)/.failed ]; then rm $(DIST)/.failed; echo "make wheel failed: see $(DIST)/wheel-build.log"; exit 1; fi

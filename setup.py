@@ -2,8 +2,10 @@
 libraries, compiled for this machine (``ptnative/prebuilt/``, see ptnative/prebuilt.py and README "Install").
 
 ``PTNATIVE_PREBUILD=0`` skips it; ``PTNATIVE_BUILD_JOBS`` sets how many compilers run at once (default: every
-core); ``PTNATIVE_CXXFLAGS`` sets the CPU target instead of ``-march=native`` (``make wheel``: a portable one).  It
-prints what it compiles, a line per library and the time taken on stderr (``pip install -v .`` shows them).  Without a C++ compiler, or if the step fails, the package installs without prebuilt libraries and the
+core); ``PTNATIVE_CXXFLAGS`` sets the CPU target instead of ``-march=native``; ``PTNATIVE_PREBUILT_LEVELS=portable``
+builds every portable CPU level of the architecture instead (``make wheel``; the best one the CPU runs is loaded).  It
+prints what it compiles, a line per library and the time taken on stderr (``pip install -v .`` shows them).
+Without a C++ compiler, or if the step fails, the package installs without prebuilt libraries and the
 kernels compile on first use, as they always do for user-written ops."""
 
 import os

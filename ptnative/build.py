@@ -201,11 +201,11 @@ def resolve(variant: Variant) -> tuple[Path, Toolchain | None]:
     """Where ``variant``'s library lives in the cache (built or not), and the toolchain it is compiled with there
     (None for CUDA).  A CPU variant is named for this process's toolchain, except where the user set no CPU
     target (:func:`ptnative.flags.user_set`), the package's prebuilt libraries were built for a portable target
-    with the same compiler command (:func:`ptnative.prebuilt.portable_toolchain`) and hold this variant's
-    library: then it is named, and if ever compiled here compiled, as the package built it."""
+    with the same compiler command and hold this variant's library for a CPU level this CPU runs
+    (:func:`ptnative.prebuilt.portable_toolchains`, best first): then it is named, and if ever compiled here
+    compiled, as the package built it for the best such level."""
     if variant.device == "cpu" and not flags.user_set():
-        shipped = prebuilt.portable_toolchain(cxx())
-        if shipped is not None:
+        for shipped in prebuilt.portable_toolchains(cxx()):
             name = library_name(variant, shipped)
             if prebuilt.ships(name):
                 return cache_dir() / name, shipped

@@ -135,6 +135,7 @@ def _announce(device: str, count: int, jobs: int, record: str | None) -> bool:
     (``toolchain.json``, :mod:`ptnative.prebuilt`) for a CPU build; False, with the reason, if the toolchain is
     unusable (no compiler, bad ``PTNATIVE_CXXFLAGS``)."""
     from . import build, prebuilt
+    from .cpu_levels import Level
 
     if device != "cpu":
         print(f"ptnative: building {count} libraries ({device}), {jobs} at a time", file=sys.stderr, flush=True)
@@ -149,7 +150,8 @@ def _announce(device: str, count: int, jobs: int, record: str | None) -> bool:
           f"{' '.join(toolchain.target)}, {jobs} at a time", file=sys.stderr, flush=True)
     if record:
         with open(record, "wb") as f:
-            f.write(prebuilt.manifest_data(toolchain))
+            f.write(prebuilt.manifest_data(toolchain.compiler, toolchain.version,
+                                           [Level(toolchain.target, frozenset())]))
     return True
 
 

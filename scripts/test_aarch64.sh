@@ -72,12 +72,13 @@ print("test-aarch64:", platform.machine(), "Python", platform.python_version(), 
 matrix_tests=$(make -s -C "$src" --no-print-directory print-matrix-tests)
 # HMM: the likelihood ops (forward-backward, its gradient, the fused value-and-gradient op: the units GCC 12 once
 # failed to compile for aarch64) in every mode and both floating types, and their log-space fallback; CTC: the loss
-# against Graves' recursion in every mode and both floating types.  Each kernel is compiled under emulation (an HMM
-# unit takes minutes), so the selection keeps to these.
+# against Graves' recursion in every mode and both floating types; the vector layer (c_code/common/simd.h, whose
+# register-sized form g++ gets on aarch64) against the plain vector extensions.  Each kernel is compiled under
+# emulation (an HMM unit takes minutes), so the selection keeps to these.
 AARCH64_TESTS=${AARCH64_TESTS:-"$matrix_tests
     tests/test_fsa.py::test_hmm_against_reference tests/test_fsa.py::test_hmm_log_space_fallback
     tests/test_hmm.py::test_log_likelihood_value_and_gradient_in_one_op
-    tests/test_fsa.py::test_ctc_loss_against_graves"}
+    tests/test_fsa.py::test_ctc_loss_against_graves tests/test_simd.py"}
 say "running pytest"
 set +e
 in_root env PTNATIVE_CACHE_DIR=/opt/cache PYTENSOR_FLAGS=base_compiledir=/opt/pytensor \

@@ -142,7 +142,8 @@ def test_build_announces_its_toolchain_and_records_it(monkeypatch, capsys, tmp_p
     assert cli.main(["build", "--progress", "lines", "--toolchain-record", str(record)]) == 0
     err = capsys.readouterr().err
     assert f"with {build.cxx()} (" in err and "CPU target -march=x86-64 -mtune=generic" in err
-    assert prebuilt.parse_manifest(record.read_bytes()).target == ("-march=x86-64", "-mtune=generic")
+    (toolchain, requires), = prebuilt.parse_manifest(record.read_bytes())
+    assert toolchain.target == ("-march=x86-64", "-mtune=generic") and requires == frozenset()
     monkeypatch.setenv("PTNATIVE_CXXFLAGS", "foo")
     assert cli.main(["build", "--progress", "lines"]) == 1
     assert "nothing built" in capsys.readouterr().err

@@ -11,6 +11,7 @@ and are compiled, filled, by every test that runs an op.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -78,6 +79,16 @@ def test_every_file_compiles_on_its_own_for_the_cpu():
     """``<c++> -fsyntax-only`` on each file (PTNATIVE_CXX or g++; the build's -march flag, which the SIMD paths
     need)."""
     _compile_each([cxx(), "-std=c++17", "-fsyntax-only", "-x", "c++", "-march=native"], kernel_files())
+
+
+@pytest.mark.parametrize("march", ["x86-64-v2"])  # both vector widths of the HMM (4 and 8 doubles) are ptn_wide
+def test_every_file_compiles_on_its_own_below_avx512(march):
+    """The same at the wheel's lower CPU levels (ptnative/cpu_levels.py), where g++ gets the kernels' wide vectors
+    as ptn_wide (c_code/common/simd.h): code that spells a vector operation only the plain vector extensions have
+    (``c ? a : b`` on a mask, ``__builtin_convertvector``) fails here, not at -march=native."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 levels")
+    _compile_each([cxx(), "-std=c++17", "-fsyntax-only", "-x", "c++", f"-march={march}"], kernel_files())
 
 
 def test_every_file_compiles_on_its_own_for_cuda():

@@ -19,8 +19,9 @@ import pytensor.tensor as pt
 import pytest
 
 import ptnative
-from ptnative import build, prebuilt
+from ptnative import build, cpu_levels, prebuilt
 from ptnative.cache import RECORD_SUFFIX, UntrustedLibraryWarning
+from ptnative.cpu_levels import Level
 
 from ._ops_for_tests import double_spec
 
@@ -216,11 +217,12 @@ def portable(tmp_path_factory):
                PTNATIVE_CXXFLAGS=PORTABLE, PTNATIVE_CACHE_DIR=str(folder), PTNATIVE_PREBUILT="0")
     for name in ("PTNATIVE_CXX", "CXX"):  # the package is built by the default compiler, the user's (below) too
         env.pop(name, None)
-    code = ("import ptnative, sys; from ptnative import build, prebuilt\n"
+    code = ("import ptnative, sys; from ptnative import build, prebuilt; from ptnative.cpu_levels import Level\n"
             "sys.path.insert(0, sys.argv[1]); from _ops_for_tests import double_spec\n"
             "v = ptnative.NativeOp(**double_spec(kernel='twice_prebuilt', name='DoublePrebuilt')).variant('float64')\n"
             "p = build.build(v)\n"
-            "(p.parent / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(build.local_toolchain()))\n"
+            "t = build.local_toolchain()\n"
+            "(p.parent / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(t.compiler, t.version, [Level(t.target, frozenset())]))\n"
             "print(p.name)\n")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], capture_output=True, text=True, env=env,
                          timeout=300)
@@ -286,7 +288,7 @@ def test_a_malformed_or_native_manifest_is_ignored(portable_setup, tmp_path, mon
     os.chmod(copy / prebuilt.MANIFEST, 0o644)
     (copy / prebuilt.MANIFEST).write_bytes(manifest)
     monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
-    assert prebuilt.portable_toolchain(build.cxx()) is None
+    assert prebuilt.portable_toolchains(build.cxx()) == []
     assert build_quietly(variant).name != name and len(compiled) == 1
 
 
@@ -296,7 +298,7 @@ def test_an_untrusted_manifest_is_ignored(portable_setup, tmp_path, monkeypatch)
     shutil.copytree(folder, copy)
     os.chmod(copy / prebuilt.MANIFEST, 0o666)
     monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
-    assert prebuilt.portable_toolchain(build.cxx()) is None
+    assert prebuilt.portable_toolchains(build.cxx()) == []
     assert build_quietly(variant).name != name
 
 
@@ -312,39 +314,148 @@ def test_a_tampered_portable_library_is_compiled_with_the_package_flags(portable
     assert compiled == [name] and path.is_file()
 
 
+BETTER = "-march=x86-64-v3" if build.platform.machine() == "x86_64" else "-march=armv8.2-a"
+
+
+@pytest.fixture(scope="module")
+def leveled(tmp_path_factory):
+    """A folder as `make wheel` ships it with two CPU levels: Double's float64 library built for BETTER (requiring
+    a feature named ``ptn-test-feature``) and for PORTABLE (requiring nothing), and toolchain.json listing both."""
+    folder = tmp_path_factory.mktemp("leveled") / "prebuilt"
+    names = []
+    for target in (BETTER, PORTABLE):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   PTNATIVE_CXXFLAGS=target, PTNATIVE_CACHE_DIR=str(folder), PTNATIVE_PREBUILT="0")
+        for name in ("PTNATIVE_CXX", "CXX"):
+            env.pop(name, None)
+        code = ("import ptnative, sys; from ptnative import build\n"
+                "sys.path.insert(0, sys.argv[1]); from _ops_for_tests import double_spec\n"
+                "v = ptnative.NativeOp(**double_spec(kernel='twice_prebuilt', name='DoublePrebuilt')).variant('float64')\n"
+                "t = build.local_toolchain(); print(build.build(v).name); print(repr(t.version))\n")
+        out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        name, version = out.stdout.splitlines()[-2:]
+        names.append(name)
+    levels = [Level((BETTER,), frozenset({"ptn-test-feature"})), Level((PORTABLE,), frozenset())]
+    (folder / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(build.cxx(), eval(version), levels))
+    assert prebuilt._prune(folder) == 2
+    return folder, names
+
+
+@pytest.mark.parametrize("features, best", [({"ptn-test-feature"}, 0), (set(), 1)])
+def test_each_cpu_gets_the_best_level_it_runs(setup, leveled, monkeypatch, features, best):
+    """The CPU's features choose the level: the better one where the CPU has its features, else the baseline;
+    nothing is compiled either way."""
+    variant, _, cache, compiled = setup
+    folder, names = leveled
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: folder)
+    monkeypatch.setattr(cpu_levels, "cpu_features", lambda: frozenset(features))
+    for name in ("PTNATIVE_CXXFLAGS", "PTNATIVE_CXX", "CXX"):
+        monkeypatch.delenv(name, raising=False)
+    path = build_quietly(variant)
+    assert compiled == [] and path == cache / names[best]
+    assert build.resolve(variant)[1].target == ((BETTER,), (PORTABLE,))[best]
+
+
+def test_a_level_the_cpu_lacks_is_never_taken(setup, leveled, tmp_path, monkeypatch):
+    """A package holding only the better level, on a CPU without its features: compiled here, never copied."""
+    variant, _, cache, compiled = setup
+    folder, names = leveled
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    for name in (names[1], names[1] + RECORD_SUFFIX):
+        os.chmod(copy / name, 0o644)
+        (copy / name).unlink()
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
+    monkeypatch.setattr(cpu_levels, "cpu_features", lambda: frozenset())
+    for name in ("PTNATIVE_CXXFLAGS", "PTNATIVE_CXX", "CXX"):
+        monkeypatch.delenv(name, raising=False)
+    path = build_quietly(variant)
+    assert path.name not in names and compiled == [path.name]
+
+
+def test_cpu_features_from_linux_and_macos():
+    """/proc/cpuinfo's flags (x86) and Features (arm) lines, and macOS's sysctl names, in Linux's spelling."""
+    x86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse4_2 avx2 avx512f\nbugs\t\t: none\n"
+    assert cpu_levels.parse_cpuinfo(x86) == {"fpu", "sse4_2", "avx2", "avx512f"}
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd atomics asimdrdm dcpop\n"
+    assert cpu_levels.parse_cpuinfo(arm) == {"fp", "asimd", "atomics", "asimdrdm", "dcpop"}
+    assert cpu_levels.runs(cpu_levels.LEVELS["aarch64"][0], cpu_levels.parse_cpuinfo(arm))
+    assert not cpu_levels.runs(cpu_levels.LEVELS["aarch64"][0], frozenset({"fp", "asimd"}))
+    mac = "FPU SSE4.1 SSE4.2 AVX1.0 FMA POPCNT\nAVX2 BMI1 BMI2 AVX512F\nLAHF LZCNT\n"
+    assert {"sse4_1", "sse4_2", "avx", "fma", "avx2", "bmi1", "avx512f", "lahf_lm", "abm"} <= \
+        cpu_levels.parse_sysctl_features(mac)
+    assert cpu_levels.levels_for("x86_64")[-1].target == ("-march=x86-64-v2",)
+    assert cpu_levels.levels_for("arm64") == cpu_levels.LEVELS["aarch64"] and cpu_levels.levels_for("riscv64") == ()
+    for levels in cpu_levels.LEVELS.values():  # each level runs wherever a better one runs
+        for better, worse in zip(levels, levels[1:]):
+            assert worse.requires <= better.requires
+    assert cpu_levels.runs(cpu_levels.LEVELS["aarch64"][-1], frozenset())  # x86-64-v2 needs SSE4.2 (since 2009)
+
+
 def test_the_prebuild_step_records_its_toolchain_and_keeps_it(tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir(mode=0o700)
     (dest / prebuilt.MANIFEST).write_bytes(prebuilt.manifest_data(
-        build.Toolchain("g++", "g++ 12", (PORTABLE,), "")))
+        "g++", "g++ 12", [Level((PORTABLE,), frozenset({"sse4_2"})), Level(("-march=x86-64",), frozenset())]))
     assert prebuilt._prune(dest) == 0
     assert os.stat(dest / prebuilt.MANIFEST).st_mode & 0o777 == 0o644
     parsed = prebuilt.parse_manifest((dest / prebuilt.MANIFEST).read_bytes())
-    assert parsed == build.Toolchain("g++", "g++ 12", (PORTABLE,), "")
+    assert parsed == [(build.Toolchain("g++", "g++ 12", (PORTABLE,), ""), frozenset({"sse4_2"})),
+                      (build.Toolchain("g++", "g++ 12", ("-march=x86-64",), ""), frozenset())]
+
+
+def _fake_build(dest, seen):
+    """A stand-in for the prebuild step's ``python -m ptnative build`` runs: one library per run, named for its
+    flags, and the run's toolchain record."""
+    def run(cmd, env, **kw):
+        seen.append((cmd, env["PTNATIVE_CXXFLAGS"], env["PTNATIVE_PREBUILT"], kw.get("stdout")))
+        name = f"x{len(seen)}.so"
+        for entry in (name, name + RECORD_SUFFIX):
+            (dest / entry).write_bytes(b"x")
+        Path(cmd[-1]).write_bytes(prebuilt.manifest_data("g++", "g++ 12", [Level((env["PTNATIVE_CXXFLAGS"],),
+                                                                                   frozenset())]))
+        return subprocess.CompletedProcess(cmd, 0)
+    return run
 
 
 def test_the_prebuild_step_says_what_it_compiles(tmp_path, monkeypatch, capsys):
     """``python -m ptnative.prebuilt`` (setup.py's step): a first line with the CPU target, the build with one
-    progress line per library and toolchain.json written by it, then a summary with the time."""
+    progress line per library and its toolchain record, then toolchain.json and a summary with the time."""
     dest = tmp_path / "dest"
     seen = []
-
-    def fake_build(cmd, env, **kw):
-        seen.append((cmd, env["PTNATIVE_CXXFLAGS"], env["PTNATIVE_PREBUILT"], kw.get("stdout")))
-        for name in ("x.so", "x.so" + RECORD_SUFFIX, prebuilt.MANIFEST):
-            (dest / name).write_bytes(b"x")
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(prebuilt.subprocess, "run", fake_build)
+    monkeypatch.setattr(prebuilt.subprocess, "run", _fake_build(dest, seen))
     monkeypatch.setenv("PTNATIVE_CXXFLAGS", PORTABLE)
+    monkeypatch.delenv(prebuilt.LEVELS_ENV, raising=False)
     assert prebuilt.main([str(dest), "-j", "2"]) == 0
     err = capsys.readouterr().err
     assert f"CPU target {PORTABLE}" in err
     assert "ptnative: 1 prebuilt libraries in" in err and "built in 0 min" in err
     (cmd, flags_env, prebuilt_env, stdout), = seen
-    assert cmd[-6:] == ["-j", "2", "--progress", "lines", "--toolchain-record", str(dest / prebuilt.MANIFEST)]
+    assert cmd[-6:-1] == ["-j", "2", "--progress", "lines", "--toolchain-record"]
     assert flags_env == PORTABLE and prebuilt_env == "0" and stdout is sys.stderr
-    assert sorted(os.listdir(dest)) == sorted(["x.so", "x.so" + RECORD_SUFFIX, prebuilt.MANIFEST])  # kept
+    assert sorted(os.listdir(dest)) == sorted(["x1.so", "x1.so" + RECORD_SUFFIX, prebuilt.MANIFEST])  # kept
+    assert prebuilt.parse_manifest((dest / prebuilt.MANIFEST).read_bytes()) == [
+        (build.Toolchain("g++", "g++ 12", (PORTABLE,), ""), frozenset())]
+
+
+def test_the_prebuild_step_builds_every_portable_level(tmp_path, monkeypatch, capsys):
+    """``PTNATIVE_PREBUILT_LEVELS=portable`` (``make wheel``): one build per CPU level of the architecture, best
+    first, and toolchain.json lists them with the features each requires."""
+    dest = tmp_path / "dest"
+    seen = []
+    monkeypatch.setattr(prebuilt.subprocess, "run", _fake_build(dest, seen))
+    monkeypatch.setenv(prebuilt.LEVELS_ENV, "portable")
+    monkeypatch.setenv("PTNATIVE_CXXFLAGS", "-march=native")  # not used for portable levels
+    levels = cpu_levels.levels_for()
+    if not levels:
+        pytest.skip("no portable CPU levels known for this architecture")
+    assert prebuilt.main([str(dest)]) == 0
+    assert [flags_env for _, flags_env, _, _ in seen] == [" ".join(level.target) for level in levels]
+    assert "CPU targets " + ", ".join(" ".join(level.target) for level in levels) in capsys.readouterr().err
+    assert prebuilt.parse_manifest((dest / prebuilt.MANIFEST).read_bytes()) == [
+        (build.Toolchain("g++", "g++ 12", level.target, ""), level.requires) for level in levels]
 
 
 def test_the_prebuild_step_with_bad_flags_installs_nothing_and_succeeds(tmp_path, monkeypatch, capsys):

@@ -41,10 +41,10 @@ static inline hmm_v8d hmm_load8(const double* x) {
   return v;
 }
 static inline hmm_v8d hmm_load8(const float* x) {
-  typedef float hmm_v8f __attribute__((vector_size(32)));
+  typedef ptn_vec<float, 8> hmm_v8f;
   hmm_v8f v;
   memcpy(&v, x, sizeof(v));
-  return __builtin_convertvector(v, hmm_v8d);
+  return ptn_convert<hmm_v8d>(v);
 }
 #endif  // !CUDA
 

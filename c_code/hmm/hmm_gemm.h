@@ -14,10 +14,10 @@
 #include "../common/simd.h"
 
 #if !CUDA
-typedef double hmm_v4d __attribute__((vector_size(32)));
-typedef double hmm_v8d __attribute__((vector_size(64)));  // AVX-512 where the CPU has it, else two AVX vectors
-typedef int64_t hmm_v8l __attribute__((vector_size(64)));  // lane masks and integer lanes beside hmm_v8d
-typedef uint64_t hmm_v8u __attribute__((vector_size(64)));  // for shifts of negative lanes
+typedef ptn_vec<double, 4> hmm_v4d;
+typedef ptn_vec<double, 8> hmm_v8d;    // one AVX-512 register where the CPU has it, else two AVX (four SSE) ones
+typedef ptn_vec<int64_t, 8> hmm_v8l;   // lane masks and integer lanes beside hmm_v8d
+typedef ptn_vec<uint64_t, 8> hmm_v8u;  // for shifts of negative lanes
 
 // out[r, j0 + 0..W*NB) (+)= sum_i X(r, i) M[i, j0 + ...] for r < R, with the R x NB accumulators (vectors V of W
 // doubles) in registers.  X(r, i) = X[r * xr + i * xi] (xr = row stride, xi = 1: X . M; xr = 1, xi = row stride:
@@ -150,11 +150,11 @@ static inline hmm_v4d hmm_exp4(hmm_v4d x) {
 // exp(min(le - m, 0)) lane-wise (0 in lanes of -inf, and everywhere if m = -inf).
 static inline hmm_v4d hmm_exp_below(hmm_v4d le, double m) {
   const hmm_v4d x = le - hmm_splat(m);
-  return m > -INFINITY ? hmm_exp4(x < hmm_splat(0.0) ? x : hmm_splat(0.0)) : hmm_splat(0.0);
+  return m > -INFINITY ? hmm_exp4(ptn_select(x < hmm_splat(0.0), x, hmm_splat(0.0))) : hmm_splat(0.0);
 }
 
 // max(a, b) lane-wise (b where either is NaN: callers pass no NaN).
-static inline hmm_v4d hmm_max4(hmm_v4d a, hmm_v4d b) { return a > b ? a : b; }
+static inline hmm_v4d hmm_max4(hmm_v4d a, hmm_v4d b) { return ptn_select(a > b, a, b); }
 
 // body(std::integral_constant<int, K>()) for K = 1..4 (the caller checked K <= 4): K known at compile time.
 template <typename Body>

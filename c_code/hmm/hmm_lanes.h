@@ -58,8 +58,8 @@ static void hmm_lane_forward(const HmmParams& p, int64_t g, bool keep, double* w
       const hmm_v8l act = (t < G.len) & (st == (int64_t)HMM_SCALED);
       const hmm_v8l nan = act & (m != m);
       const hmm_v8l ok = act & (m == m) & (s >= HMM_TINY);
-      st = nan ? hmm_v8l{} + (int64_t)HMM_NAN : st;
-      st = (act & ~nan & ~ok) ? hmm_v8l{} + (int64_t)HMM_LOG_SPACE : st;
+      st = ptn_select(nan, hmm_v8l{} + (int64_t)HMM_NAN, st);
+      st = ptn_select(act & ~nan & ~ok, hmm_v8l{} + (int64_t)HMM_LOG_SPACE, st);
       const hmm_v8d scale = (hmm_v8d)((hmm_v8l)hmm_inverse_power_of_two8(s) & ok);
       for (int64_t k = 0; k < K; ++k) at[k] *= scale;
       mass += (hmm_v8d)((hmm_v8l)hmm_exponent8(s) & ok);
@@ -71,7 +71,7 @@ static void hmm_lane_forward(const HmmParams& p, int64_t g, bool keep, double* w
       if (any_last) {
         hmm_v8d f = at[0] * p.f[0];
         for (int64_t k = 1; k < K; ++k) f += at[k] * p.f[k];
-        fin = last ? f : fin;
+        fin = ptn_select(last, f, fin);
       }
     }
   }
@@ -126,14 +126,14 @@ static void hmm_lane_backward(const HmmParams& p, int64_t g, const Float* gout, 
   auto sum_into_U = [&](int64_t i, int64_t j, hmm_v8d acc) { U[i * K + j] += hmm_hsum8(acc); };  // over the lanes too
   for (int64_t t = G.t_end - 1; t >= 0; --t) {
     const hmm_v8l act = on & (t < G.len), start = act & (t == G.len - 1);
-    for (int64_t k = 0; k < K; ++k) beta[k] = start ? hmm_bc8(p.f[k]) : beta[k];
+    for (int64_t k = 0; k < K; ++k) beta[k] = ptn_select(start, hmm_bc8(p.f[k]), beta[k]);
     const hmm_v8d* __restrict__ at = aL + t * K;
     const hmm_v8d z = hmm_lane_sum(at, K, beta);
     const hmm_v8d r = (hmm_v8d)((hmm_v8l)(gv / z) & (act & (z > 0.0)));
     // gamma_t = alpha_t beta_t r into d log e (the lanes' rows of frame t), and d log f / d log pi
     for (int64_t k = 0; k < K; ++k) {
       gam[k] = at[k] * beta[k] * r;
-      dfL[k] = start ? gam[k] : dfL[k];
+      dfL[k] = ptn_select(start, gam[k], dfL[k]);
       if (t == 0) dpiL[k] = gam[k];
     }
     hmm_lane_store_rows(G, act, gam, K, dle + (t * B + G.b0) * K);

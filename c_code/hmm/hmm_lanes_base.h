@@ -43,7 +43,7 @@ static inline hmm_v8d hmm_inverse_power_of_two8(hmm_v8d x) {
 
 // e lane-wise for x = m 2^e (x > 0 normal), as doubles.
 static inline hmm_v8d hmm_exponent8(hmm_v8d x) {
-  return __builtin_convertvector((((hmm_v8l)x >> 52) & 0x7ff) - 1023, hmm_v8d);
+  return ptn_convert<hmm_v8d>((((hmm_v8l)x >> 52) & 0x7ff) - 1023);
 }
 
 // out[j] (+)= sum_{i < n} x[i] M[i * ldm + j] for j < J, lane-wise (x[i] a vector, M's entries broadcast), each sum
@@ -145,8 +145,8 @@ static inline void hmm_transpose8(const hmm_v8d* __restrict__ r, hmm_v8d* __rest
 // x[0..8) of a row of Float as doubles, and back.
 static inline void hmm_store8(double* x, hmm_v8d v) { memcpy(x, &v, sizeof(v)); }
 static inline void hmm_store8(float* x, hmm_v8d v) {
-  typedef float hmm_v8f __attribute__((vector_size(32)));
-  const hmm_v8f f = __builtin_convertvector(v, hmm_v8f);
+  typedef ptn_vec<float, 8> hmm_v8f;
+  const hmm_v8f f = ptn_convert<hmm_v8f>(v);
   memcpy(x, &f, sizeof(f));
 }
 
@@ -209,17 +209,17 @@ static void hmm_lane_emissions(const HmmModel& p, const HmmGroup& G, int64_t t0,
     int64_t k = 0;
     for (; k + 2 <= K; k += 2) {
       const hmm_v8d x = hmm_load8(raw + k * HMM_W), y = hmm_load8(raw + (k + 1) * HMM_W);
-      mx = x > mx ? x : mx;
-      mx1 = y > mx1 ? y : mx1;
+      mx = ptn_select(x > mx, x, mx);
+      mx1 = ptn_select(y > mx1, y, mx1);
       poison += x * 0.0;
       poison1 += y * 0.0;
     }
     if (k < K) {
       const hmm_v8d x = hmm_load8(raw + k * HMM_W);
-      mx = x > mx ? x : mx;
+      mx = ptn_select(x > mx, x, mx);
       poison += x * 0.0;
     }
-    mx = mx1 > mx ? mx1 : mx;
+    mx = ptn_select(mx1 > mx, mx1, mx);
     poison += poison1;
     if (hmm_any8(active & (poison != 0.0)))
       for (int64_t l = 0; l < HMM_W; ++l) {

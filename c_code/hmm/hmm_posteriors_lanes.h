@@ -98,7 +98,7 @@ static void hmm_post_lane_group(const HmmInferParams& p, const HmmPostState& st,
   for (int64_t k = 0; k < K; ++k) v[k] = hmm_v8d{};
   for (int64_t t = G.t_end - 1; t >= 0; --t) {
     const hmm_v8l start = good & (t == G.len - 1);
-    for (int64_t k = 0; k < K; ++k) v[k] = start ? hmm_bc8(p.f[k]) : v[k];
+    for (int64_t k = 0; k < K; ++k) v[k] = ptn_select(start, hmm_bc8(p.f[k]), v[k]);
     const hmm_v8d* __restrict__ ut = uL + t * K;
     const hmm_v8d z = hmm_lane_sum(ut, K, v);
     hmm_v8l act = good & (t < G.len);

@@ -59,7 +59,7 @@ static inline hmm_v4d hmm_small_rescale(hmm_v4d p, hmm_v4d s) {
   return (hmm_v4d)(0x7fe0000000000000LL - (hmm_v4l)q);
 }
 
-static inline hmm_v4d hmm_min4(hmm_v4d a, hmm_v4d b) { return a < b ? a : b; }
+static inline hmm_v4d hmm_min4(hmm_v4d a, hmm_v4d b) { return ptn_select(a < b, a, b); }
 
 // x[0..K) from lanes [0, K) of v: one masked store where the CPU has them for four doubles.
 template <int K, typename T>
@@ -173,10 +173,10 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
     hmm_v8d M = L[0];
     for (int k = 0; k < K; ++k) {
       ok8 &= L[k] < inf8;
-      M = L[k] > M ? L[k] : M;
+      M = ptn_select(L[k] > M, L[k], M);
     }
     if (st.filter_read) memcpy(st.m + 8 * j + b, &M, sizeof(M));
-    M = M > low8 ? M : low8;
+    M = ptn_select(M > low8, M, low8);
     for (int k = 0; k < K; ++k) L[k] = hmm_exp8(L[k] - M);
     hmm_small_by_frame<K>(L, X);
     memcpy(E + 8 * K * j, X, sizeof(X));
@@ -185,7 +185,7 @@ static bool hmm_post_small(const HmmModel& p, const HmmPostState& st, int64_t b,
   for (int64_t t = t8; t < len; ++t) {
     const int64_t tb = t * B + b;
     const Float* lt = p.le + tb * K;
-    const hmm_v4d le = tb * K <= last_full ? (first_k ? hmm_small_load(lt) : minf) : hmm_lanes<K>(lt, -INFINITY);
+    const hmm_v4d le = tb * K <= last_full ? ptn_select(first_k, hmm_small_load(lt), minf) : hmm_lanes<K>(lt, -INFINITY);
     ok &= le < inf;
     // M, the frame's largest, in every lane (those past K are -inf); le - M is <= 0, and -inf where le is (where
     // M = -inf too: le minus the lowest finite double)

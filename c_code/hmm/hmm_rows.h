@@ -99,22 +99,22 @@ static inline bool hmm_row_max(const Float* __restrict__ x, int64_t K, double* o
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     const hmm_v8d v = hmm_load8(x + k);
-    mx = v > mx ? v : mx;
+    mx = ptn_select(v > mx, v, mx);
     poison += v * 0.0;
   }
   if (k < K) {
     hmm_v8d v = zero - INFINITY;
     for (int64_t w = 0; w < K - k; ++w) v[w] = (double)x[k + w];
-    mx = v > mx ? v : mx;
+    mx = ptn_select(v > mx, v, mx);
     for (int64_t w = 0; w < K - k; ++w) poison[w] += v[w] * 0.0;
   }
   const hmm_v8l half = {4, 5, 6, 7, 0, 1, 2, 3}, quarter = {2, 3, 0, 1, 6, 7, 4, 5}, pair = {1, 0, 3, 2, 5, 4, 7, 6};
   hmm_v8d y = ptn_shuffle(mx, half);
-  mx = y > mx ? y : mx;
+  mx = ptn_select(y > mx, y, mx);
   y = ptn_shuffle(mx, quarter);
-  mx = y > mx ? y : mx;
+  mx = ptn_select(y > mx, y, mx);
   y = ptn_shuffle(mx, pair);
-  mx = y > mx ? y : mx;
+  mx = ptn_select(y > mx, y, mx);
   poison += ptn_shuffle(poison, half);
   poison += ptn_shuffle(poison, quarter);
   poison += ptn_shuffle(poison, pair);

@@ -8,7 +8,7 @@
 #include "hmm_gemm.h"
 
 #if !CUDA
-typedef int64_t hmm_v4l __attribute__((vector_size(32)));  // what comparing two hmm_v4d gives
+typedef ptn_vec<int64_t, 4> hmm_v4l;  // what comparing two hmm_v4d gives
 
 // The rows of a K x K matrix M as vectors (the others 0).
 template <int K>

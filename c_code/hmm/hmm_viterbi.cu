@@ -26,8 +26,8 @@ DEV_FUNC inline void hmm_viterbi_step(const HmmInferParams& p, const double* __r
       const double di = prev[i], fi = (double)i;
       const hmm_v4d v = row + hmm_v4d{di, di, di, di};
       const auto better = v > best;
-      best = better ? v : best;
-      arg = better ? hmm_v4d{fi, fi, fi, fi} : arg;
+      best = ptn_select(better, v, best);
+      arg = ptn_select(better, hmm_v4d{fi, fi, fi, fi}, arg);
     }
     for (int q = 0; q < 4 && j0 + q < K; ++q) {
       cur[j0 + q] = best[q];
@@ -131,7 +131,7 @@ static inline hmm_v4d hmm_vmax(hmm_v4d a, hmm_v4d b) {
 #ifdef __AVX__
   return __builtin_ia32_maxpd256(a, b);
 #else
-  return a > b ? a : b;
+  return ptn_select(a > b, a, b);
 #endif
 }
 

@@ -63,7 +63,7 @@ static inline hmm_v8d hmm_vit_max(hmm_v8d a, hmm_v8d b) {
 #elif defined(__AVX512F__)
   return (hmm_v8d)__builtin_ia32_maxpd512_mask(a, b, a, (unsigned char)-1, 4);
 #else
-  return a > b ? a : b;
+  return ptn_select(a > b, a, b);
 #endif
 }
 
@@ -136,8 +136,8 @@ __attribute__((always_inline)) static inline hmm_v8l hmm_vit_back(const hmm_v8d*
   for (int w = KK / 4; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) m[i] = hmm_vit_max(m[i], m[i + w]);
   hmm_v8l a = {};
-  for (int i = KK - 1; i > 0; --i) a = v[i] == m[0] ? hmm_v8l{} + i : a;
-  return v[0] == m[0] ? hmm_v8l{} : a;
+  for (int i = KK - 1; i > 0; --i) a = ptn_select(v[i] == m[0], hmm_v8l{} + i, a);
+  return ptn_select(v[0] == m[0], hmm_v8l{}, a);
 }
 
 // The sequences [b0, b0 + n) of group g: their paths and scores.  lA, lAT, lf: log A, its transpose and log f in
@@ -204,7 +204,7 @@ static bool hmm_viterbi_group(const HmmModel& p, const double* lA, const double*
     if (K <= 16) {
       const hmm_v8l back = K <= 4 ? hmm_vit_back<4>(prev, K, lA16, arg)
                            : K <= 8 ? hmm_vit_back<8>(prev, K, lA16, arg) : hmm_vit_back<16>(prev, K, lA16, arg);
-      arg = on ? back : arg;
+      arg = ptn_select(on, back, arg);
     } else {
       for (int64_t l = 0; l < n; ++l) {
         double v;
