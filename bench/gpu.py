@@ -241,6 +241,26 @@ def native_ops(outputs):
     return list(found.values())
 
 
+def device_work(graph, run):
+    """With ``PTNATIVE_COUNT_DEVICE_WORK=1`` (scripts/gpu_check.sh sets it) on a GPU: prints what one call of ``run``
+    did on the device, summed over the libraries of the native ops of ``graph = (inputs, outputs)``
+    (``ptnative.device.device_counts``): launches, allocations, bytes copied in and out."""
+    if opts.device != "cuda" or os.environ.get("PTNATIVE_COUNT_DEVICE_WORK") != "1":
+        return
+    try:
+        from ptnative.device import device_counts
+
+        variants = [op.variant(d, device="cuda") for op, d in native_ops(graph[1])]
+        for v in variants:
+            device_counts(v, reset=True)
+        run()
+        total = {k: sum(device_counts(v)[k] for v in variants) for k in ("launches", "allocs", "h2d", "d2h")}
+        print(f"  {'':<58} device work per call: {total['launches']} launches, {total['allocs']} allocations, "
+              f"{total['h2d'] / 1e6:.3g} MB in, {total['d2h'] / 1e6:.3g} MB out", flush=True)
+    except Exception as e:
+        print(f"  {'':<58} device work not counted: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
 def prebuild(graphs, jax):
     """Compile, all at once in threads, the libraries the functions below will load one after the other: the
     op variants (``python -m ptnative build`` may have built them) and JAX mode's FFI handler."""
@@ -405,6 +425,7 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
         run = guarded("ctc_loss JAX", lambda: jax_fn(jax, graph, lambda: [jax.device_put(logits)]))
         if run is not None:
             check(g.row("ptnative.ctc_loss, JAX mode", run))
+            device_work(graph, run)
 
     def make_host():
         f = pytensor.function(*graph)
@@ -414,6 +435,7 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
     if run is not None:
         note = "upstream-gradient scaling on the CPU" + (", " + COPIES if COPIES else "")
         check(g.row("ptnative.ctc_loss, host-array mode", run, note=note))
+        device_work(graph, run)
 
 
 # ------------------------------------------------------------------ RNN-T
@@ -485,6 +507,7 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
         run = guarded("rnnt_loss JAX", lambda: jax_fn(jax, graph, make_inputs))
         if run is not None:
             check(g.row("ptnative.rnnt_loss, JAX mode", run))
+            device_work(graph, run)
             del run
 
     if big:
@@ -499,6 +522,7 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
     run = guarded("rnnt_loss host-array", make_host)
     if run is not None:
         check(g.row("ptnative.rnnt_loss, host-array mode", run, note=COPIES))
+        device_work(graph, run)
 
 
 # ------------------------------------------------------------------ main
