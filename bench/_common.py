@@ -3,12 +3,15 @@
 import argparse
 
 
-def peer_options(doc, reps):
+def peer_options(doc, reps, sweep=False):
     """The command line of a benchmark against numpy and pytensor peers, parsed: ``--reps R`` (timed calls per
-    row, default ``reps``) and ``--mode M`` (the PyTensor mode of ptnative and of the pytensor peers, default
-    None: PyTensor's default).  ``doc``, the script's docstring, is its ``--help``."""
+    row, default ``reps``), ``--mode M`` (the PyTensor mode of ptnative and of the pytensor peers, default
+    None: PyTensor's default) and, with ``sweep``, ``--no-sweep`` (only the main shape, not those around it).  ``doc``, the
+    script's docstring, is its ``--help``."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=reps)
+    if sweep:
+        parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="only the main shape")
     parser.add_argument("--mode", default=None, help="PyTensor mode for ptnative and the pytensor peers "
                         "(default: PyTensor's default, Numba; try C)")
     return parser.parse_args()

@@ -19,8 +19,9 @@ Groups:
    * NativeLstm2 alone (X = the input projections given directly, gradients w.r.t. X and W), JAX mode and
      host-array mode;
    * ``torch.nn.LSTM`` (cuDNN, the same layer with the same weights: the losses are compared), with TF32
-     allowed (torch's default for cuDNN) and in strict float32.  ptnative's GEMMs are strict float32 (cuBLAS's
-     default math mode); XLA's GEMM of the input projection uses its default precision (TF32 on the GPU).
+     allowed (torch's default for cuDNN) and in strict float32.  ptnative's float32 GEMMs use TF32 as torch's
+     cuDNN path does (``ptnative.config.allow_tf32``, default on; NativeLstm2 alone is also timed with it off);
+     XLA's GEMM of the input projection uses its default precision (TF32 on the GPU).
 2. ``ptnative.ctc_loss`` (log-softmax + CTC, reduction sum, blank = last class) against
    ``torch.nn.functional.ctc_loss(log_softmax(x))``: the shape of bench/ctc.py (T=200, B=16, D=50, N=40) and
    T=500, B=64, D=1000, N=100.
@@ -60,6 +61,8 @@ from timing import measure, record  # noqa: E402
 REPS = opts.reps or (3 if opts.quick else 10)
 WARMUP = 1 if opts.quick else 2
 FAILED: list[str] = []
+#: per group (title, work label): [(row name, median s or None)], for the summary table of docs/gpu.md
+SUMMARY: list[tuple[str, str, list]] = []
 COPIES = "numpy in/out: host-device copies included" if opts.device == "cuda" else ""
 
 if opts.quick:
@@ -80,9 +83,11 @@ def shape_str(shape):
 class Group:
     """Prints one table; rows are printed as they complete, so a stage killed by a timeout still shows them."""
 
-    def __init__(self, title):
+    def __init__(self, title, work=""):
         self.ref = None
         self.title = title
+        self.rows = []
+        SUMMARY.append((title, work or title, self.rows))
         print(f"\n{title}")
         print(f"  {'implementation':<58} {'median ms':>10} {'min ms':>9} {'x torch':>8}  note")
 
@@ -99,14 +104,41 @@ class Group:
             return None
         if reference:
             self.ref = t.median
+        self.rows.append((name, t.median, reference))
         ratio = f"{t.median / self.ref:8.2f}" if self.ref and not reference else f"{'1.00' if reference else '-':>8}"
         print(f"  {name:<58} {t.median * 1e3:10.2f} {t.best * 1e3:9.2f} {ratio}  {note}", flush=True)
         record("gpu", self.title, name, t.median, ours=not name.startswith("torch"), best=t.best, note=note or None)
         return t.result
 
     def skip(self, name, why):
+        self.rows.append((name, None, False))
         print(f"  {name:<58} {'skipped':>10}  {why}", flush=True)
         record("gpu", self.title, name, None, ours=not name.startswith("torch"), note=f"skipped: {why}")
+
+
+def summary_table():
+    """The table of docs/gpu.md ("Measured on ..."): per work, the peers' medians, then ptnative's in JAX mode and
+    in host-array mode, in ms, each with its ratio to the first peer's (below 1: faster than the peer)."""
+    lines = ["| work | peer | ptnative, JAX mode | ptnative, host arrays |", "|---|---|---|---|"]
+    for _, work, rows in SUMMARY:
+        ref = next((m for _, m, is_ref in rows if is_ref and m), None)
+        def cell(kind):
+            out = []
+            for name, m, is_ref in rows:
+                is_jax, is_host = "JAX mode" in name, "host-array" in name
+                if (kind == "peer") != (not is_jax and not is_host) or (kind == "jax" and not is_jax) or \
+                        (kind == "host" and not is_host):
+                    continue
+                label = name.split(",")[0] if kind != "peer" else name
+                if m is None:
+                    out.append(f"{label} not run")
+                elif kind == "peer" or is_ref or not ref:
+                    out.append(f"{label} {m * 1e3:.3g}")
+                else:
+                    out.append(f"{label} {m * 1e3:.3g} ({m / ref:.2f})")
+            return "; ".join(out) or "-"
+        lines.append(f"| {work} | {cell('peer')} | {cell('jax')} | {cell('host')} |")
+    return "\n".join(lines)
 
 
 def guarded(name, make):
@@ -209,6 +241,26 @@ def native_ops(outputs):
     return list(found.values())
 
 
+def device_work(graph, run):
+    """With ``PTNATIVE_COUNT_DEVICE_WORK=1`` (scripts/gpu_check.sh sets it) on a GPU: prints what one call of ``run``
+    did on the device, summed over the libraries of the native ops of ``graph = (inputs, outputs)``
+    (``ptnative.device.device_counts``): launches, allocations, bytes copied in and out."""
+    if opts.device != "cuda" or os.environ.get("PTNATIVE_COUNT_DEVICE_WORK") != "1":
+        return
+    try:
+        from ptnative.device import device_counts
+
+        variants = [op.variant(d, device="cuda") for op, d in native_ops(graph[1])]
+        for v in variants:
+            device_counts(v, reset=True)
+        run()
+        total = {k: sum(device_counts(v)[k] for v in variants) for k in ("launches", "allocs", "h2d", "d2h")}
+        print(f"  {'':<58} device work per call: {total['launches']} launches, {total['allocs']} allocations, "
+              f"{total['h2d'] / 1e6:.3g} MB in, {total['d2h'] / 1e6:.3g} MB out", flush=True)
+    except Exception as e:
+        print(f"  {'':<58} device work not counted: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
 def prebuild(graphs, jax):
     """Compile, all at once in threads, the libraries the functions below will load one after the other: the
     op variants (``python -m ptnative build`` may have built them) and JAX mode's FFI handler."""
@@ -262,7 +314,8 @@ def bench_lstm(jax, torch, torch_note, graphs):
     import pytensor
 
     T, B, n = LSTM_SHAPE["T"], LSTM_SHAPE["B"], LSTM_SHAPE["n"]
-    g = Group(f"LSTM forward+backward, {shape_str(LSTM_SHAPE)}, float32 (loss = sum(Y))")
+    g = Group(f"LSTM forward+backward, {shape_str(LSTM_SHAPE)}, float32 (loss = sum(Y))",
+              f"LSTM {shape_str(LSTM_SHAPE)}")
     d = guarded("LSTM data", lambda: lstm_data(T, B, n))
     if d is None:
         return
@@ -308,6 +361,13 @@ def bench_lstm(jax, torch, torch_note, graphs):
         run = guarded("NativeLstm2 JAX", lambda: make_jax(core_in, core_out, ["X", "W_rec"]))
         if run is not None:
             g.row("NativeLstm2 alone (X given), JAX mode", run)
+            if opts.device == "cuda":  # ptnative.config.allow_tf32 is read at every product
+                import ptnative
+                try:
+                    ptnative.config.allow_tf32 = False
+                    g.row("NativeLstm2 alone (X given), JAX mode, strict float32", run)
+                finally:
+                    ptnative.config.allow_tf32 = None
 
     def make_host():
         f = pytensor.function(core_in, core_out)
@@ -342,7 +402,8 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
 
     logits, lens, targets, tlens = data
     D = shape["D"]
-    g = Group(f"ctc_loss forward+backward, {shape_str(shape)}, float32, reduction sum")
+    g = Group(f"ctc_loss forward+backward, {shape_str(shape)}, float32, reduction sum",
+              f"ctc_loss {shape_str(shape)}")
     def make_torch(dev):
         x = torch.from_numpy(logits).to(dev).requires_grad_(True)
         tt, lt, tlt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (targets, lens, tlens))
@@ -364,6 +425,7 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
         run = guarded("ctc_loss JAX", lambda: jax_fn(jax, graph, lambda: [jax.device_put(logits)]))
         if run is not None:
             check(g.row("ptnative.ctc_loss, JAX mode", run))
+            device_work(graph, run)
 
     def make_host():
         f = pytensor.function(*graph)
@@ -373,6 +435,7 @@ def bench_ctc(jax, torch, torch_note, shape, data, graph):
     if run is not None:
         note = "upstream-gradient scaling on the CPU" + (", " + COPIES if COPIES else "")
         check(g.row("ptnative.ctc_loss, host-array mode", run, note=note))
+        device_work(graph, run)
 
 
 # ------------------------------------------------------------------ RNN-T
@@ -403,7 +466,8 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
     B, T, U, V = (shape[k] for k in "BTUV")
     elements = B * T * (U + 1) * (V + 1)
     g = Group(f"rnnt_loss forward+backward, {shape_str(shape)} ({elements / 1e6:.3g} M logits), float32, blank 0, "
-              f"reduction sum" + (", data drawn on the device by each framework" if big else ""))
+              f"reduction sum" + (", data drawn on the device by each framework" if big else ""),
+              f"rnnt_loss {shape_str(shape)}")
     ref = None
     try:
         import torchaudio.functional as taf
@@ -443,6 +507,7 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
         run = guarded("rnnt_loss JAX", lambda: jax_fn(jax, graph, make_inputs))
         if run is not None:
             check(g.row("ptnative.rnnt_loss, JAX mode", run))
+            device_work(graph, run)
             del run
 
     if big:
@@ -457,6 +522,7 @@ def bench_rnnt(jax, torch, torch_note, shape, data, graph, big=False):
     run = guarded("rnnt_loss host-array", make_host)
     if run is not None:
         check(g.row("ptnative.rnnt_loss, host-array mode", run, note=COPIES))
+        device_work(graph, run)
 
 
 # ------------------------------------------------------------------ main
@@ -509,6 +575,8 @@ def main():
     if big_graph is not None:
         bench_rnnt(jax, torch, torch_note, RNNT_BIG, (None, *big_lens), big_graph, big=True)
 
+    print("\nSummary (docs/gpu.md's table; medians in ms, ratio to the first peer in parentheses):")
+    print(summary_table())
     print(f"\n{'all rows ran' if not FAILED else f'{len(FAILED)} row(s) FAILED: ' + ', '.join(FAILED)} "
           f"({time.perf_counter() - t_start:.0f} s)")
     return 1 if FAILED else 0

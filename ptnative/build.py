@@ -154,7 +154,10 @@ def compile_command(variant: Variant, src: Path, out: Path, toolchain: Toolchain
     gencode = []
     for arch in cuda_archs():
         gencode += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-    return [nv, *_opt_level(NVCC_FLAGS, variant), *includes, *gencode, str(src), "-o", str(out)]
+    # PTNATIVE_COUNT_DEVICE_WORK=1: libraries that count their launches, allocations and copies
+    # (ptnative.device.device_counts), under names of their own
+    counting = ["-DPTN_COUNT_DEVICE_WORK=1"] if os.environ.get("PTNATIVE_COUNT_DEVICE_WORK") == "1" else []
+    return [nv, *_opt_level(NVCC_FLAGS, variant), *counting, *includes, *gencode, str(src), "-o", str(out)]
 
 
 def _opt_level(flags: list[str], variant: Variant) -> list[str]:

@@ -1,5 +1,5 @@
-"""Run-time settings: ``ptnative.config.device``, ``ptnative.config.numba_graph_cache`` and
-``ptnative.config.cxxflags``."""
+"""Run-time settings: ``ptnative.config.device``, ``ptnative.config.numba_graph_cache``,
+``ptnative.config.allow_tf32`` and ``ptnative.config.cxxflags``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,21 @@ class Config:
     @numba_graph_cache.setter
     def numba_graph_cache(self, value: bool | None) -> None:
         self._numba_graph_cache = None if value is None else bool(value)
+
+    @property
+    def allow_tf32(self) -> bool:
+        """CUDA: float32 matrix products (cuBLAS, e.g. the LSTMs' recurrent products) on TF32 tensor cores, as
+        torch's ``torch.backends.cudnn.allow_tf32`` (on by default, as there).  Kept in the environment variable
+        ``PTNATIVE_ALLOW_TF32`` (``0``: strict float32), which the kernels read at every product."""
+        v = os.environ.get("PTNATIVE_ALLOW_TF32", "")
+        return not (v == "0")
+
+    @allow_tf32.setter
+    def allow_tf32(self, value: bool | None) -> None:
+        if value is None:
+            os.environ.pop("PTNATIVE_ALLOW_TF32", None)
+        else:
+            os.environ["PTNATIVE_ALLOW_TF32"] = "1" if value else "0"
 
 
     @staticmethod

@@ -12,7 +12,8 @@
 #          PTNATIVE_CACHE_DIR (or the one given), PTNATIVE_CUDA_ARCHS from the GPU (N: GPU_CHECK_JOBS or nproc)
 #   tests  pytest -q -p no:cacheprovider tests/gpu  (--timeout from pytest-timeout when it is there;
 #          GPU_CHECK_PYTEST_ARGS appended; unset: "-n 8" (at most nproc) when pytest-xdist is installed)
-#   bench  python bench/gpu.py
+#   bench  python bench/gpu.py (with PTNATIVE_COUNT_DEVICE_WORK=1, as every stage: the CUDA libraries count their
+#          launches, allocations and copies, and the benchmark prints them per call)
 # Everything is written to REPORT and to stdout; the report ends with a table of the stages (status, seconds).
 # Exit status: 0 when every stage passed (or was skipped for want of a GPU), 1 otherwise.
 #
@@ -27,7 +28,8 @@
 # Without a GPU (as on a developer's machine, with PYTHON=/path/to/venv/bin/python) the GPU stages say
 # "no GPU, skipped" and the rest runs: that is how this script is tested.
 # Environment: PYTHON (default python3), PTNATIVE_CACHE_DIR, PTNATIVE_CUDA_ARCHS, GPU_CHECK_BUDGET_S,
-# GPU_CHECK_JOBS, GPU_CHECK_NUMBA, GPU_CHECK_PYTEST_ARGS, GPU_CHECK_TEST_TIMEOUT_S (per test, default 120).
+# GPU_CHECK_JOBS, GPU_CHECK_NUMBA, GPU_CHECK_PYTEST_ARGS, GPU_CHECK_TEST_TIMEOUT_S (per test, default 120),
+# PTNATIVE_COUNT_DEVICE_WORK (default 1; 0: libraries that count nothing).
 set -uo pipefail
 if [[ $# -gt 0 ]]; then REPORT=$1
 elif [[ -n "${OUT:-}" ]]; then REPORT=$OUT/gpu_report.txt
@@ -48,6 +50,8 @@ R_BUILD=$((BUDGET * 40 / 100)) R_TESTS=$((BUDGET * 32 / 100))
 JOBS=${GPU_CHECK_JOBS:-$(nproc 2>/dev/null || echo 4)}
 WORK=$(mktemp -d /tmp/ptnative-gpu-check.XXXXXX)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# CUDA libraries that count their launches, allocations and copies (docs/gpu.md): the benchmark prints them per call
+export PTNATIVE_COUNT_DEVICE_WORK=${PTNATIVE_COUNT_DEVICE_WORK:-1}
 
 ST_NAME=() ST_STATUS=() ST_SECS=()
 FAILED=0

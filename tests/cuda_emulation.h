@@ -13,7 +13,7 @@
 //   C-contiguous buffer (inputs copied in, outputs zeroed unless they hold an input's copy, copied back at the end).
 //   Each buffer ends on a guard page and is inaccessible outside kernel launches and the dialect's device copies,
 //   so host code that reads or writes device memory, and a kernel that runs past the end of a buffer, fault; the
-//   fault becomes an error naming the buffer.  ptn::Scratch blocks are host memory here (not checked).
+//   fault becomes an error naming the buffer.  ptn::Scratch blocks are device buffers too.
 // - A failed check in device code is "check failed in device code at line N" at the next HANDLE_LAST_ERROR, as on
 //   CUDA.  A device_malloc block not freed by the end of the body is an error.  GEMMs run on the host BLAS with
 //   device memory open (an empty product, which the CUDA dialect turns into a device-side C = beta * C, too).
@@ -46,6 +46,37 @@ struct Region {
 };
 static std::vector<Region> regions;
 static int open_depth = 0;  // > 0 while device code (a launch, a device copy, a GEMM) runs
+
+// ---------------------------------------------------------------- accounting
+struct Counts {
+  long long launches = 0, allocs = 0, h2d = 0, d2h = 0;
+};
+static Counts counts;
+// What the CUDA dialect keeps between calls: the sizes of its free scratch blocks (ptn::ScratchPool: a block serves
+// a request of at most its size and more than half of it), and the entry's per-argument device buffers.
+static std::vector<size_t> cached_blocks;
+static std::vector<size_t> entry_buffers;
+inline void count_alloc(size_t bytes) {
+  size_t best = (size_t)-1, at = 0;
+  for (size_t i = 0; i < cached_blocks.size(); ++i)
+    if (cached_blocks[i] >= bytes && cached_blocks[i] / 2 < bytes && cached_blocks[i] < best) {
+      best = cached_blocks[i];
+      at = i;
+    }
+  if (best == (size_t)-1) {
+    ++counts.allocs;
+    return;
+  }
+  cached_blocks.erase(cached_blocks.begin() + at);
+}
+inline void count_free(size_t bytes) { cached_blocks.push_back(bytes); }
+inline void count_entry_buffer(size_t j, size_t bytes) {
+  if (entry_buffers.size() <= j) entry_buffers.resize(j + 1, 0);
+  if (entry_buffers[j] < bytes) {
+    entry_buffers[j] = bytes;
+    ++counts.allocs;
+  }
+}
 
 inline size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
 
@@ -84,14 +115,32 @@ inline void free_region(void* data) {
     }
 }
 
-inline void* dev_alloc(size_t n) {
+inline size_t region_bytes(const void* data) {
+  for (const Region& r : regions)
+    if (r.data == data) return r.bytes;
+  return 0;
+}
+
+inline void* dev_alloc(size_t n, const char* what = "device_malloc") {
   Open open;
-  return new_region(n, "device_malloc");
+  count_alloc(n);
+  return new_region(n, what);
+}
+
+inline void dev_free(void* p) {
+  if (!p) return;
+  count_free(region_bytes(p));
+  free_region(p);
 }
 
 inline void device_copy(void* dst, const void* src, size_t n) {
   Open open;
   if (n) memmove(dst, src, n);
+}
+
+inline void copy_to_host(void* dst, const void* src, size_t n) {
+  counts.d2h += (long long)n;
+  device_copy(dst, src, n);
 }
 
 inline void device_set(void* p, int c, size_t n) {
@@ -223,6 +272,7 @@ void launch(dim3 grid, dim3 block, size_t shmem, F&& call) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u)
     ptn::raise(PTN_STATUS_RUNTIME, "cuda emulation: an empty or too large grid (invalid configuration on CUDA)");
   if (shmem > 48 * 1024) ptn::raise(PTN_STATUS_RUNTIME, "cuda emulation: more than 48 KiB of dynamic shared memory");
+  ++counts.launches;
   ptn::grid_dim = grid;
   ptn::block_dim = block;
   ptn::shared_size = shmem;
@@ -287,12 +337,14 @@ inline void open_sgemm(const char* ta, const char* tb, const int* m, const int* 
                        const float* A, const int* lda, const float* B, const int* ldb, const float* beta, float* C,
                        const int* ldc) {
   Open open;
+  ++counts.launches;  // a cuBLAS launch
   host_sgemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 inline void open_dgemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
                        const double* A, const int* lda, const double* B, const int* ldb, const double* beta, double* C,
                        const int* ldc) {
   Open open;
+  ++counts.launches;
   host_dgemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 inline void route_blas() {
@@ -339,11 +391,24 @@ inline void copy_strided(const Ndarray& from, const Ndarray& to) {
     memcpy((char*)to.data + strided_offset(to, i), (const char*)from.data + strided_offset(from, i), from.itemsize);
 }
 
+// Appends this call's counts to the file named by PTNATIVE_EMU_COUNTS, if set.
+inline void report_counts(int n_in, int n_out, const char* const* names) {
+  const char* path = getenv("PTNATIVE_EMU_COUNTS");
+  if (!path || !path[0]) return;
+  FILE* f = fopen(path, "a");
+  if (!f) return;
+  for (int j = 0; j < n_in + n_out; ++j) fprintf(f, "%s%s", j == n_in ? " -> " : (j ? "," : ""), names[j]);
+  fprintf(f, ": launches=%lld allocs=%lld h2d=%lld d2h=%lld\n", counts.launches, counts.allocs, counts.h2d,
+          counts.d2h);
+  fclose(f);
+}
+
 // Runs body(n_in, inputs, n_out, outputs) as the CUDA entry point would: on device copies of the arrays.
 template <typename F>
 void run_body(int n_in, Ndarray** inputs, int n_out, Ndarray*** outputs, const int* host_memory,
               const char* const* names, F&& body) {
   route_blas();
+  counts = Counts();
   order_state = 0x9E3779B97F4A7C15ull;  // every call runs its threads in the same orders (atomics add up alike)
   for (Region& r : regions) munmap(r.base, r.map_bytes);  // left by a fault in an earlier call
   regions.clear();
@@ -369,8 +434,14 @@ void run_body(int n_in, Ndarray** inputs, int n_out, Ndarray*** outputs, const i
         v.strides[d] = stride;
         stride *= v.dims[d];
       }
-      v.data = new_region((size_t)ptn::n_elements(&v) * v.itemsize, what[j]);
+      const size_t bytes = (size_t)ptn::n_elements(&v) * v.itemsize;
+      v.data = new_region(bytes, what[j]);
+      count_entry_buffer(j, bytes ? bytes : 1);
       copy_strided(*host[j], v);
+      // inputs, and outputs that hold an input's copy (an inplace input), are copied in
+      bool copied_in = j >= (size_t)n_out;
+      for (int i = 0; i < n_in && !copied_in; ++i) copied_in = inputs[i] == host[j];
+      if (copied_in) counts.h2d += (long long)bytes;
     }
   }
   auto device_view = [&](Ndarray* a) {
@@ -416,8 +487,12 @@ void run_body(int n_in, Ndarray** inputs, int n_out, Ndarray*** outputs, const i
   {
     Open open;
     if (!error && fault.empty())
-      for (int k = 0; k < n_out; ++k) copy_strided(dev[k], *host[k]);
+      for (int k = 0; k < n_out; ++k) {
+        copy_strided(dev[k], *host[k]);
+        counts.d2h += (long long)ptn::n_elements(&dev[k]) * dev[k].itemsize;
+      }
   }
+  if (!error && fault.empty()) report_counts(n_in, n_out, names);
   for (Ndarray& v : dev) free_region(v.data);
   const size_t leaked = regions.size();
   for (Region& r : regions) munmap(r.base, r.map_bytes);
@@ -484,11 +559,35 @@ inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); r
 #undef Ndarray_memset
 #define Ndarray_memset(p, c, size) ptn_emu::device_set((p), (c), (size))
 #undef Ndarray_copy_to_host
-#define Ndarray_copy_to_host(dst, src, size) ptn_emu::device_copy((dst), (src), (size))
+#define Ndarray_copy_to_host(dst, src, size) ptn_emu::copy_to_host((dst), (src), (size))
 #undef device_malloc
 #define device_malloc(n) ptn_emu::dev_alloc(n)
 #undef device_free
-#define device_free(p) ptn_emu::free_region(p)
+#define device_free(p) ptn_emu::dev_free(p)
+
+// ptn::Scratch as on CUDA: its blocks are device buffers (guarded, inaccessible to host code) and counted.
+namespace ptn {
+class EmuScratch {
+ public:
+  EmuScratch() = default;
+  EmuScratch(const EmuScratch&) = delete;
+  EmuScratch& operator=(const EmuScratch&) = delete;
+  ~EmuScratch() {
+    for (void* p : blocks_) ptn_emu::dev_free(p);
+  }
+  template <typename T>
+  T* get(int64_t n) {
+    blocks_.reserve(blocks_.size() + 1);
+    void* p = ptn_emu::dev_alloc((size_t)(n > 1 ? n : 1) * sizeof(T), "a ptn::Scratch block");
+    blocks_.push_back(p);
+    return (T*)p;
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+}  // namespace ptn
+#define Scratch EmuScratch
 #define affine_raw(...) ptn_emu::affine(__VA_ARGS__)
 
 namespace @NS@ {

@@ -146,6 +146,19 @@ def test_long_sequences_multiword(V):
     check_full(a, a_len, b, b_len, np.arange(V, dtype=I32))
 
 
+@pytest.mark.parametrize("B", [2, 3, 4, 5, 6, 9])
+def test_pairs_in_vector_lanes(B):
+    """Batches of multi-word pairs go 2 or 4 at a time through the vector lanes (bit_parallel.h,
+    lanes_last_score): lanes of other word counts and text lengths than their group's longest, idle lanes, a group
+    of one left to the scalar solver, and pairs of one word or an empty side among them."""
+    rng = np.random.default_rng(40 + B)
+    a, a_len, b, b_len = batch(B, 330, 300, 4, rng)
+    a_len[:] = rng.integers(65, 331, size=B)
+    b_len[:] = rng.integers(1, 301, size=B)
+    a_len[-1], b_len[0] = 40 if B > 4 else a_len[-1], 0 if B > 5 else b_len[0]
+    check_full(a, a_len, b, b_len, np.arange(4, dtype=I32))
+
+
 def test_wide_and_negative_labels_hash_path():
     """Labels spanning more than 2**16 values use the hashed label map."""
     rng = np.random.default_rng(3)

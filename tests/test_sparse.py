@@ -10,7 +10,7 @@ from pytensor.gradient import NullTypeGradError, verify_grad
 
 from ptnative import NativeOp
 from ptnative.ops.sparse import (CrossEntropySoftmaxAndGradientZSparse, MaxAndArgmaxSparse, SparseToDense,
-                                 SubtensorBatchedIndex, crossentropy_softmax_and_gradient_z_sparse,
+                                 SparseToDenseZeros, SubtensorBatchedIndex, crossentropy_softmax_and_gradient_z_sparse,
                                  max_and_argmax_sparse, onehot_to_sparse, sparse_to_dense, subtensor_batched_index)
 
 from .conftest import build_with_nvcc, check_infer_shape, tol
@@ -132,6 +132,54 @@ def test_sparse_to_dense_initial_strict_and_grad(mode):
     # empty: no entries, no time, no batch
     assert not fs(np.zeros((0, B)), np.zeros((0, B)), np.zeros((0, B)), np.zeros((0, B))).any()
     assert fs(*[np.zeros((N, 0))] * 4).shape == (T, 0, D)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sparse_to_dense_writes_every_block(mode, dtype, poison_pattern):
+    """sparse_to_dense's W is fully_written (SparseToDenseZeros): the CPU kernel zeroes it block by block (256 KiB)
+    and adds each block's entries, bucketed; under the poison every element must still be written, and the
+    duplicates must add up in entry order, bit for bit as np.add.at adds them."""
+    if dtype == "float32" and mode not in (None, "C"):
+        pytest.skip("float32 is checked in the default and C modes")
+    T, B, D, N = 70, 3, 401, 500  # W spans several blocks, the last one partial
+    s0v, s1v, wv, mv = coo(N, B, T, D, seed=21)
+    s0v[10:20], s1v[10:20] = s0v[0], s1v[0]  # many duplicates of one slot
+    s0v[-1], s1v[-1], mv[-1] = T - 1, D - 1, 1  # the last element of W
+    s0, s1, w, m = matrices(4, dtype)
+    f = pytensor.function([s0, s1, w, m], sparse_to_dense(s0, s1, w, m, T, D), mode=mode)
+    args = [a.astype(dtype) for a in (s0v, s1v, wv, mv)]
+    got = f(*args)
+    want = np.zeros((T, B, D), dtype)
+    ok = (mv >= 0.1) & (s0v > -1) & (s0v < T) & (s1v > -1) & (s1v < D)
+    i, b = np.nonzero(ok)
+    np.add.at(want, (s0v[i, b].astype(int), b, s1v[i, b].astype(int)), args[2][i, b])
+    np.testing.assert_array_equal(got, want)
+    assert f(*[a[:0] for a in args]).shape == (T, B, D) and not f(*[a[:0] for a in args]).any()  # no entries
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern):
+    """From 32 MiB up, sparse_to_dense's W and subtensor_batched_index's gradient are zeroed by handing their pages
+    back (sparse.cu, ptn_sp_zero_fresh_pages) and memsetting the partial pages at both ends: under the poison, every
+    element must still be zero or the sum of its entries."""
+    if mode not in (None, "C"):
+        pytest.skip("checked in the default and C modes")
+    T, B, D, N = 257, 4, 8200 if dtype == "float32" else 4100, 300  # W: 33.7 MB, not a whole number of pages
+    s0v, s1v, wv, mv = coo(N, B, T, D, seed=22)
+    s0v[-1, -1], s1v[-1, -1], mv[-1, -1] = T - 1, D - 1, 1  # the last element, on the tail's partial page
+    s0v[-2, 0], s1v[-2, 0], mv[-2, 0] = 0, 0, 1  # the first one, on the head's
+    s0, s1, w, m = matrices(4, dtype)
+    f = pytensor.function([s0, s1, w, m], sparse_to_dense(s0, s1, w, m, T, D), mode=mode)
+    args = [a.astype(dtype) for a in (s0v, s1v, wv, mv)]
+    np.testing.assert_allclose(f(*args), ref.dense_targets(s0v, s1v, args[2], mv, T, D), rtol=1e-6, atol=0)
+    x, i = pt.tensor3("x", dtype=dtype), pt.matrix("i", dtype=dtype)
+    y = subtensor_batched_index(x, i)
+    g = pytensor.function([x, i], pytensor.grad(y.sum(), x), mode=mode)
+    idx = np.random.default_rng(23).integers(0, D, size=(T, B)).astype(dtype)
+    idx[0, 0], idx[-1, -1] = 0, D - 1
+    want = np.zeros((T, B, D), dtype)
+    np.put_along_axis(want, idx.astype(int)[..., None], 1, axis=2)
+    np.testing.assert_array_equal(g(np.zeros((T, B, D), dtype), idx), want)
 
 
 def test_sparse_to_dense_verify_grad():
@@ -282,7 +330,8 @@ def test_infer_shape():
 def test_kernels_compile_with_nvcc(monkeypatch):
     monkeypatch.setenv("PTNATIVE_CUDA_ARCHS", "90")
     ops = []
-    for gen in (SubtensorBatchedIndex, SparseToDense, MaxAndArgmaxSparse, CrossEntropySoftmaxAndGradientZSparse):
+    for gen in (SubtensorBatchedIndex, SparseToDense, SparseToDenseZeros, MaxAndArgmaxSparse,
+                CrossEntropySoftmaxAndGradientZSparse):
         op = gen.make_op()
         ops += [op, gen.make_strict_op()] + ([op.grad_op()] if gen.c_bw_code else [])
     build_with_nvcc(*(o.variant("float32", device="cuda") for o in ops))

@@ -7,11 +7,15 @@
 #include "../dialect/kernel.h"
 
 #include "ctc_loss.h"
+#include "ctc_loss_cuda.h"
 #include "../fsa/fsa_baum_welch.h"
 
 static void ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   ptn::Scratch scratch;
   const CtcLoss c = ctc_loss_setup("ctc_loss", scratch, n_inputs, inputs, n_outputs, outputs);
+#if CUDA
+  ctc_run_pass(false, ctc_pass_of(c), c.terms);
+#else
   FbwProblem p;
   p.mode = c.normalized ? FBW_LOGPROBS : FBW_LOGITS;
   ctc_set_automaton(p, c);
@@ -29,4 +33,5 @@ static void ctc_loss_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray**
   fbw_run(p);
   start_dev_kernel(ctc_empty_loss, (c.B, c.lens, c.tlens, c.loss));
   HANDLE_LAST_ERROR();
+#endif
 }

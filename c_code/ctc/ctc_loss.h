@@ -17,16 +17,19 @@
 
 struct CtcLoss {
   int64_t T, B, D, N, E, S;
-  bool normalized;
+  bool normalized, label_loop;
+  int32_t blank;
   const Float* logits;
   const int32_t *lens, *tlens;  // (B,) frames, labels
-  int32_t *edges, *start_end;   // the automaton: (4, E), (2, B)
+  const int32_t* targets;       // (B, N)
+  int32_t *edges, *start_end;   // the automaton on the CPU: (4, E), (2, B)
   Float* weights;               // (E,) zeros
   Float *loss, *grad;           // the outputs
   FsaTerms terms;
 };
 
-// Checks the arguments of `fn` and builds the automaton in `scratch`.
+// Checks the arguments of `fn` and, on the CPU, builds the automaton in `scratch` (CUDA checks the lengths and
+// labels in its pass, ctc_loss_cuda.h).
 static CtcLoss ctc_loss_setup(const char* fn, ptn::Scratch& scratch, int n_inputs, Ndarray** inputs, int n_outputs,
                               Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 7);
@@ -68,12 +71,20 @@ static CtcLoss ctc_loss_setup(const char* fn, ptn::Scratch& scratch, int n_input
   c.logits = Ndarray_DEV_DATA(logits);
   c.lens = Ndarray_DEV_DATA_int32(lens);
   c.tlens = Ndarray_DEV_DATA_int32(tlens);
+  c.targets = Ndarray_DEV_DATA_int32(targets);
+  c.blank = blank;
+  c.label_loop = label_loop;
+#if CUDA
+  c.edges = c.start_end = 0;
+  c.weights = 0;
+  (void)scratch;
+#else
   c.edges = scratch.get<int32_t>(4 * c.E);
   c.start_end = scratch.get<int32_t>(2 * B);
   c.weights = scratch.get<Float>(c.E);
   Ndarray_memset(c.weights, 0, c.E * sizeof(Float));
-  ctc_fsa_checked_build(terms, B, N, T, D, c.lens, Ndarray_DEV_DATA_int32(targets), c.tlens, blank, label_loop,
-                        c.edges, c.start_end);
+  ctc_fsa_checked_build(terms, B, N, T, D, c.lens, c.targets, c.tlens, blank, label_loop, c.edges, c.start_end);
+#endif
   c.loss = Ndarray_DEV_DATA(*outputs[0]);
   c.grad = Ndarray_DEV_DATA(*outputs[1]);
   c.terms = terms;

@@ -8,11 +8,15 @@
 #include "../dialect/kernel.h"
 
 #include "ctc_loss.h"
+#include "ctc_loss_cuda.h"
 #include "../fsa/fsa_viterbi.h"
 
 static void ctc_loss_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   ptn::Scratch scratch;
   const CtcLoss c = ctc_loss_setup("ctc_loss_viterbi", scratch, n_inputs, inputs, n_outputs, outputs);
+#if CUDA
+  ctc_run_pass(true, ctc_pass_of(c), c.terms);
+#else
   const int64_t B = c.B;
   if (B == 0) return;
   int32_t* nan = scratch.get<int32_t>(B);
@@ -32,4 +36,5 @@ static void ctc_loss_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, N
   vit_run(scratch, v);
   start_dev_kernel(ctc_empty_loss, (B, c.lens, c.tlens, c.loss));
   HANDLE_LAST_ERROR();
+#endif
 }

@@ -31,6 +31,7 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <math_constants.h>
+#include <mutex>
 #define PTN_CUDA 1
 #else
 #define PTN_CUDA 0
@@ -231,6 +232,23 @@ __device__ int ptn_device_error_line = 0;
 #define PTN_DIM_BLOCK 512
 namespace ptn {
 static cudaStream_t current_stream = 0;
+// Per library, what its calls did on the device: kernel launches, device allocations (cudaMalloc), bytes copied
+// host -> device and device -> host.  Counted when the library is built with PTN_COUNT_DEVICE_WORK (the setting
+// PTNATIVE_COUNT_DEVICE_WORK=1, docs/gpu.md) and read through ptn_device_counts (ptnative.device.device_counts).
+struct DeviceCounts {
+  long long launches, allocs, h2d, d2h;
+};
+inline DeviceCounts& device_counts() {
+  static DeviceCounts counts = {0, 0, 0, 0};
+  return counts;
+}
+}  // namespace ptn
+#ifdef PTN_COUNT_DEVICE_WORK
+#define PTN_COUNT(field, n) (void)(ptn::device_counts().field += (long long)(n))
+#else
+#define PTN_COUNT(field, n) ((void)0)
+#endif
+namespace ptn {
 inline void cuda_check(cudaError_t e, const char* file, int line) {
   if (e != cudaSuccess) {
     std::ostringstream s;
@@ -242,6 +260,7 @@ inline void cuda_check(cudaError_t e, const char* file, int line) {
 // legacy default stream that plain cudaMemcpy uses); returns when the data is on the host.
 inline void copy_to_host(void* dst, const void* src, size_t n, const char* file, int line) {
   if (n == 0) return;
+  PTN_COUNT(d2h, n);
   cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, current_stream), file, line);
   cuda_check(cudaStreamSynchronize(current_stream), file, line);
 }
@@ -262,10 +281,64 @@ inline void check_device_flag(const char* file, int line) {
 inline void* device_malloc(size_t n) {
   void* p = 0;
   if (n == 0) return 0;
+  PTN_COUNT(allocs, 1);
   cuda_check(cudaMalloc(&p, n), __FILE__, __LINE__);
   return p;
 }
 inline void device_free(void* p) { if (p) cudaFree(p); }
+
+// Device blocks of Scratch, kept between calls (cudaMalloc and cudaFree synchronise the whole device): a freed
+// block serves a later request of at most its size and more than half of it; reused from another stream than the
+// one it was released on, it waits for that stream's work first.  At most 4 GiB are kept; beyond, blocks are freed.
+struct ScratchPool {
+  struct Block {
+    void* p;
+    size_t bytes;
+    cudaStream_t stream;
+  };
+  std::mutex lock;
+  std::vector<Block> blocks;
+  size_t kept = 0;
+};
+inline ScratchPool& scratch_pool() {
+  static ScratchPool* pool = new ScratchPool();  // never destroyed: blocks may be released during exit
+  return *pool;
+}
+inline void* scratch_alloc(size_t n, size_t* got) {
+  ScratchPool& pool = scratch_pool();
+  {
+    std::lock_guard<std::mutex> guard(pool.lock);
+    size_t at = pool.blocks.size();
+    for (size_t i = 0; i < pool.blocks.size(); ++i) {
+      const size_t b = pool.blocks[i].bytes;
+      if (b >= n && b / 2 < n && (at == pool.blocks.size() || b < pool.blocks[at].bytes)) at = i;
+    }
+    if (at < pool.blocks.size()) {
+      ScratchPool::Block b = pool.blocks[at];
+      pool.blocks.erase(pool.blocks.begin() + at);
+      pool.kept -= b.bytes;
+      if (b.stream != current_stream && cudaStreamSynchronize(b.stream) != cudaSuccess) {
+        cudaGetLastError();  // that stream is gone: wait for the whole device
+        cuda_check(cudaDeviceSynchronize(), __FILE__, __LINE__);
+      }
+      *got = b.bytes;
+      return b.p;
+    }
+  }
+  *got = n;
+  return device_malloc(n);
+}
+inline void scratch_release(void* p, size_t bytes) {
+  if (!p) return;
+  ScratchPool& pool = scratch_pool();
+  std::lock_guard<std::mutex> guard(pool.lock);
+  if (pool.kept + bytes > ((size_t)4 << 30)) {
+    cudaFree(p);
+    return;
+  }
+  pool.blocks.push_back(ScratchPool::Block{p, bytes, current_stream});
+  pool.kept += bytes;
+}
 }  // namespace ptn
 #define CUDA_CUR_STREAM (ptn::current_stream)
 #define HANDLE_ERROR(e) ptn::cuda_check((e), __FILE__, __LINE__)
@@ -275,9 +348,9 @@ inline void device_free(void* p) { if (p) cudaFree(p); }
     ptn::check_device_flag(__FILE__, __LINE__);              \
   } while (0)
 #define start_dev_kernel(kernel, args) \
-  (kernel<<<PTN_DIM_GRID, PTN_DIM_BLOCK, 0, CUDA_CUR_STREAM>>> args)
+  (PTN_COUNT(launches, 1), kernel<<<PTN_DIM_GRID, PTN_DIM_BLOCK, 0, CUDA_CUR_STREAM>>> args)
 #define start_dev_kernel2(kernel, dim_grid, dim_block, shared_size, args) \
-  (kernel<<<dim_grid, dim_block, shared_size, CUDA_CUR_STREAM>>> args)
+  (PTN_COUNT(launches, 1), kernel<<<dim_grid, dim_block, shared_size, CUDA_CUR_STREAM>>> args)
 #define elem_atomic_add(x, v) atomicAdd((x), (v))
 #define elem_atomic_min(x, v) atomicMin((x), (v))
 #define elem_atomic_cas(a, c, v) atomicCAS((a), (c), (v))
@@ -423,26 +496,42 @@ DEV_FUNC inline int64_t ptn_prefix_mask_length(int64_t n_time, int64_t n_batch, 
 
 namespace ptn {
 // Scratch memory for a kernel's host code: device memory on CUDA, host memory on the CPU.  Every block is freed
-// when the Scratch goes out of scope, on every exit path (a failed check throws), so a failure never leaks.
+// when the Scratch goes out of scope, on every exit path (a failed check throws), so a failure never leaks (on
+// CUDA it goes back to the blocks kept between calls, ScratchPool).
 class Scratch {
  public:
   Scratch() = default;
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch() {
+#if PTN_CUDA
+    for (size_t i = 0; i < blocks_.size(); ++i) scratch_release(blocks_[i], sizes_[i]);
+#else
     for (void* p : blocks_) device_free(p);
+#endif
   }
   // A block of n elements of T (at least one, so never null).
   template <typename T>
   T* get(int64_t n) {
     blocks_.reserve(blocks_.size() + 1);  // so that the push_back below cannot throw once the block exists
-    void* p = device_malloc((size_t)(n > 1 ? n : 1) * sizeof(T));
+    const size_t bytes = (size_t)(n > 1 ? n : 1) * sizeof(T);
+#if PTN_CUDA
+    sizes_.reserve(sizes_.size() + 1);
+    size_t got = 0;
+    void* p = scratch_alloc(bytes, &got);  // from the blocks kept between calls
+    sizes_.push_back(got);
+#else
+    void* p = device_malloc(bytes);
+#endif
     blocks_.push_back(p);
     return (T*)p;
   }
 
  private:
   std::vector<void*> blocks_;
+#if PTN_CUDA
+  std::vector<size_t> sizes_;
+#endif
 };
 }  // namespace ptn
 

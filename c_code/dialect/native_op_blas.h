@@ -53,12 +53,21 @@ typedef int (*cublas_sgemm_t)(void*, int, int, int, int, int, const float*, cons
                               const float*, float*, int);
 typedef int (*cublas_dgemm_t)(void*, int, int, int, int, int, const double*, const double*, int, const double*, int,
                               const double*, double*, int);
+typedef int (*cublas_set_math_mode_t)(void*, int);
 struct Cublas {
   void* handle = 0;
   cublas_set_stream_t set_stream = 0;
   cublas_sgemm_t sgemm = 0;
   cublas_dgemm_t dgemm = 0;
+  cublas_set_math_mode_t set_math_mode = 0;
+  int math_mode = -1;  // the handle's: 0 CUBLAS_DEFAULT_MATH, 3 CUBLAS_TF32_TENSOR_OP_MATH
 };
+// Float32 products on TF32 tensor cores unless PTNATIVE_ALLOW_TF32=0 (ptnative.config.allow_tf32; on by default,
+// as torch's cuDNN path, torch.backends.cudnn.allow_tf32); read at every product.
+inline bool tf32_allowed() {
+  const char* v = getenv("PTNATIVE_ALLOW_TF32");
+  return !v || !v[0] || !(v[0] == '0' && !v[1]);
+}
 static Cublas cublas_state;
 inline Cublas& cublas() {
   if (cublas_state.handle) return cublas_state;
@@ -72,6 +81,7 @@ inline Cublas& cublas() {
   cublas_state.set_stream = (cublas_set_stream_t)dlsym(lib, "cublasSetStream_v2");
   cublas_state.sgemm = (cublas_sgemm_t)dlsym(lib, "cublasSgemm_v2");
   cublas_state.dgemm = (cublas_dgemm_t)dlsym(lib, "cublasDgemm_v2");
+  cublas_state.set_math_mode = (cublas_set_math_mode_t)dlsym(lib, "cublasSetMathMode");
   if (!create || !cublas_state.set_stream || !cublas_state.sgemm || !cublas_state.dgemm)
     raise(PTN_STATUS_RUNTIME, "cuBLAS library lacks the expected symbols");
   int st = create(&cublas_state.handle);
@@ -82,6 +92,9 @@ inline void gemm_colmajor(char ta, char tb, int m, int n, int k, float alpha, co
                           int ldb, float beta, float* C, int ldc) {
   Cublas& cb = cublas();
   cb.set_stream(cb.handle, current_stream);
+  const int mode = tf32_allowed() ? 3 : 0;
+  if (cb.set_math_mode && mode != cb.math_mode && cb.set_math_mode(cb.handle, mode) == 0) cb.math_mode = mode;
+  PTN_COUNT(launches, 1);
   int st = cb.sgemm(cb.handle, ta == 'T', tb == 'T', m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc);
   if (st != 0) raise(PTN_STATUS_RUNTIME, "cublasSgemm failed with status " + std::to_string(st));
 }
@@ -89,6 +102,7 @@ inline void gemm_colmajor(char ta, char tb, int m, int n, int k, double alpha, c
                           const double* B, int ldb, double beta, double* C, int ldc) {
   Cublas& cb = cublas();
   cb.set_stream(cb.handle, current_stream);
+  PTN_COUNT(launches, 1);
   int st = cb.dgemm(cb.handle, ta == 'T', tb == 'T', m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc);
   if (st != 0) raise(PTN_STATUS_RUNTIME, "cublasDgemm failed with status " + std::to_string(st));
 }

@@ -125,12 +125,37 @@ struct DeviceBuffers {
       if (ptr[j]) cudaFree(ptr[j]);
       ptr[j] = 0;
       size[j] = 0;
+      PTN_COUNT(allocs, 1);
       cuda_check(cudaMalloc(&ptr[j], bytes), __FILE__, __LINE__);
       size[j] = bytes;
     }
     return ptr[j];
   }
 };
+
+// Pinned host memory kept between calls, through which the host-array entry copies (page-locked memory copies
+// asynchronously and at full speed; pageable memory goes through the driver's own staging): grown when too small,
+// up to 1 GiB (beyond, a call copies from and to the arrays directly).
+struct PinnedStaging {
+  char* ptr = 0;
+  size_t size = 0;
+  char* get(size_t bytes) {
+    if (bytes > ((size_t)1 << 30)) return 0;
+    if (size < bytes) {
+      if (ptr) cudaFreeHost(ptr);
+      ptr = 0;
+      size = 0;
+      if (cudaHostAlloc((void**)&ptr, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();  // out of pinned memory: copy directly
+        ptr = 0;
+        return 0;
+      }
+      size = bytes;
+    }
+    return ptr;
+  }
+};
+inline size_t staged_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
 #endif
 
 // The arrays as Ndarray views, after check_arguments.
@@ -261,33 +286,65 @@ inline int run_entry(body_t body, const EntryPlan& plan, void** data, const int3
     static std::mutex lock;
     std::lock_guard<std::mutex> guard(lock);
     static DeviceBuffers buffers;
+    static PinnedStaging staging;
     if (!current_stream) cuda_check(cudaStreamCreateWithFlags(&current_stream, cudaStreamNonBlocking), __FILE__, __LINE__);
     std::vector<int> input_of(n_out, -1);
     for (int i = 0; i < n_in; ++i) if (inplace_of[i] >= 0) input_of[inplace_of[i]] = i;
+    // Copied in: inputs, and outputs holding an input's copy; copied out: outputs.  One staging buffer serves both
+    // ways (the copies out are queued after the copies in).
+    std::vector<size_t> n_bytes(n_in + n_out, 0);
+    size_t in_total = 0, out_total = 0;
+    for (int j = 0; j < n_in + n_out; ++j) {
+      if (j < n_in && (plan.host_memory[j] || inplace_of[j] >= 0)) continue;  // host value / the output's buffer
+      n_bytes[j] = (size_t)n_elements(&views[j]) * views[j].itemsize;
+      if (j < n_in || input_of[j - n_in] >= 0) in_total += staged_bytes(n_bytes[j]);
+      if (j >= n_in) out_total += staged_bytes(n_bytes[j]);
+    }
+    char* stage = staging.get(std::max(in_total, out_total));
+    size_t at = 0;
     for (int j = 0; j < n_in + n_out; ++j) {
       Ndarray& v = views[j];
-      if (j < n_in && (plan.host_memory[j] || inplace_of[j] >= 0)) continue;  // host value / the output's buffer
-      size_t bytes = (size_t)n_elements(&v) * v.itemsize;
+      if (j < n_in && (plan.host_memory[j] || inplace_of[j] >= 0)) continue;
+      const size_t bytes = n_bytes[j];
       int64_t stride = v.itemsize;
       for (int d = v.ndim - 1; d >= 0; --d) { v.strides[d] = stride; stride *= v.dims[d]; }
       void* host = v.data;
       v.data = buffers.get(j, bytes ? bytes : 1);
-      if (bytes && (j < n_in || input_of[j - n_in] >= 0))  // inputs, and outputs holding an input's copy
+      if (bytes && (j < n_in || input_of[j - n_in] >= 0)) {  // inputs, and outputs holding an input's copy
+        PTN_COUNT(h2d, bytes);
+        if (stage) {
+          memcpy(stage + at, host, bytes);
+          host = stage + at;
+          at += staged_bytes(bytes);
+        }
         cuda_check(cudaMemcpyAsync(v.data, host, bytes, cudaMemcpyHostToDevice, current_stream), __FILE__, __LINE__);
+      }
     }
 #endif
     zero_fresh_outputs(n_in, n_out, inplace_of, plan.fully_written, views);
     call_body(body, n_in, n_out, inplace_of, views);
 #if PTN_CUDA
     HANDLE_LAST_ERROR();
+    at = 0;
     for (int k = 0; k < n_out; ++k) {
       const Ndarray& v = views[n_in + k];
-      size_t bytes = (size_t)n_elements(&v) * v.itemsize;
-      if (bytes)
-        cuda_check(cudaMemcpyAsync(data[n_in + k], v.data, bytes, cudaMemcpyDeviceToHost, current_stream), __FILE__,
-                   __LINE__);
+      const size_t bytes = n_bytes[n_in + k];
+      if (!bytes) continue;
+      PTN_COUNT(d2h, bytes);
+      void* dst = stage ? (void*)(stage + at) : data[n_in + k];
+      at += staged_bytes(bytes);
+      cuda_check(cudaMemcpyAsync(dst, v.data, bytes, cudaMemcpyDeviceToHost, current_stream), __FILE__, __LINE__);
     }
     cuda_check(cudaStreamSynchronize(current_stream), __FILE__, __LINE__);
+    if (stage) {
+      at = 0;
+      for (int k = 0; k < n_out; ++k) {
+        const size_t bytes = n_bytes[n_in + k];
+        if (!bytes) continue;
+        memcpy(data[n_in + k], stage + at, bytes);
+        at += staged_bytes(bytes);
+      }
+    }
 #endif
   }, err, errlen);
 }
@@ -309,5 +366,18 @@ inline int run_entry_device(cudaStream_t stream, body_t body, const EntryPlan& p
 #endif
 
 }  // namespace ptn
+
+#if PTN_CUDA
+// The library's device counts (ptn::DeviceCounts: launches, allocations, bytes in, bytes out) into out[0..3];
+// reset: start again from zero.  All zero unless built with PTN_COUNT_DEVICE_WORK.
+extern "C" PTN_EXPORT void ptn_device_counts(long long* out, int reset) {
+  ptn::DeviceCounts& c = ptn::device_counts();
+  out[0] = c.launches;
+  out[1] = c.allocs;
+  out[2] = c.h2d;
+  out[3] = c.d2h;
+  if (reset) c = ptn::DeviceCounts{0, 0, 0, 0};
+}
+#endif
 
 #endif  // PTNATIVE_NATIVE_OP_ENTRY_H

@@ -20,6 +20,8 @@
 // an out-of-range length is a ValueError, never an out-of-bounds access.
 #include "../dialect/kernel.h"
 
+#include "bit_parallel.h"
+
 #define PTN_ED_INT32_MAX 2147483647
 
 DEV_FUNC inline int64_t ptn_ed_min(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -195,206 +197,7 @@ DEF_KERNEL void ptn_ed_next_reduce_kernel(int64_t n_batch, int64_t n_labels, int
 
 #else
 // ================================================================== CPU
-namespace ptn_ed {
-
-// Maps int32 labels to small ids: a direct table when the labels of the whole
-// call span a small range, else an open-addressing hash table.
-struct LabelMap {
-  bool dense = true;
-  int64_t lo = 0, range = 0;
-  std::vector<int32_t> table;     // dense: id per (label - lo); hash: id per slot (-1 = empty)
-  std::vector<int32_t> keys;      // hash: label per slot
-  std::vector<int32_t> inserted;  // dense: labels inserted since the last clear
-  uint64_t mask = 0;
-  int shift = 0;
-
-  // The labels that will be looked up lie in [lo_, hi_].
-  void configure(int64_t lo_, int64_t hi_) {
-    dense = hi_ >= lo_ && hi_ - lo_ < (int64_t(1) << 16);
-    if (dense) {
-      lo = lo_;
-      range = hi_ - lo_ + 1;
-      table.assign(range, -1);
-      inserted.clear();
-    }
-  }
-  // Empty the map; it will hold at most `n` labels.
-  void clear(int64_t n) {
-    if (dense) {
-      for (int32_t k : inserted) table[k - lo] = -1;
-      inserted.clear();
-      return;
-    }
-    int bits = 4;
-    while ((int64_t(1) << bits) < 2 * n) ++bits;
-    shift = 64 - bits;
-    mask = (uint64_t(1) << bits) - 1;
-    table.assign(size_t(1) << bits, -1);
-    keys.resize(size_t(1) << bits);
-  }
-  inline uint64_t slot_of(int32_t key) const {
-    return ((uint64_t)(uint32_t)key * 0x9E3779B97F4A7C15ull) >> shift;
-  }
-  // The id of `key`, inserting it with id `new_id` if absent.
-  inline int32_t insert(int32_t key, int32_t new_id) {
-    if (dense) {
-      int32_t& e = table[key - lo];
-      if (e < 0) {
-        e = new_id;
-        inserted.push_back(key);
-      }
-      return e;
-    }
-    uint64_t s = slot_of(key);
-    while (table[s] >= 0) {
-      if (keys[s] == key) return table[s];
-      s = (s + 1) & mask;
-    }
-    keys[s] = key;
-    table[s] = new_id;
-    return new_id;
-  }
-  // The id of `key`, or -1.
-  inline int32_t get(int32_t key) const {
-    if (dense) {
-      uint64_t k = (uint64_t)((int64_t)key - lo);
-      return k < (uint64_t)range ? table[k] : -1;
-    }
-    uint64_t s = slot_of(key);
-    while (table[s] >= 0) {
-      if (keys[s] == key) return table[s];
-      s = (s + 1) & mask;
-    }
-    return -1;
-  }
-};
-
-// The range of the labels x[b * stride + t], t < len(b), over all b (len = NULL: every t < T).
-inline void label_range(const int32_t* x, int64_t n_batch, int64_t T, const int32_t* len, int64_t& lo, int64_t& hi) {
-  for (int64_t bi = 0; bi < n_batch; ++bi) {
-    int64_t n = len ? (int64_t)len[bi] : T;
-    const int32_t* p = x + bi * T;
-    for (int64_t t = 0; t < n; ++t) {
-      lo = std::min<int64_t>(lo, p[t]);
-      hi = std::max<int64_t>(hi, p[t]);
-    }
-  }
-}
-
-// Per-thread scratch for the bit-parallel DP.
-struct Solver {
-  LabelMap map;
-  std::vector<int32_t> pattern_ids, text_ids, scratch;
-  std::vector<uint64_t> peq, vp, vn;
-  static const int64_t kMaxPeqWords = int64_t(1) << 22;  // 32 MiB
-
-  // row[j] = D[m][j] for j = 0..n, rows over `p` (length m), columns over `t` (length n).
-  void last_row(const int32_t* p, int64_t m, const int32_t* t, int64_t n, int32_t* row) {
-    row[0] = (int32_t)m;
-    if (m == 0) {
-      for (int64_t j = 1; j <= n; ++j) row[j] = (int32_t)j;
-      return;
-    }
-    if (n == 0) return;
-    map.clear(m);
-    pattern_ids.resize(m);
-    int32_t n_ids = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      int32_t id = map.insert(p[i], n_ids);
-      if (id == n_ids) ++n_ids;
-      pattern_ids[i] = id;
-    }
-    int64_t W = (m + 63) >> 6;
-    if ((int64_t)(n_ids + 1) * W > kMaxPeqWords) {  // many distinct labels in a very long pattern
-      plain_last_row(p, m, t, n, row);
-      return;
-    }
-    // peq[id * W + w]: bit i of word w set iff p[64 w + i] has this id; id n_ids: no match.
-    peq.assign((size_t)(n_ids + 1) * W, 0);
-    for (int64_t i = 0; i < m; ++i) peq[(size_t)pattern_ids[i] * W + (i >> 6)] |= uint64_t(1) << (i & 63);
-    text_ids.resize(n);
-    for (int64_t j = 0; j < n; ++j) {
-      int32_t id = map.get(t[j]);
-      text_ids[j] = id < 0 ? n_ids : id;
-    }
-    const int last_bit = (int)((m - 1) & 63);
-    int64_t score = m;
-    if (W == 1) {
-      uint64_t VP = ~uint64_t(0), VN = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        uint64_t Eq = peq[text_ids[j]];
-        uint64_t D0 = (((Eq & VP) + VP) ^ VP) | Eq | VN;
-        uint64_t HP = VN | ~(D0 | VP);
-        uint64_t HN = VP & D0;
-        score += (int64_t)((HP >> last_bit) & 1) - (int64_t)((HN >> last_bit) & 1);
-        HP = (HP << 1) | 1;  // row 0 grows by one per column
-        HN = HN << 1;
-        VP = HN | ~(D0 | HP);
-        VN = HP & D0;
-        row[j + 1] = (int32_t)score;
-      }
-      return;
-    }
-    vp.assign(W, ~uint64_t(0));
-    vn.assign(W, 0);
-    uint64_t* VPw = vp.data();
-    uint64_t* VNw = vn.data();
-    for (int64_t j = 0; j < n; ++j) {
-      const uint64_t* eq = peq.data() + (size_t)text_ids[j] * W;
-      uint64_t add_carry = 0, hp_carry = 1, hn_carry = 0, HP = 0, HN = 0;
-      for (int64_t w = 0; w < W; ++w) {
-        uint64_t Eq = eq[w], VP = VPw[w], VN = VNw[w];
-        // (Eq & VP) + VP as one long addition over all words
-        uint64_t x = Eq & VP;
-        uint64_t s1 = x + VP;
-        uint64_t s2 = s1 + add_carry;
-        add_carry = (uint64_t)(s1 < x) | (uint64_t)(s2 < s1);
-        uint64_t D0 = (s2 ^ VP) | Eq | VN;
-        HP = VN | ~(D0 | VP);
-        HN = VP & D0;
-        uint64_t HPs = (HP << 1) | hp_carry;
-        uint64_t HNs = (HN << 1) | hn_carry;
-        hp_carry = HP >> 63;
-        hn_carry = HN >> 63;
-        VPw[w] = HNs | ~(D0 | HPs);
-        VNw[w] = HPs & D0;
-      }
-      // HP, HN: the last word's horizontal deltas, bit last_bit is row m
-      score += (int64_t)((HP >> last_bit) & 1) - (int64_t)((HN >> last_bit) & 1);
-      row[j + 1] = (int32_t)score;
-    }
-  }
-
-  // The plain O(m n) row-wise recursion (fallback for huge label sets).
-  void plain_last_row(const int32_t* p, int64_t m, const int32_t* t, int64_t n, int32_t* row) {
-    for (int64_t j = 0; j <= n; ++j) row[j] = (int32_t)j;
-    for (int64_t i = 1; i <= m; ++i) {
-      int32_t diag = row[0], label = p[i - 1];
-      row[0] = (int32_t)i;
-      for (int64_t j = 1; j <= n; ++j) {
-        int32_t up = row[j];
-        int32_t v = diag + (label != t[j - 1] ? 1 : 0);
-        v = std::min(v, std::min(up, row[j - 1]) + 1);
-        diag = up;
-        row[j] = v;
-      }
-    }
-  }
-
-  // D[m][n], choosing the cheaper orientation (the distance is symmetric).
-  int32_t distance(const int32_t* a, int64_t la, const int32_t* b, int64_t lb) {
-    if (la == 0) return (int32_t)lb;
-    if (lb == 0) return (int32_t)la;
-    bool a_vertical = ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la;
-    int64_t n = a_vertical ? lb : la;
-    scratch.resize(n + 1);
-    if (a_vertical) last_row(a, la, b, lb, scratch.data());
-    else last_row(b, lb, a, la, scratch.data());
-    return scratch[n];
-  }
-};
-
-}  // namespace ptn_ed
+// (bit_parallel.h)
 #endif  // CUDA
 
 // ------------------------------------------------------------------ EditDistanceOp / OptimalCompletionEditDistanceOp
@@ -421,8 +224,36 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
   ptn_ed::label_range(pa, n_batch, Ta, pla, lo, hi);
   ptn_ed::label_range(pb, n_batch, Tb, plb, lo, hi);
   solver.map.configure(lo, hi);
+  // Pairs whose pattern (the vertical sequence, as Solver::distance / last_row orient it) spans several words go
+  // kLanes at a time through lanes_last_score; the others, and a group of one, through the solver.
+  std::vector<char> done(n_batch, 0);
+  std::vector<int64_t> group;
+  ptn_ed::LanePair lanes[ptn_ed::kLanes];
+  int32_t lane_out[ptn_ed::kLanes];
+  for (int64_t bi = 0; bi <= n_batch; ++bi) {
+    if (bi < n_batch) {
+      const int32_t *sa = pa + bi * Ta, *sb = pb + bi * Tb;
+      const int64_t la = pla[bi], lb = plb[bi];
+      const bool a_vertical = optimal_completion || ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la;
+      ptn_ed::LanePair q = a_vertical ? ptn_ed::LanePair{sa, la, sb, lb} : ptn_ed::LanePair{sb, lb, sa, la};
+      if (q.m <= 64 || q.n == 0 || (int64_t)(q.m + 1) * ((q.m + 63) >> 6) > ptn_ed::Solver::kMaxPeqWords) continue;
+      lanes[group.size()] = q;
+      group.push_back(bi);
+    }
+    if (group.size() == (size_t)ptn_ed::kLanes || (bi == n_batch && group.size() > 1)) {
+      const int n = (int)group.size();
+      if (n > 2) ptn_ed::lanes_last_score<4>(solver, lanes, n, optimal_completion, lane_out);
+      else ptn_ed::lanes_last_score<2>(solver, lanes, n, optimal_completion, lane_out);
+      for (size_t k = 0; k < group.size(); ++k) {
+        out[group[k]] = lane_out[k];
+        done[group[k]] = 1;
+      }
+      group.clear();
+    }
+  }
   std::vector<int32_t> row;
   for (int64_t bi = 0; bi < n_batch; ++bi) {
+    if (done[bi]) continue;
     const int32_t *sa = pa + bi * Ta, *sb = pb + bi * Tb;
     int64_t la = pla[bi], lb = plb[bi];
     if (!optimal_completion) {

@@ -1,5 +1,12 @@
-// The Baum-Welch passes on CUDA: one launch per frame over the whole batch (fsa_baum_welch.h declares the problem; the CPU
-// schedule is fsa_baum_welch_cpu.h).
+// The Baum-Welch passes on CUDA: one launch per frame forward and one backward, each over the whole batch
+// (fsa_baum_welch.h declares the problem; the CPU schedule is fsa_baum_welch_cpu.h).
+//
+// The scaled vectors are normalised lazily: a frame's launch accumulates the unnormalised vector of the next frame
+// (alpha) or of its own (beta) and its per-sequence sums, and the next launch divides by those sums as it reads
+// them (the same divisions as normalising in place, so the same numbers); the log-probability is summed from the
+// per-frame sums at the end.  Each backward launch also writes the outputs of the frame after it (whose posterior
+// mass is complete by then) and prepares the frame before it (clears its row of the three-row beta ring, puts the
+// end weights of the sequences that end there).
 #ifndef PTNATIVE_FSA_FSA_BAUM_WELCH_CUDA_H
 #define PTNATIVE_FSA_FSA_BAUM_WELCH_CUDA_H
 
@@ -8,6 +15,11 @@
 #include "fsa_baum_welch.h"
 
 #if CUDA
+// The emission rows kept at a time, in elements (256 MB of doubles); a macro so that tests can make it small.
+#ifndef FBW_MAX_ROW_ELEMENTS
+#define FBW_MAX_ROW_ELEMENTS ((int64_t)32 * 1024 * 1024)
+#endif
+
 DEF_KERNEL void fbw_set_start(int64_t n_batch, const int32_t* start_states, double* alpha0) {
   GRID_LOOP(b, n_batch) alpha0[start_states[b]] = 1.0;
 }
@@ -85,157 +97,159 @@ DEF_KERNEL void fbw_mark_live(int64_t n_edges, const int32_t* from, const int32_
   }
 }
 
-DEF_KERNEL void fbw_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
-                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* live,
-                              const double* W, const double* P, const double* alpha_t, double* alpha_next, double* c) {
-  GRID_LOOP(e, n_edges) {
-    int32_t s = seq[e];
-    if (t >= seq_len[s] || !live[to[e]]) continue;
-    double a = alpha_t[from[e]];
+// Everything the passes' kernels read and write: the problem (its device pointers) and the passes' own arrays, passed
+// by value to each launch.
+struct FbwDev : FbwProblem {
+  const int32_t *state_seq, *seq_len, *live;
+  const double *wmin, *W;
+  double* end_wmin;                // (B,)
+  double *alpha, *csum;            // (T + 1, S) unnormalised forward vectors, (T + 1, B) their per-sequence sums
+  double *beta, *dsum, *zsum;      // (3, S) ring of unnormalised backward vectors; (T, B) sums, posterior sums
+  double* G;                       // (2, B, D) posterior mass of two frames
+  double *P, *norm, *shift;        // emission rows of frames p0.. (P (rows, B, D), norm (rows, B)); shift (T, B)
+  int64_t p0;
+  double* nll;                     // (B,)
+  const int32_t* redo;             // log space: the sequences redone
+  double* Q;                       // log space: (3, B, D) ring of -log emissions
+};
+
+// Frame t's normalised forward value of state q (of sequence s).
+DEV_FUNC inline double fbw_alpha_at(const FbwDev& d, int64_t t, int32_t q, int32_t s) {
+  double a = d.alpha[t * d.S + q];
+  if (t == 0) return a;
+  double cs = d.csum[t * d.B + s];
+  return cs > 0.0 ? a / cs : 0.0;
+}
+
+// Frame t's normalised backward value of state q (of sequence s); at the sequence's last frame + 1, the end weights.
+DEV_FUNC inline double fbw_beta_at(const FbwDev& d, int64_t t, int32_t q, int32_t s) {
+  double v = d.beta[(t % 3) * d.S + q];
+  if (t >= d.seq_len[s]) return v;
+  double ds = d.dsum[t * d.B + s];
+  return ds > 0.0 ? v / ds : 0.0;
+}
+
+// Forward, frame t: every edge adds alpha_t(from) W P to the next frame's unnormalised value and its sequence's sum.
+DEF_KERNEL void fbw_fwd_step(FbwDev d, int64_t t) {
+  const double* P = d.P + (t - d.p0) * d.B * d.D;
+  GRID_LOOP(e, d.E) {
+    int32_t s = d.seq[e];
+    if (t >= d.seq_len[s] || !d.live[d.to[e]]) continue;
+    double a = fbw_alpha_at(d, t, d.from[e], s);
     if (a == 0.0) continue;
-    double v = a * W[e] * P[s * n_classes + emis[e]];
+    double v = a * d.W[e] * P[s * d.D + d.emis[e]];
     if (v == 0.0) continue;
-    elem_atomic_add(alpha_next + to[e], v);
-    elem_atomic_add(c + s, v);
+    elem_atomic_add(d.alpha + (t + 1) * d.S + d.to[e], v);
+    elem_atomic_add(d.csum + (t + 1) * d.B + s, v);
   }
 }
 
-// One state of frame t: divide by its sequence's normaliser (0 where that is 0).
-DEV_FUNC inline void fbw_normalize_state(int64_t t, int64_t q, const int32_t* state_seq, const int32_t* seq_len,
-                                         const double* c, double* vec) {
-  int32_t s = state_seq[q];
-  if (s < 0 || t >= seq_len[s]) return;
-  double cs = c[s];
-  vec[q] = cs > 0.0 ? vec[q] / cs : 0.0;
-}
-
-// Frame t of the forward pass after its edges, in one launch: normalise the states (q < S) by their sequence's
-// sum c_cur, and per sequence (S + b) add the frame's -log normaliser to nll and clear c_next for frame t + 1.
-DEF_KERNEL void fbw_fwd_finish(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* state_seq,
-                               const int32_t* seq_len, const double* c_cur, double* c_next, double* alpha_next,
-                               const double* shift, const double* wmin, double* nll) {
-  GRID_LOOP(i, n_states + n_batch) {
-    if (i < n_states) {
-      fbw_normalize_state(t, i, state_seq, seq_len, c_cur, alpha_next);
-      continue;
+// After the forward pass: -log p = the frames' -log sums (with their scaling shifts) and -log(sum over end states
+// of alpha * exp(-w_end)); the loss when asked.
+DEF_KERNEL void fbw_fwd_final(FbwDev d, int32_t* nan, FsaCheck* check) {
+  GRID_LOOP(b, d.B) {
+    const int64_t len = d.seq_len[b];
+    double nll = 0.0;
+    for (int64_t t = 0; t < len; ++t) {
+      double cb = d.csum[(t + 1) * d.B + b];
+      if (cb > 0.0 && d.wmin[b] < INFINITY)
+        nll += d.shift[t * d.B + b] + d.wmin[b] - log(cb);
+      else
+        nll = INFINITY;
     }
-    int64_t b = i - n_states;
-    c_next[b] = 0.0;
-    if (t >= seq_len[b]) continue;
-    double cb = c_cur[b];
-    if (cb > 0.0 && wmin[b] < INFINITY)
-      nll[b] += shift[b] + wmin[b] - log(cb);
-    else
-      nll[b] = INFINITY;
-  }
-}
-
-// After the forward pass: add -log(sum over end states of alpha * exp(-w_end)).
-DEF_KERNEL void fbw_fwd_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, int64_t n_end,
-                              const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                              const double* alpha, double* nll, double* end_wmin, int32_t* nan, FsaCheck* check) {
-  GRID_LOOP(b, n_batch) {
-    const double* a = alpha + (int64_t)seq_len[b] * n_states;
     double wm = INFINITY;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double w = fsa_end_weight(end_w, n);
+    FSA_END_LOOP(n, b, d.end_pairs, d.n_end) {
+      double w = fsa_end_weight(d.end_w, n);
       if (w == -INFINITY) fsa_fail(check, FSA_CHECK_END_WEIGHT_MINUS_INF, 0, n, 0, w);
       if (w != w) nan[b] = 1;
       if (w < wm) wm = w;
     }
     double p = 0.0;
     if (wm < INFINITY) {
-      FSA_END_LOOP(n, b, end_pairs, n_end) {
-        double w = fsa_end_weight(end_w, n);
-        if (w < INFINITY) p += a[fsa_end_state(end_pairs, end_simple, n)] * exp(-(w - wm));
+      FSA_END_LOOP(n, b, d.end_pairs, d.n_end) {
+        double w = fsa_end_weight(d.end_w, n);
+        if (w < INFINITY) p += fbw_alpha_at(d, len, fsa_end_state(d.end_pairs, d.end_simple, n), (int32_t)b) *
+                               exp(-(w - wm));
       }
     }
-    end_wmin[b] = wm;
-    if (p > 0.0 && nll[b] < INFINITY)
-      nll[b] += wm - log(p);
-    else
-      nll[b] = INFINITY;
+    d.end_wmin[b] = wm;
+    nll = p > 0.0 && nll < INFINITY ? nll + wm - log(p) : INFINITY;
+    d.nll[b] = nll;
+    if (d.loss) d.loss[b] = (Float)nll;
   }
 }
 
-// Backward, frame t, before its edges: clear beta_cur (q < S); per sequence (S + b) reset the sums, and
-// sequences of length t + 1 start here (their end states get the end weights in beta_next).
-DEF_KERNEL void fbw_bw_start(int64_t t, int64_t n_states, int64_t n_batch, const int32_t* seq_len, int64_t n_end,
-                             const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                             const double* end_wmin, double* beta_cur, double* beta_next, double* dsum,
-                             double* zsum) {
-  GRID_LOOP(i, n_states + n_batch) {
-    if (i < n_states) {
-      beta_cur[i] = 0.0;
-      continue;
-    }
-    int64_t b = i - n_states;
-    dsum[b] = 0.0;
-    zsum[b] = 0.0;
-    if (seq_len[b] != t + 1 || !(end_wmin[b] < INFINITY)) continue;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double w = fsa_end_weight(end_w, n);
-      if (w < INFINITY) beta_next[fsa_end_state(end_pairs, end_simple, n)] += exp(-(w - end_wmin[b]));
-    }
-  }
-}
-
-DEF_KERNEL void fbw_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
-                             const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const double* W,
-                             const double* P, const double* alpha_t, const double* beta_next, double* beta_cur,
-                             double* G, double* dsum, double* zsum) {
-  GRID_LOOP(e, n_edges) {
-    int32_t s = seq[e];
-    if (t >= seq_len[s]) continue;
-    double bn = beta_next[to[e]];
-    if (bn == 0.0) continue;
-    double pb = W[e] * P[s * n_classes + emis[e]] * bn;
-    if (pb == 0.0) continue;
-    elem_atomic_add(beta_cur + from[e], pb);
-    elem_atomic_add(dsum + s, pb);
-    double x = alpha_t[from[e]] * pb;
-    if (x != 0.0) {
-      elem_atomic_add(zsum + s, x);
-      elem_atomic_add(G + s * n_classes + emis[e], x);
-    }
-  }
-}
-
-// Frame t's outputs.  FBW_NEGLOG: out = -log posterior (INF where none), sums = -log p on
-// valid frames of sequences with a path, else 0.  FBW_LOGITS / FBW_LOGPROBS: out = d(-log p)/d
+// Frame u's outputs from its posterior mass (item i = b D + k).  FBW_NEGLOG: out = -log posterior (INF where none),
+// sums = -log p on valid frames of sequences with a path, else 0.  FBW_LOGITS / FBW_LOGPROBS: out = d(-log p)/d
 // logits = softmax - posterior (resp. -posterior), 0 on padded frames.
-// Backward, frame t, after its edges, in one launch: normalise beta_cur (q < S) and write the frame's outputs
-// (S + b * D + d).
-DEF_KERNEL void fbw_bw_finish(int mode, int64_t t, int64_t n_states, int64_t n_batch, int64_t n_classes,
-                              const int32_t* state_seq, const int32_t* seq_len, const double* dsum, double* beta_cur,
-                              const double* nll, const double* zsum, const double* P, const double* norm, double* G,
-                              Float* out, Float* sums) {
-  GRID_LOOP(j, n_states + n_batch * n_classes) {
-    if (j < n_states) {
-      fbw_normalize_state(t, j, state_seq, seq_len, dsum, beta_cur);
-      continue;
-    }
-    int64_t i = j - n_states;
-    int64_t b = i / n_classes;
-    bool valid = t < seq_len[b];
-    bool has_path = valid && nll[b] < INFINITY && zsum[b] > 0.0;
-    double g = has_path ? G[i] / zsum[b] : 0.0;  // G holds the unnormalised posterior mass
-    G[i] = 0.0;
-    Float* o = out + t * n_batch * n_classes + i;
-    if (mode == FBW_NEGLOG) {
-      *o = has_path && g > 0.0 ? (Float)(-log(g)) : (Float)INFINITY;
-      if (sums && i % n_classes == 0) sums[t * n_batch + b] = has_path ? (Float)nll[b] : Float(0);
-    } else if (!valid) {
-      *o = Float(0);
-    } else {
-      double soft = mode == FBW_LOGITS && norm[b] > 0.0 ? P[i] / norm[b] : 0.0;
-      *o = (Float)(soft - (has_path ? g : 0.0));
-    }
+DEV_FUNC inline void fbw_output_item(const FbwDev& d, int64_t u, int64_t i) {
+  const int64_t b = i / d.D;
+  const bool valid = u < d.seq_len[b];
+  const double z = d.zsum[u * d.B + b];
+  const bool has_path = valid && d.nll[b] < INFINITY && z > 0.0;
+  double* Gi = d.G + (u & 1) * d.B * d.D + i;
+  const double g = has_path ? *Gi / z : 0.0;  // G holds the unnormalised posterior mass
+  *Gi = 0.0;
+  Float* o = d.out + u * d.B * d.D + i;
+  if (d.mode == FBW_NEGLOG) {
+    *o = has_path && g > 0.0 ? (Float)(-log(g)) : (Float)INFINITY;
+    if (d.sums && i % d.D == 0) d.sums[u * d.B + b] = has_path ? (Float)d.nll[b] : Float(0);
+  } else if (!valid) {
+    *o = Float(0);
+  } else {
+    const double* P = d.P + (u - d.p0) * d.B * d.D;
+    const double nb = d.norm[(u - d.p0) * d.B + b];
+    const double soft = d.mode == FBW_LOGITS && nb > 0.0 ? P[i] / nb : 0.0;
+    *o = (Float)(soft - (has_path ? g : 0.0));
   }
 }
 
-DEF_KERNEL void fbw_loss_out(int64_t n_batch, const double* nll, Float* loss) {
-  GRID_LOOP(b, n_batch) loss[b] = (Float)nll[b];
+// The item ranges of a backward launch for frame t: frame t's edges, frame t + 1's outputs, frame t - 1's start
+// (its ring row cleared, S items; the end weights of sequences of length t, B items).
+struct FbwBwItems {
+  int64_t n_edges, n_out, n_prep;
+  DEV_FUNC FbwBwItems(int64_t t, int64_t T, int64_t E, int64_t BD, int64_t SB)
+      : n_edges(t >= 0 && t < T ? E : 0), n_out(t + 1 < T ? BD : 0), n_prep(t >= 1 ? SB : 0) {}
+};
+
+// Backward, frame t (t = T .. -1; see FbwBwItems).
+DEF_KERNEL void fbw_bw_step(FbwDev d, int64_t t) {
+  const int64_t BD = d.B * d.D;
+  const FbwBwItems n(t, d.T, d.E, BD, d.S + d.B);
+  const double* P = d.P + (t - d.p0) * BD;
+  GRID_LOOP(j, n.n_edges + n.n_out + n.n_prep) {
+    if (j < n.n_edges) {
+      const int64_t e = j;
+      int32_t s = d.seq[e];
+      if (t >= d.seq_len[s]) continue;
+      double bn = fbw_beta_at(d, t + 1, d.to[e], s);
+      if (bn == 0.0) continue;
+      double pb = d.W[e] * P[s * d.D + d.emis[e]] * bn;
+      if (pb == 0.0) continue;
+      elem_atomic_add(d.beta + (t % 3) * d.S + d.from[e], pb);
+      elem_atomic_add(d.dsum + t * d.B + s, pb);
+      double x = fbw_alpha_at(d, t, d.from[e], s) * pb;
+      if (x != 0.0) {
+        elem_atomic_add(d.zsum + t * d.B + s, x);
+        elem_atomic_add(d.G + (t & 1) * BD + s * d.D + d.emis[e], x);
+      }
+    } else if (j < n.n_edges + n.n_out) {
+      fbw_output_item(d, t + 1, j - n.n_edges);
+    } else {
+      const int64_t i = j - n.n_edges - n.n_out;
+      if (i < d.S) {
+        d.beta[((t - 1) % 3) * d.S + i] = 0.0;
+        continue;
+      }
+      const int64_t b = i - d.S;
+      if (d.seq_len[b] != t || !(d.end_wmin[b] < INFINITY)) continue;
+      FSA_END_LOOP(k, b, d.end_pairs, d.n_end) {
+        double w = fsa_end_weight(d.end_w, k);
+        if (w < INFINITY) d.beta[(t % 3) * d.S + fsa_end_state(d.end_pairs, d.end_simple, k)] +=
+            exp(-(w - d.end_wmin[b]));
+      }
+    }
+  }
 }
 
 // ---- log-space fallback, for sequences whose scaled pass found no path (no path at all,
@@ -247,96 +261,98 @@ DEF_KERNEL void fbl_mark(int64_t n_batch, const double* nll, const int32_t* nan,
   }
 }
 
-// Q[b, d] = -log emission probability of frame t.
-DEF_KERNEL void fbl_emissions(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const Float* am,
-                              const int32_t* seq_len, const int32_t* redo, double* Q) {
-  GRID_LOOP(b, n_batch) {
-    if (!redo[b] || t >= seq_len[b]) continue;
-    fbl_emission_row(mode, n_classes, am + (t * n_batch + b) * n_classes, Q + b * n_classes);
-  }
+// Frame u's -log emissions Q of sequence b (redone, u valid) into its row of the Q ring.
+DEV_FUNC inline void fbl_emission_item(const FbwDev& d, int64_t u, int64_t b) {
+  if (!d.redo[b] || u >= d.seq_len[b]) return;
+  fbl_emission_row(d.mode, d.D, d.am + (u * d.B + b) * d.D, d.Q + (u % 3) * d.B * d.D + b * d.D);
 }
 
-DEF_KERNEL void fbl_fwd_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
-                              const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
-                              const Float* w, const double* Q, const double* la_t, double* la_next) {
-  GRID_LOOP(e, n_edges) {
-    int32_t s = seq[e];
-    if (!redo[s] || t >= seq_len[s]) continue;
-    double a = la_t[from[e]];
+// Log-space forward, frame t (t = -1 .. T - 1): frame t's edges (la = -log alpha), and frame t + 1's emissions.
+// Launched with t = -1 it also puts the start states.
+DEF_KERNEL void fbl_fwd_step(FbwDev d, int64_t t) {
+  const int64_t n_edges = t >= 0 ? d.E : 0, n_rows = t + 1 < d.T || t < 0 ? d.B : 0;
+  double* la = d.alpha;
+  GRID_LOOP(j, n_edges + n_rows) {
+    if (j >= n_edges) {
+      const int64_t b = j - n_edges;
+      fbl_emission_item(d, t + 1, b);
+      if (t < 0 && d.redo[b]) la[d.start[b]] = 0.0;
+      continue;
+    }
+    const int64_t e = j;
+    int32_t s = d.seq[e];
+    if (!d.redo[s] || t >= d.seq_len[s]) continue;
+    double a = la[t * d.S + d.from[e]];
     if (a == INFINITY) continue;
-    double v = a + (double)w[e] + Q[s * n_classes + emis[e]];
-    if (v < INFINITY) fsa_atomic_neglog_add(la_next + to[e], v);
+    double v = a + (double)d.w[e] + d.Q[(t % 3) * d.B * d.D + s * d.D + d.emis[e]];
+    if (v < INFINITY) fsa_atomic_neglog_add(la + (t + 1) * d.S + d.to[e], v);
   }
 }
 
-DEF_KERNEL void fbl_start(int64_t n_batch, const int32_t* start, const int32_t* redo, double* la0) {
-  GRID_LOOP(b, n_batch) if (redo[b]) la0[start[b]] = 0.0;
-}
-
-DEF_KERNEL void fbl_final(int64_t n_batch, int64_t n_states, const int32_t* seq_len, const int32_t* redo,
-                          int64_t n_end, const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                          const double* la, double* nll) {
-  GRID_LOOP(b, n_batch) {
-    if (!redo[b]) continue;
-    const double* a = la + (int64_t)seq_len[b] * n_states;
+DEF_KERNEL void fbl_final(FbwDev d) {
+  GRID_LOOP(b, d.B) {
+    if (!d.redo[b]) continue;
+    const double* a = d.alpha + (int64_t)d.seq_len[b] * d.S;
     double acc = INFINITY;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double v = a[fsa_end_state(end_pairs, end_simple, n)] + fsa_end_weight(end_w, n);
+    FSA_END_LOOP(n, b, d.end_pairs, d.n_end) {
+      double v = a[fsa_end_state(d.end_pairs, d.end_simple, n)] + fsa_end_weight(d.end_w, n);
       if (v < INFINITY) acc = fsa_neglog_add(acc, v);
     }
-    nll[b] = acc;
+    d.nll[b] = acc;
+    if (d.loss) d.loss[b] = (Float)acc;
   }
 }
 
-DEF_KERNEL void fbl_bw_init(int64_t t, int64_t n_batch, const int32_t* seq_len, const int32_t* redo, int64_t n_end,
-                            const int32_t* end_pairs, const int32_t* end_simple, const Float* end_w,
-                            double* lb_next) {
-  GRID_LOOP(b, n_batch) {
-    if (!redo[b] || seq_len[b] != t + 1) continue;
-    FSA_END_LOOP(n, b, end_pairs, n_end) {
-      double w = fsa_end_weight(end_w, n);
-      if (w < INFINITY) {
-        int32_t q = fsa_end_state(end_pairs, end_simple, n);
-        lb_next[q] = fsa_neglog_add(lb_next[q], w);
+// Log-space backward, frame t (t = T .. -1; the items of FbwBwItems): frame t's edges (lb = -log beta, in a ring
+// of three rows), frame t + 1's outputs, frame t - 1's start (its ring row cleared; per redone sequence its
+// emissions into the Q ring and, for sequences of length t, the end weights).
+DEF_KERNEL void fbl_bw_step(FbwDev d, int64_t t) {
+  const int64_t BD = d.B * d.D;
+  const FbwBwItems n(t, d.T, d.E, BD, d.S + d.B);
+  double* lb = d.beta;
+  GRID_LOOP(j, n.n_edges + n.n_out + n.n_prep) {
+    if (j < n.n_edges) {
+      const int64_t e = j;
+      int32_t s = d.seq[e];
+      if (!d.redo[s] || t >= d.seq_len[s] || !(d.nll[s] < INFINITY)) continue;
+      double bn = lb[((t + 1) % 3) * d.S + d.to[e]];
+      if (bn == INFINITY) continue;
+      double pb = (double)d.w[e] + d.Q[(t % 3) * BD + s * d.D + d.emis[e]] + bn;
+      if (!(pb < INFINITY)) continue;
+      fsa_atomic_neglog_add(lb + (t % 3) * d.S + d.from[e], pb);
+      double a = d.alpha[t * d.S + d.from[e]];
+      if (a < INFINITY) fsa_atomic_neglog_add(d.G + (t & 1) * BD + s * d.D + d.emis[e], a + pb - d.nll[s]);
+    } else if (j < n.n_edges + n.n_out) {
+      const int64_t u = t + 1, i = j - n.n_edges, b = i / d.D;
+      if (!d.redo[b]) continue;
+      const bool valid = u < d.seq_len[b], has_path = valid && d.nll[b] < INFINITY;
+      double* Gi = d.G + (u & 1) * BD + i;
+      const double g = *Gi;
+      *Gi = INFINITY;
+      Float* o = d.out + u * BD + i;
+      if (d.mode == FBW_NEGLOG) {
+        *o = has_path ? (Float)g : (Float)INFINITY;
+        if (d.sums && i % d.D == 0) d.sums[u * d.B + b] = has_path ? (Float)d.nll[b] : Float(0);
+      } else if (valid) {
+        double soft = d.mode == FBW_LOGITS ? exp(-d.Q[(u % 3) * BD + i]) : 0.0;
+        *o = (Float)(soft - (has_path ? exp(-g) : 0.0));
       }
-    }
-  }
-}
-
-DEF_KERNEL void fbl_bw_edges(int64_t t, int64_t n_edges, int64_t n_classes, const int32_t* from, const int32_t* to,
-                             const int32_t* emis, const int32_t* seq, const int32_t* seq_len, const int32_t* redo,
-                             const Float* w, const double* Q, const double* nll, const double* la_t,
-                             const double* lb_next, double* lb_cur, double* G) {
-  GRID_LOOP(e, n_edges) {
-    int32_t s = seq[e];
-    if (!redo[s] || t >= seq_len[s] || !(nll[s] < INFINITY)) continue;
-    double bn = lb_next[to[e]];
-    if (bn == INFINITY) continue;
-    double pb = (double)w[e] + Q[s * n_classes + emis[e]] + bn;
-    if (!(pb < INFINITY)) continue;
-    fsa_atomic_neglog_add(lb_cur + from[e], pb);
-    double a = la_t[from[e]];
-    if (a < INFINITY) fsa_atomic_neglog_add(G + s * n_classes + emis[e], a + pb - nll[s]);
-  }
-}
-
-DEF_KERNEL void fbl_bw_out(int mode, int64_t t, int64_t n_batch, int64_t n_classes, const int32_t* seq_len,
-                           const int32_t* redo, const double* nll, const double* Q, double* G, Float* out,
-                           Float* sums) {
-  GRID_LOOP(i, n_batch * n_classes) {
-    int64_t b = i / n_classes;
-    if (!redo[b]) continue;
-    bool valid = t < seq_len[b];
-    bool has_path = valid && nll[b] < INFINITY;
-    double g = G[i];
-    G[i] = INFINITY;
-    Float* o = out + t * n_batch * n_classes + i;
-    if (mode == FBW_NEGLOG) {
-      *o = has_path ? (Float)g : (Float)INFINITY;
-      if (sums && i % n_classes == 0) sums[t * n_batch + b] = has_path ? (Float)nll[b] : Float(0);
-    } else if (valid) {
-      double soft = mode == FBW_LOGITS ? exp(-Q[i]) : 0.0;
-      *o = (Float)(soft - (has_path ? exp(-g) : 0.0));
+    } else {
+      const int64_t i = j - n.n_edges - n.n_out;
+      if (i < d.S) {
+        lb[((t - 1) % 3) * d.S + i] = INFINITY;
+        continue;
+      }
+      const int64_t b = i - d.S;
+      fbl_emission_item(d, t - 1, b);
+      if (!d.redo[b] || d.seq_len[b] != t) continue;
+      FSA_END_LOOP(k, b, d.end_pairs, d.n_end) {
+        double w = fsa_end_weight(d.end_w, k);
+        if (w < INFINITY) {
+          double* q = lb + (t % 3) * d.S + fsa_end_state(d.end_pairs, d.end_simple, k);
+          *q = fsa_neglog_add(*q, w);
+        }
+      }
     }
   }
 }
@@ -357,74 +373,72 @@ DEF_KERNEL void fbw_nan_out(int64_t n_time, int64_t n_batch, int64_t n_classes, 
   }
 }
 
-// The passes over a checked problem (c: what fbw_run's checks computed).
+// The passes over a checked problem (ck: what fbw_run's checks computed).
 static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChecked& ck) {
   const int64_t T = p.T, B = p.B, D = p.D, E = p.E, S = p.S;
-  const int32_t *state_seq = ck.state_seq, *seq_len = ck.seq_len;
   int32_t* nan = ck.nan;
   FsaCheck* check = ck.check;
-  const double *wmin = ck.wmin, *W = ck.W;
-  double* alpha = scratch.get<double>((T + 1) * S);
-  double* beta = scratch.get<double>(2 * S);
-  // Emission factors of every frame are computed up front and kept for the backward pass when they fit in
-  // 256 MB; else frame by frame, twice.
-  const bool keep_P = T * B * D <= (int64_t)32 * 1024 * 1024;
-  double* P_all = scratch.get<double>(keep_P ? T * B * D : B * D);
-  double* norm_all = scratch.get<double>(keep_P ? T * B : B);
-  double* shift_all = scratch.get<double>(keep_P ? T * B : B);
-  double* P = P_all;
-  double* G = scratch.get<double>(B * D);
-  double* c = scratch.get<double>(2 * B);  // frame t's per-sequence sums at c + (t & 1) * B
-  double* nll = scratch.get<double>(B);
-  double* end_wmin = scratch.get<double>(B);
-  double* dsum = scratch.get<double>(B);
-  double* zsum = scratch.get<double>(B);
-
-  Ndarray_memset(alpha, 0, (T + 1) * S * sizeof(double));
-  Ndarray_memset(c, 0, 2 * B * sizeof(double));
-  Ndarray_memset(nll, 0, B * sizeof(double));
-  Ndarray_memset(G, 0, B * D * sizeof(double));
-  start_dev_kernel(fbw_set_start, (B, p.start, alpha));
+  FbwDev d;
+  memset(&d, 0, sizeof(d));
+  static_cast<FbwProblem&>(d) = p;
+  d.state_seq = ck.state_seq;
+  d.seq_len = ck.seq_len;
+  d.wmin = ck.wmin;
+  d.W = ck.W;
+  // Emission rows of up to `rows` frames at a time (256 MB at most; at least three frames for the log-space
+  // pass's ring): every frame up front when they fit (kept for the backward pass), else chunk by chunk.
+  const int64_t max_rows = FBW_MAX_ROW_ELEMENTS / std::max<int64_t>(B * D, 1);
+  const int64_t rows = std::max<int64_t>(2, std::min<int64_t>(T, max_rows));
+  const bool keep_P = rows >= T;
+  d.alpha = scratch.get<double>((T + 1) * S);
+  d.csum = scratch.get<double>((T + 1) * B);
+  d.beta = scratch.get<double>(3 * S);
+  d.dsum = scratch.get<double>(T * B);
+  d.zsum = scratch.get<double>(T * B);
+  d.G = scratch.get<double>(2 * B * D);
+  d.P = scratch.get<double>(std::max<int64_t>(rows, 3) * B * D);
+  d.norm = scratch.get<double>(rows * B);
+  d.shift = scratch.get<double>(T * B);
+  d.nll = scratch.get<double>(B);
+  d.end_wmin = scratch.get<double>(B);
   int32_t* live = scratch.get<int32_t>(S);
+  d.live = live;
+
+  Ndarray_memset(d.alpha, 0, (T + 1) * S * sizeof(double));
+  Ndarray_memset(d.csum, 0, (T + 1) * B * sizeof(double));
+  Ndarray_memset(d.dsum, 0, T * B * sizeof(double));
+  Ndarray_memset(d.zsum, 0, T * B * sizeof(double));
+  Ndarray_memset(d.beta, 0, 3 * S * sizeof(double));
+  Ndarray_memset(d.G, 0, 2 * B * D * sizeof(double));
   Ndarray_memset(live, 0, S * sizeof(int32_t));
+  start_dev_kernel(fbw_set_start, (B, p.start, d.alpha));
   start_dev_kernel(fbw_mark_live, (E, p.from, p.to, p.n_end, p.end_pairs, p.end_simple, live));
+  // Frames [t0, t0 + n) into the emission rows (their shifts into shift, for every frame).
+  auto emission_rows = [&](int64_t t0, int64_t n) {
+    d.p0 = t0;
+    fbw_emission_rows(p.mode, t0, n, B, D, p.am, d.seq_len, d.P, d.shift + t0 * B, d.norm, nan, check);
+  };
   if (keep_P) {
-    fbw_emission_rows(p.mode, 0, T, B, D, p.am, seq_len, P_all, shift_all, norm_all, nan, check);
+    emission_rows(0, T);
     fsa_raise_check(check, p.terms);
   }
 
-  // forward
+  // forward: one launch per frame
   for (int64_t t = 0; t < T; ++t) {
-    double* a_t = alpha + t * S;
-    double* a_next = a_t + S;
-    P = keep_P ? P_all + t * B * D : P_all;
-    double* shift = keep_P ? shift_all + t * B : shift_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift, norm_all, nan, check);
-    double* c_cur = c + (t & 1) * B;
-    double* c_next = c + ((t + 1) & 1) * B;
-    start_dev_kernel(fbw_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, live, W, P, a_t, a_next,
-                                     c_cur));
-    start_dev_kernel(fbw_fwd_finish, (t, S, B, state_seq, seq_len, c_cur, c_next, a_next, shift, wmin, nll));
+    if (!keep_P && (t < d.p0 || t >= d.p0 + rows || t == 0)) emission_rows(t, std::min(rows, T - t));
+    start_dev_kernel(fbw_fwd_step, (d, t));
   }
-  start_dev_kernel(fbw_fwd_final, (B, S, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, alpha, nll, end_wmin,
-                                   nan, check));
+  start_dev_kernel(fbw_fwd_final, (d, nan, check));
   fsa_raise_check(check, p.terms);
-  if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
 
-  // backward
-  Ndarray_memset(beta, 0, 2 * S * sizeof(double));
-  for (int64_t t = T - 1; t >= 0; --t) {
-    double* b_next = beta + ((t + 1) & 1) * S;
-    double* b_cur = beta + (t & 1) * S;
-    start_dev_kernel(fbw_bw_start, (t, S, B, seq_len, p.n_end, p.end_pairs, p.end_simple, p.end_w, end_wmin, b_cur,
-                                    b_next, dsum, zsum));
-    P = keep_P ? P_all + t * B * D : P_all;
-    double* norm = keep_P ? norm_all + t * B : norm_all;
-    if (!keep_P) fbw_emission_rows(p.mode, t, 1, B, D, p.am, seq_len, P, shift_all, norm, nan, check);
-    start_dev_kernel(fbw_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, W, P, alpha + t * S, b_next, b_cur,
-                                    G, dsum, zsum));
-    start_dev_kernel(fbw_bw_finish, (p.mode, t, S, B, D, state_seq, seq_len, dsum, b_cur, nll, zsum, P, norm, G,
-                                     p.out, p.sums));
+  // backward: one launch per frame, t = T (the start of frame T - 1) .. -1 (the outputs of frame 0)
+  for (int64_t t = T; t >= -1; --t) {
+    const int64_t hi = std::min(t + 1, T - 1);  // the frames this launch reads: t and t + 1
+    if (!keep_P && t < T && (std::max<int64_t>(t, 0) < d.p0 || hi >= d.p0 + rows)) {
+      const int64_t t0 = std::max<int64_t>(0, hi - rows + 1);
+      emission_rows(t0, hi - t0 + 1);
+    }
+    start_dev_kernel(fbw_bw_step, (d, t));
   }
   HANDLE_LAST_ERROR();
 
@@ -432,40 +446,23 @@ static void fbw_passes(const FbwProblem& p, ptn::Scratch& scratch, const FbwChec
   int32_t* redo = scratch.get<int32_t>(B);
   int32_t* n_redo_dev = scratch.get<int32_t>(1);
   Ndarray_memset(n_redo_dev, 0, sizeof(int32_t));
-  start_dev_kernel(fbl_mark, (B, nll, nan, redo, n_redo_dev));
+  start_dev_kernel(fbl_mark, (B, d.nll, nan, redo, n_redo_dev));
   int32_t n_redo = 0;
   Ndarray_copy_to_host(&n_redo, n_redo_dev, sizeof(int32_t));
   if (n_redo > 0) {
-    double* la = alpha;
-    double* lb = beta;
-    P = P_all;
-    start_dev_kernel(fsa_fill, ((T + 1) * S, la, (double)INFINITY));
-    start_dev_kernel(fsa_fill, (2 * S, lb, (double)INFINITY));
-    start_dev_kernel(fsa_fill, (B * D, G, (double)INFINITY));
-    start_dev_kernel(fbl_start, (B, p.start, redo, la));
-    for (int64_t t = 0; t < T; ++t) {
-      start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
-      start_dev_kernel(fbl_fwd_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, la + t * S,
-                                       la + (t + 1) * S));
-    }
-    start_dev_kernel(fbl_final, (B, S, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, la, nll));
+    d.redo = redo;
+    d.Q = d.P;
+    start_dev_kernel(fsa_fill, ((T + 1) * S, d.alpha, (double)INFINITY));
+    start_dev_kernel(fsa_fill, (3 * S, d.beta, (double)INFINITY));
+    start_dev_kernel(fsa_fill, (2 * B * D, d.G, (double)INFINITY));
+    for (int64_t t = -1; t < T; ++t) start_dev_kernel(fbl_fwd_step, (d, t));
+    start_dev_kernel(fbl_final, (d));
     HANDLE_LAST_ERROR();
-    if (p.loss) start_dev_kernel(fbw_loss_out, (B, nll, p.loss));
-    for (int64_t t = T - 1; t >= 0; --t) {
-      double* b_next = lb + ((t + 1) & 1) * S;
-      double* b_cur = lb + (t & 1) * S;
-      start_dev_kernel(fsa_fill, (S, b_cur, (double)INFINITY));
-      start_dev_kernel(fbl_bw_init, (t, B, seq_len, redo, p.n_end, p.end_pairs, p.end_simple, p.end_w, b_next));
-      start_dev_kernel(fbl_emissions, (p.mode, t, B, D, p.am, seq_len, redo, P));
-      start_dev_kernel(fbl_bw_edges, (t, E, D, p.from, p.to, p.emis, p.seq, seq_len, redo, p.w, P, nll, la + t * S,
-                                      b_next, b_cur, G));
-      start_dev_kernel(fbl_bw_out, (p.mode, t, B, D, seq_len, redo, nll, P, G, p.out, p.sums));
-    }
+    for (int64_t t = T; t >= -1; --t) start_dev_kernel(fbl_bw_step, (d, t));
   }
-  start_dev_kernel(fbw_nan_out, (T, B, D, seq_len, nan, p.out, p.sums, p.loss));
+  start_dev_kernel(fbw_nan_out, (T, B, D, d.seq_len, nan, p.out, p.sums, p.loss));
   HANDLE_LAST_ERROR();
 }
-
 #endif
 
 #endif  // PTNATIVE_FSA_FSA_BAUM_WELCH_CUDA_H

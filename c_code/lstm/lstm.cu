@@ -3,6 +3,7 @@
 // twod_lstm.cu, lstm_cell.cu; what they share: lstm_common.h, lstm_packed.h.
 #include "../dialect/kernel.h"
 #include "lstm_common.h"
+#include "lstm_cuda.h"
 #include "lstm_packed.h"
 
 // H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
@@ -114,9 +115,10 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
   if (proj)
     lstm_gemm(Ndarray_DEV_DATA(proj->x), false, Ndarray_DEV_DATA(proj->W_in), false, Ndarray_DEV_DATA(H), T * n_batch,
               g, n_in, 0.0);
+  if (bias && fr.count > 0)
+    start_dev_kernel(lstm_add_bias_frames, (Ndarray_DEV_DATA(H), bias, fr.first, fr.step, fr.count, n_batch, g));
   for (int64_t k = 0; k < fr.count; ++k) {
     int64_t t = fr.at(k);
-    if (bias) start_dev_kernel(lstm_add_bias, (data_ptr(H, t), bias, n_batch, 4 * n_cells));
     lstm_gemm(y_carry, false, Ndarray_DEV_DATA(W), false, data_ptr(H, t), n_batch, 4 * n_cells, n_cells, 1.0);
     start_dev_kernel(lstm2_fw_frame, (data_ptr(H, t), Ndarray_DEV_DATA(i) + t * n_batch, y_carry,
                                       k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0), data_ptr(Y, t),
@@ -197,18 +199,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   Float* db_out = layer ? Ndarray_DEV_DATA(layer->Db) : nullptr;
 #if CUDA
   Float* P = scratch.get<Float>(T * n_batch * ld);  // row-major
-  auto yp_at = [&](int64_t t) { return P + t * n_batch * ld + n_in; };
   for (int64_t t = 0; t < T; ++t)
     if (!visited[t]) Ndarray_memset(P + t * n_batch * ld, 0, n_batch * ld * sizeof(Float));
-  for (int64_t k = 0; k < fr.count; ++k) {
-    int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
-    if (layer) start_dev_kernel(lstm_rows_to, (x + t * n_batch * n_in, mask + t * n_batch, P + t * n_batch * ld,
-                                                n_batch, n_in, ld));
-    if (k == 0)
-      start_dev_kernel(lstm_rows_to, (Ndarray_DEV_DATA(y0), (const Float*)nullptr, yp_at(t), n_batch, n_cells, ld));
-    else
-      start_dev_kernel(lstm2_carry, (data_ptr(Y, tp), yp_at(tp), yp_at(t), mask + tp * n_batch, n_batch, n_cells, ld));
-  }
+  if (fr.count > 0)
+    start_dev_kernel(lstm2_fill_p, (x, mask, Ndarray_DEV_DATA(y0), Ndarray_DEV_DATA(Y), P, fr.first, fr.step,
+                                    fr.count, n_batch, n_in, n_cells));
   for (int64_t k = fr.count - 1; k >= 0; --k) {
     int64_t t = fr.at(k);
     start_dev_kernel(lstm2_bw_frame, (data_ptr(DX, t), mask + t * n_batch, data_ptr(C, t),

@@ -18,7 +18,8 @@
 // run on those in double; pass 2 turns each row into the gradient.  The CPU
 // runs each sequence with plain t-major loops (cache-resident); CUDA uses one
 // block per row for the passes and an anti-diagonal wavefront per sequence
-// for alpha / beta.
+// for alpha / beta, which also writes the alphas / betas / cost outputs: three
+// launches per call, whatever the lattice size.
 #include "../dialect/kernel.h"
 
 #include "../common/fast_math.h"
@@ -182,10 +183,12 @@ DEF_KERNEL void rnnt_prepare_rows_kernel(RnntConf c, Float* G, const int32_t* la
   }
 }
 
-// Alphas (blockIdx.y == 0, also the log-likelihood) or betas (blockIdx.y == 1)
-// of sequence blockIdx.x: a wavefront over the anti-diagonals t + u = n.
+// Alphas (blockIdx.y == 0, also the log-likelihood and the cost) or betas (blockIdx.y == 1) of sequence
+// blockIdx.x: a wavefront over the anti-diagonals t + u = n; then the sequence's cells of the alphas (betas)
+// output (0 on padding).
 DEF_KERNEL void rnnt_lattice_kernel(RnntConf c, const int32_t* act_lens, const int32_t* label_lens, const double* W,
-                                    double* A, double* Bt, double* LL) {
+                                    double* A, double* Bt, double* LL, Float* alphas, Float* betas, Float* costs,
+                                    Float* loglik) {
   const int64_t b = blockIdx.x;
   if (b >= c.B) return;
   const int64_t Tb = act_lens[b], Ub = (int64_t)label_lens[b] + 1, cells = c.T * c.U1;
@@ -201,7 +204,12 @@ DEF_KERNEL void rnnt_lattice_kernel(RnntConf c, const int32_t* act_lens, const i
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0) LL[b] = rnnt_loglik(c, Wb, Ab, Tb, Ub);
+    if (threadIdx.x == 0) {
+      double ll = rnnt_loglik(c, Wb, Ab, Tb, Ub);
+      LL[b] = ll;
+      loglik[b] = (Float)ll;
+      costs[b] = (Float)(-(1.0 + c.lambda) * ll);
+    }
   } else {
     for (int64_t n = n_diag - 1; n >= 0; --n) {
       for (int64_t u = threadIdx.x; u < Ub; u += blockDim.x) {
@@ -210,6 +218,12 @@ DEF_KERNEL void rnnt_lattice_kernel(RnntConf c, const int32_t* act_lens, const i
       }
       __syncthreads();
     }
+  }
+  const double* from = blockIdx.y == 0 ? Ab : Bb;
+  Float* to = (blockIdx.y == 0 ? alphas : betas) + b * cells;
+  for (int64_t i = threadIdx.x; i < cells; i += blockDim.x) {
+    const int64_t t = i / c.U1, u = i % c.U1;
+    to[i] = t < Tb && u < Ub ? (Float)from[i] : (Float)0;
   }
 }
 
@@ -241,24 +255,6 @@ DEF_KERNEL void rnnt_grad_rows_kernel(RnntConf c, Float* G, const int32_t* label
   }
 }
 
-DEF_KERNEL void rnnt_outputs_kernel(RnntConf c, const int32_t* act_lens, const int32_t* label_lens, const double* A,
-                                    const double* Bt, const double* LL, Float* alphas, Float* betas, Float* costs,
-                                    Float* loglik) {
-  const int64_t cells = c.T * c.U1, n = c.B * cells, n_loop = n > c.B ? n : c.B;
-  for (int64_t idx = threadIdx.x + (int64_t)blockIdx.x * blockDim.x; idx < n_loop;
-       idx += (int64_t)gridDim.x * blockDim.x) {
-    if (idx < n) {
-      int64_t u = idx % c.U1, bt = idx / c.U1, t = bt % c.T, b = bt / c.T;
-      bool valid = t < act_lens[b] && u <= label_lens[b];
-      alphas[idx] = valid ? (Float)A[idx] : (Float)0;
-      betas[idx] = valid ? (Float)Bt[idx] : (Float)0;
-    }
-    if (idx < c.B) {
-      loglik[idx] = (Float)LL[idx];
-      costs[idx] = (Float)(-(1.0 + c.lambda) * LL[idx]);
-    }
-  }
-}
 #endif  // CUDA
 
 #if !CUDA
@@ -522,14 +518,12 @@ static void rnnt_multiblank_fw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
                       (c, G, d_labels, d_alen, d_llen, W, LS, Ndarray_DEV_DATA(lognorm)));
   int lattice_threads = (int)std::min<int64_t>(((c.U1 + 31) / 32) * 32, RNNT_MAX_LATTICE_THREADS);
   start_dev_kernel2(rnnt_lattice_kernel, dim3((unsigned)c.B, 2), lattice_threads, 0,
-                    (c, d_alen, d_llen, W, A, Bt, LL));
+                    (c, d_alen, d_llen, W, A, Bt, LL, Ndarray_DEV_DATA(alphas), Ndarray_DEV_DATA(betas),
+                     Ndarray_DEV_DATA(costs), Ndarray_DEV_DATA(loglik)));
   if (n_rows > 0)
     start_dev_kernel2(rnnt_grad_rows_kernel, row_grid, RNNT_ROW_THREADS, 0,
                       (c, G, d_labels, d_alen, d_llen, W, A, Bt,
                        LS, LL));
-  start_dev_kernel(rnnt_outputs_kernel, (c, d_alen, d_llen, A, Bt,
-                                         LL, Ndarray_DEV_DATA(alphas), Ndarray_DEV_DATA(betas),
-                                         Ndarray_DEV_DATA(costs), Ndarray_DEV_DATA(loglik)));
   HANDLE_LAST_ERROR();
 #else
   std::vector<double> W(std::max<int64_t>(cells * c.nw, 1)), A(std::max<int64_t>(cells, 1)),

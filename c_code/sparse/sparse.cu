@@ -8,6 +8,11 @@
 // with `strict`, raise ValueError.
 #include "../dialect/kernel.h"
 
+#if !CUDA && defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 HOST_FUNC DEV_FUNC inline int64_t ptn_sp_index(Float v, int64_t n) {
   if (!(v > Float(-1)) || !(v < Float(n))) return -1;
   return (int64_t)v;
@@ -83,6 +88,31 @@ static void ptn_sp_check_entries(Ndarray** arrs, const char** names, int n_arrs,
   }
 }
 
+#if !CUDA
+// Zeroes a fresh output of this call (n elements at p; the glue's allocation, private anonymous memory) in the way
+// numpy's zeros gets one: from 32 MiB up, where glibc's malloc maps every allocation anew (its largest mmap
+// threshold), the whole pages inside are handed back with MADV_DONTNEED, after which they read as zero and are
+// zeroed by the system where first written, which the system does for fresh pages anyway; the partial pages at
+// both ends are memset.  Returns false where it zeroed nothing (smaller outputs, no madvise, or a failed one):
+// the caller then zeroes as it writes, while the memory is in the cache.
+static bool ptn_sp_zero_fresh_pages(Float* p, int64_t n) {
+#if defined(__linux__) && defined(MADV_DONTNEED)
+  const size_t bytes = (size_t)n * sizeof(Float);
+  if (bytes < ((size_t)32 << 20)) return false;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t begin = ((uintptr_t)p + page - 1) & ~(page - 1), end = ((uintptr_t)p + bytes) & ~(page - 1);
+  if (madvise((void*)begin, end - begin, MADV_DONTNEED) != 0) return false;
+  memset(p, 0, begin - (uintptr_t)p);
+  memset((void*)end, 0, (uintptr_t)p + bytes - end);
+  return true;
+#else
+  (void)p;
+  (void)n;
+  return false;
+#endif
+}
+#endif
+
 // The kernels below are grid-stride loops, the same on both targets (on the CPU start_dev_kernel runs one thread).
 // Out-of-range entries are skipped (or clipped); the strict variants check them on the host first.
 
@@ -108,13 +138,26 @@ DEF_KERNEL void ptn_sbi_fw_kernel(PtnSbiArgs a, const Float* x, Float* y) {
   }
 }
 
-// dx is C-contiguous.
+// dx is C-contiguous and fully written: zeroed (all at once on the GPU; on the CPU by the system when large,
+// ptn_sp_zero_fresh_pages, else row by row, so that each row is in the cache when its entry lands), then D_y at
+// the selected entries.
 DEF_KERNEL void ptn_sbi_bw_kernel(PtnSbiArgs a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
   GRID_LOOP(k, a.T * a.B) {
     const int64_t t = k / a.B, b = k % a.B;
     dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
   }
 }
+
+#if !CUDA
+static void ptn_sbi_bw_cpu(const PtnSbiArgs& a, const Float* dy, int64_t ds0, int64_t ds1, Float* dx) {
+  const bool zeroed = ptn_sp_zero_fresh_pages(dx, a.T * a.B * a.D);
+  for (int64_t k = 0; k < a.T * a.B; ++k) {
+    const int64_t t = k / a.B, b = k % a.B;
+    if (!zeroed) memset(dx + k * a.D, 0, (size_t)a.D * sizeof(Float));
+    dx[k * a.D + ptn_sp_clip(a.idx[t * a.is0 + b * a.is1], a.D)] = dy[t * ds0 + b * ds1];
+  }
+}
+#endif
 
 // inputs: x (T,B,D), idx (T,B); outputs: y (T,B) with y[t,b] = x[t, b, clip(idx[t,b])].
 static void subtensor_batched_index_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
@@ -129,7 +172,8 @@ static void subtensor_batched_index_fw(int n_inputs, Ndarray** inputs, int n_out
   HANDLE_LAST_ERROR();
 }
 
-// inputs: x (shape only), idx (T,B), D_y (T,B); outputs: D_x (T,B,D), zero but at the selected entries.
+// inputs: x (shape only), idx (T,B), D_y (T,B); outputs: D_x (T,B,D) (fully written), zero but at the selected
+// entries.
 static void subtensor_batched_index_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 3);
   assert_cmp(n_outputs, ==, 1);
@@ -138,9 +182,14 @@ static void subtensor_batched_index_bw(int n_inputs, Ndarray** inputs, int n_out
   ptn_sp_check("D_y dim 0", Ndarray_DIMS(dy)[0], a.T);
   ptn_sp_check("D_y dim 1", Ndarray_DIMS(dy)[1], a.B);
   if (a.T * a.B == 0 || a.D == 0) return;
+#if CUDA
+  Ndarray_memset(Ndarray_DEV_DATA(*outputs[0]), 0, a.T * a.B * a.D * sizeof(Float));
   start_dev_kernel(ptn_sbi_bw_kernel, (a, Ndarray_DEV_DATA(dy), Ndarray_STRIDE(dy, 0), Ndarray_STRIDE(dy, 1),
                                        Ndarray_DEV_DATA(*outputs[0])));
   HANDLE_LAST_ERROR();
+#else
+  ptn_sbi_bw_cpu(a, Ndarray_DEV_DATA(dy), Ndarray_STRIDE(dy, 0), Ndarray_STRIDE(dy, 1), Ndarray_DEV_DATA(*outputs[0]));
+#endif
 }
 
 // ---------------------------------------------------------------- COO entries
@@ -182,26 +231,30 @@ DEF_KERNEL void ptn_s2d_bw_kernel(PtnSpEntries e, const Float* dW, Float* dw) {
   }
 }
 
+// The entries s0, s1, weight, mask (inputs 1 to 4 of both ops) into W, checked (strict: every entry that counts
+// in range).
+static PtnSpEntries ptn_s2d_entries(Ndarray** inputs, Ndarray* W, bool strict) {
+  const char* names[4] = {"s0", "s1", "weight", "mask"};
+  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
+                                        Ndarray_DIMS(W)[2]);
+  if (strict && e.N * e.B > 0)
+    ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
+  return e;
+}
+
 // inputs: _initial_W (T,B,D) [= W], s0, s1, weight, mask (N,B); outputs: W with W[s0, b, s1] += weight.
 static void sparse_to_dense_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs, bool strict) {
   assert_cmp(n_inputs, ==, 5);
   assert_cmp(n_outputs, ==, 1);
   Ndarray* W = *outputs[0];
-  const char* names[4] = {"s0", "s1", "weight", "mask"};
-  const PtnSpEntries e = ptn_sp_entries(inputs + 1, names, 4, 0, 1, 3, Ndarray_DIMS(W)[0], Ndarray_DIMS(W)[1],
-                                        Ndarray_DIMS(W)[2]);
+  const PtnSpEntries e = ptn_s2d_entries(inputs, W, strict);
   if (e.N * e.B == 0) return;
-  if (strict) ptn_sp_strict_check("SparseToDense", inputs[1], "s0", e.T, inputs[2], "s1", e.D, inputs[4]);
   start_dev_kernel(ptn_s2d_kernel, (e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W)));
   HANDLE_LAST_ERROR();
 }
 
-// inputs: s0, s1, mask (N,B), D_W (T,B,D) [= D__initial_W]; outputs: D__initial_W (= D_W), D_weight (N,B).
-static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
-  assert_cmp(n_inputs, ==, 4);
-  assert_cmp(n_outputs, ==, 2);
-  Ndarray* dW = *outputs[0];
-  Ndarray* dw = *outputs[1];
+// D_weight[i, b] = D_W[s0, b, s1] for the entries that count, else 0: the gradient of both ops.
+static void ptn_s2d_weight_grad(Ndarray** inputs, Ndarray* dW, Ndarray* dw) {
   Ndarray* arrs[4] = {inputs[0], inputs[1], inputs[2], dw};
   const char* names[4] = {"s0", "s1", "mask", "D_weight"};
   const PtnSpEntries e = ptn_sp_entries(arrs, names, 4, 0, 1, 2, Ndarray_DIMS(dW)[0], Ndarray_DIMS(dW)[1],
@@ -209,6 +262,67 @@ static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Nd
   if (e.N * e.B == 0) return;
   start_dev_kernel(ptn_s2d_bw_kernel, (e, Ndarray_DEV_DATA(dW), Ndarray_DEV_DATA(dw)));
   HANDLE_LAST_ERROR();
+}
+
+// inputs: s0, s1, mask (N,B), D_W (T,B,D) [= D__initial_W]; outputs: D__initial_W (= D_W), D_weight (N,B).
+static void sparse_to_dense_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 4);
+  assert_cmp(n_outputs, ==, 2);
+  ptn_s2d_weight_grad(inputs, *outputs[0], *outputs[1]);
+}
+
+// ---------------------------------------------------------------- SparseToDenseZeros
+#if !CUDA
+// W (C-contiguous, fully written here) = zeros + the entries, one block of W at a time: the block is zeroed (its
+// pages faulted in; a large W is zeroed by the system, ptn_sp_zero_fresh_pages) and then receives its entries while
+// it is in the cache.  The entries are bucketed by block
+// with a stable counting sort, so that the entries of one slot are added in the order of k, as ptn_s2d_kernel
+// adds them (the same sums, bit for bit).
+static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
+  const int64_t n = e.T * e.B * e.D, n_entries = e.N * e.B;
+  const int64_t block = ((int64_t)1 << 18) / (int64_t)sizeof(Float);  // 256 KiB of W
+  const int64_t n_blocks = (n + block - 1) / block;
+  std::vector<int64_t> slot(n_entries), start(n_blocks + 1, 0);
+  for (int64_t k = 0; k < n_entries; ++k) {
+    slot[k] = e.slot(k);
+    if (slot[k] >= 0) ++start[slot[k] / block + 1];
+  }
+  for (int64_t q = 0; q < n_blocks; ++q) start[q + 1] += start[q];
+  std::vector<int64_t> order(start[n_blocks] > 0 ? start[n_blocks] : 1), next(start.begin(), start.end() - 1);
+  for (int64_t k = 0; k < n_entries; ++k)
+    if (slot[k] >= 0) order[next[slot[k] / block]++] = k;
+  const bool zeroed = ptn_sp_zero_fresh_pages(W, n);
+  for (int64_t q = 0; q < n_blocks; ++q) {
+    const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
+    if (!zeroed) memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
+    for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
+  }
+}
+#endif
+
+// inputs: _shape_of_W (T,0,D) (its shape only), s0, s1, weight, mask (N,B); outputs: W (T,B,D), fully written:
+// zeros, then W[s0, b, s1] += weight.
+static void sparse_to_dense_zeros_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs,
+                                     bool strict) {
+  assert_cmp(n_inputs, ==, 5);
+  assert_cmp(n_outputs, ==, 1);
+  Ndarray* W = *outputs[0];
+  const PtnSpEntries e = ptn_s2d_entries(inputs, W, strict);
+  if (e.T * e.B * e.D == 0) return;
+#if CUDA
+  Ndarray_memset(Ndarray_DEV_DATA(W), 0, e.T * e.B * e.D * sizeof(Float));
+  if (e.N * e.B > 0) start_dev_kernel(ptn_s2d_kernel, (e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W)));
+  HANDLE_LAST_ERROR();
+#else
+  ptn_s2d_zeros_cpu(e, Ndarray_DEV_DATA(inputs[3]), Ndarray_DEV_DATA(W));
+#endif
+}
+
+// inputs: s0, s1, mask (N,B), D_W (T,B,D); outputs: D_weight (N,B).
+static void sparse_to_dense_zeros_bw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 4);
+  assert_cmp(n_outputs, ==, 1);
+  ptn_s2d_weight_grad(inputs, inputs[3], *outputs[0]);
 }
 
 // ---------------------------------------------------------------- MaxAndArgmaxSparse

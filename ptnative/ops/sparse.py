@@ -23,7 +23,7 @@ from ..source import kernel_unit
 from ._args import dims_of, float_tensor, input_entry, int_size, output_entry, real_tensor, tensor
 
 __all__ = [
-    "SubtensorBatchedIndex", "SparseToDense", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
+    "SubtensorBatchedIndex", "SparseToDense", "SparseToDenseZeros", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
     "subtensor_batched_index", "sparse_to_dense", "max_and_argmax_sparse",
     "crossentropy_softmax_and_gradient_z_sparse", "onehot_to_sparse",
 ]
@@ -71,7 +71,7 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """
 
     in_info = (
-        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1),
+        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1, bw_out_var={"fully_written": True}),
         input_entry("idx", 2, contiguous=False, batch_axis=1),
     )
     out_info = (output_entry("y", dims_of(0, 2), contiguous=False, batch_axis=1),)
@@ -79,6 +79,16 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     @classmethod
     def grad_input_map(cls, x, idx, y, DY):
         return x, idx, DY
+
+
+#: The COO entries of SparseToDense and SparseToDenseZeros (their inputs 1 to 4; the gradient op gets s0, s1, mask
+#: and D_W, so D_weight is shaped like its input 0).
+_S2D_ENTRIES = (
+    _coo("s0"),
+    _coo("s1"),
+    input_entry("weight", 2, differentiable=True, batch_axis=1, bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
+    _coo("mask"),
+)
 
 
 class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
@@ -95,11 +105,7 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
     in_info = (
         input_entry("_initial_W", 3, differentiable=True, batch_axis=1, want_inplace=0,
                     bw_out_var={"shape": dims_of(3, 3), "batch_axis": 1}),
-        _coo("s0"),
-        _coo("s1"),
-        input_entry("weight", 2, differentiable=True, batch_axis=1,
-                    bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
-        _coo("mask"),
+        *_S2D_ENTRIES,
     )
     out_info = (
         output_entry("W", dims_of(0, 3), contiguous=False, batch_axis=1,
@@ -108,6 +114,28 @@ class SparseToDense(_SparseOpGen, kernel="sparse_to_dense"):
 
     @classmethod
     def grad_input_map(cls, _initial_W, s0, s1, weight, mask, W, DW):
+        return s0, s1, mask, DW
+
+
+class SparseToDenseZeros(_SparseOpGen, kernel="sparse_to_dense_zeros"):
+    """:class:`SparseToDense` starting from zeros (what :func:`sparse_to_dense` uses): ``W`` is a fresh output
+    that the kernel writes whole, zeroing it block by block just before adding that block's entries (no
+    ``(T, B, D)`` input to allocate and fill, and each block is in the cache when its entries arrive; from 32 MiB
+    up the system zeroes it, see docs/sparse.md).
+
+    Inputs: ``_shape_of_W`` (T, 0, D), of which only the shape is read (its dims 0 and 2 size ``W``), then
+    ``s0``, ``s1``, ``weight``, ``mask`` (N, B) as for :class:`SparseToDense`.  Output ``W`` (T, B, D).
+    Gradient: ``D_weight`` as for :class:`SparseToDense`; the other inputs have none.
+    """
+
+    in_info = (input_entry("_shape_of_W", 3, contiguous=False), *_S2D_ENTRIES)
+    out_info = (
+        output_entry("W", ((0, 0), (1, 1), (0, 2)), batch_axis=1, fully_written=True,
+                     bw_grad_var={"need_contiguous": True}),
+    )
+
+    @classmethod
+    def grad_input_map(cls, _shape_of_W, s0, s1, weight, mask, W, DW):
         return s0, s1, mask, DW
 
 
@@ -261,8 +289,8 @@ def sparse_to_dense(s0, s1, weight, mask, n_time, n_dim, strict=False):
     dtype = _float_dtype(weight)
     s0, s1, weight, mask = _entries(fn, dtype, s0=s0, s1=s1, weight=weight, mask=mask)
     n_time, n_dim = int_size(fn, "n_time", n_time, 0), int_size(fn, "n_dim", n_dim, 0)
-    W0 = pt.zeros((n_time, s0.shape[1], n_dim), dtype=dtype)
-    return _op(SparseToDense, strict)(W0, s0, s1, weight, mask)
+    shape_of_W = pt.zeros((n_time, 0, n_dim), dtype=dtype)  # no elements: W is a fresh output (SparseToDenseZeros)
+    return _op(SparseToDenseZeros, strict)(shape_of_W, s0, s1, weight, mask)
 
 
 def max_and_argmax_sparse(s0, s1, weight, mask, out_max, out_arg, strict=False):

@@ -1,6 +1,7 @@
-"""GPU tests: JAX must not grab most of the device memory (the host-array tests allocate there too), and the
-catalogue's CPU and CUDA kernels are built once, in parallel, before the first test (a no-op when
-``python -m ptnative build`` already filled the cache)."""
+"""GPU tests: JAX must not grab most of the device memory (the host-array tests allocate there too), float32
+products are strict (``PTNATIVE_ALLOW_TF32=0``: the tests compare with the CPU), and the catalogue's CPU and CUDA
+kernels are built once, in parallel, before the first test (a no-op when ``python -m ptnative build`` already
+filled the cache)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -8,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("PTNATIVE_ALLOW_TF32", "0")
 
 from ptnative.device import cuda_device_count  # noqa: E402
 
