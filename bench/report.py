@@ -57,7 +57,8 @@ class Benchmark(NamedTuple):
 
 KNOWN = {b.name: b for b in [
     Benchmark("ctc", ("--quick",)),
-    Benchmark("lstm", ("--reps", "5", "--no-memory")),
+    Benchmark("lstm", ("--reps", "5", "--no-memory", "--table-B", "1,16,64", "--table-n", "256,1024")),
+    Benchmark("train_ctc", ("--reps", "6"), requires=("torch",)),
     Benchmark("hmm", ("--reps", "9")),
     Benchmark("hmm_pymc", ("--steps", "500", "--reps", "60", "--no-sample"), requires=("pymc",)),
     Benchmark("rnnt", ("--reps", "3", "--no-reference")),
