@@ -7,17 +7,17 @@
 
 #include "../dialect/kernel.h"
 
+#include "../common/simd.h"
+
 #if !CUDA
 // ---------------------------------------------------------------- CPU recurrent GEMM
 // The per-frame products y_prev . W (B x n x 4n) are too small for BLAS to thread well, and BLAS packs W again
 // on every call.  On the CPU we pack W once per op call into column panels and multiply with a register-tiled
 // kernel (gcc vector extensions, contracted to FMA), and split the batch rows over threads: rows are
 // independent through the whole recurrence, so the threads never wait for each other.
-#ifdef __AVX512F__
-typedef Float lstm_vec __attribute__((vector_size(64)));  // the width of the CPU's FMA units (and of its BLAS)
-#else
-typedef Float lstm_vec __attribute__((vector_size(32)));
-#endif
+// 64 bytes with AVX-512 (the width of the CPU's FMA units and of its BLAS), else 32: two registers of SSE or NEON,
+// which ptn_vec keeps in registers under g++ too (c_code/common/simd.h).
+typedef ptn_vec<Float, (PTN_VECTOR_BYTES >= 64 ? 64 : 32) / sizeof(Float)> lstm_vec;
 constexpr int LSTM_VL = (int)(sizeof(lstm_vec) / sizeof(Float));  // lanes per vector
 constexpr int LSTM_NR = 2 * LSTM_VL;                              // columns per panel
 #ifdef __AVX512F__
