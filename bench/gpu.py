@@ -244,11 +244,11 @@ def native_ops(outputs):
 def device_work(graph, run):
     """With ``PTNATIVE_COUNT_DEVICE_WORK=1`` (scripts/gpu_check.sh sets it) on a GPU: prints what one call of ``run``
     did on the device, summed over the libraries of the native ops of ``graph = (inputs, outputs)``
-    (``ptnative.device.device_counts``): launches, allocations, bytes copied in and out."""
+    (``ptnative.build.device_counts``): launches, allocations, bytes copied in and out."""
     if opts.device != "cuda" or os.environ.get("PTNATIVE_COUNT_DEVICE_WORK") != "1":
         return
     try:
-        from ptnative.device import device_counts
+        from ptnative.build import device_counts
 
         variants = [op.variant(d, device="cuda") for op, d in native_ops(graph[1])]
         for v in variants:

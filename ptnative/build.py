@@ -38,7 +38,7 @@ from .spec import MAX_NDIM
 
 __all__ = ["CompileError", "CacheError", "UntrustedLibraryWarning", "cache_dir", "cache_status", "build",
            "open_library", "open_cached", "load", "loaded", "library_path", "library_name", "resolve",
-           "local_toolchain", "Library"]
+           "local_toolchain", "Library", "device_counts"]
 
 log = logging.getLogger("ptnative.build")
 
@@ -155,7 +155,7 @@ def compile_command(variant: Variant, src: Path, out: Path, toolchain: Toolchain
     for arch in cuda_archs():
         gencode += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
     # PTNATIVE_COUNT_DEVICE_WORK=1: libraries that count their launches, allocations and copies
-    # (ptnative.device.device_counts), under names of their own
+    # (ptnative.build.device_counts), under names of their own
     counting = ["-DPTN_COUNT_DEVICE_WORK=1"] if os.environ.get("PTNATIVE_COUNT_DEVICE_WORK") == "1" else []
     return [nv, *_opt_level(NVCC_FLAGS, variant), *counting, *includes, *gencode, str(src), "-o", str(out)]
 
@@ -474,3 +474,20 @@ def load(variant: Variant) -> Library:
 def loaded(symbol: str) -> Library | None:
     """The library of ``symbol`` if this process has loaded it."""
     return _loaded.get(symbol)
+
+
+def device_counts(variant, reset: bool = False) -> dict[str, int]:
+    """What the calls of CUDA ``variant``'s library (``op.variant(dtype, device="cuda")``; loaded here
+    if it is not yet) did on the device since
+    it was loaded or last reset: ``launches`` (kernels), ``allocs`` (cudaMalloc), ``h2d`` and ``d2h`` (bytes copied
+    host -> device and device -> host).  Counted only in libraries built with ``PTNATIVE_COUNT_DEVICE_WORK=1`` in
+    the environment (they have names of their own; without it every count is 0).  ``reset``: start again from 0.
+    The CUDA emulation of the tests counts the same per call (docs/gpu.md)."""
+    if variant.device != "cuda":
+        raise ValueError(f"device_counts: {variant.symbol} is a {variant.device} variant, not a CUDA one")
+    fn = open_library(variant).ptn_device_counts
+    fn.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]
+    fn.restype = None
+    out = (ctypes.c_longlong * 4)()
+    fn(out, int(reset))
+    return dict(zip(("launches", "allocs", "h2d", "d2h"), (int(v) for v in out)))

@@ -81,21 +81,3 @@ def load_cublas() -> str | None:
         except OSError:
             continue
     return None
-
-
-def device_counts(variant, reset: bool = False) -> dict[str, int]:
-    """What the calls of CUDA ``variant``'s library (``op.variant(dtype, device="cuda")``) did on the device since
-    it was loaded or last reset: ``launches`` (kernels), ``allocs`` (cudaMalloc), ``h2d`` and ``d2h`` (bytes copied
-    host -> device and device -> host).  Counted only in libraries built with ``PTNATIVE_COUNT_DEVICE_WORK=1`` in
-    the environment (they have names of their own; without it every count is 0).  ``reset``: start again from 0.
-    The CUDA emulation of the tests counts the same per call (docs/gpu.md)."""
-    from .build import open_library
-
-    if variant.device != "cuda":
-        raise ValueError(f"device_counts: {variant.symbol} is a {variant.device} variant, not a CUDA one")
-    fn = open_library(variant).ptn_device_counts
-    fn.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]
-    fn.restype = None
-    out = (ctypes.c_longlong * 4)()
-    fn(out, int(reset))
-    return dict(zip(("launches", "allocs", "h2d", "d2h"), (int(v) for v in out)))

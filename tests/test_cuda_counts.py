@@ -230,7 +230,7 @@ def test_allow_tf32_setting(monkeypatch):
 
 
 def test_device_counts_wants_a_cuda_variant():
-    from ptnative.device import device_counts
+    from ptnative.build import device_counts
 
     with pytest.raises(ValueError, match="not a CUDA one"):
         device_counts(CtcFsaLossOp.make_op().variant("float32"))

@@ -288,13 +288,16 @@ inline void* device_malloc(size_t n) {
 inline void device_free(void* p) { if (p) cudaFree(p); }
 
 // Device blocks of Scratch, kept between calls (cudaMalloc and cudaFree synchronise the whole device): a freed
-// block serves a later request of at most its size and more than half of it; reused from another stream than the
-// one it was released on, it waits for that stream's work first.  At most 4 GiB are kept; beyond, blocks are freed.
+// block serves a later request of at most its size and more than half of it.  An event recorded on the releasing
+// call's stream marks the end of its work there; reused from another stream, the block's new work is queued after
+// that event (cudaStreamWaitEvent: no host wait, and valid after the releasing stream is gone).  At most 4 GiB are
+// kept; beyond, or where no event can be recorded, blocks are freed.
 struct ScratchPool {
   struct Block {
     void* p;
     size_t bytes;
     cudaStream_t stream;
+    cudaEvent_t done;  // recorded on `stream` when the block was released
   };
   std::mutex lock;
   std::vector<Block> blocks;
@@ -317,9 +320,12 @@ inline void* scratch_alloc(size_t n, size_t* got) {
       ScratchPool::Block b = pool.blocks[at];
       pool.blocks.erase(pool.blocks.begin() + at);
       pool.kept -= b.bytes;
-      if (b.stream != current_stream && cudaStreamSynchronize(b.stream) != cudaSuccess) {
-        cudaGetLastError();  // that stream is gone: wait for the whole device
-        cuda_check(cudaDeviceSynchronize(), __FILE__, __LINE__);
+      const cudaError_t ordered = b.stream == current_stream ? cudaSuccess
+                                                             : cudaStreamWaitEvent(current_stream, b.done, 0);
+      cudaEventDestroy(b.done);  // released by CUDA once recorded work is done
+      if (ordered != cudaSuccess) {
+        cudaFree(b.p);  // waits for the device's work, then gives the block back
+        cuda_check(ordered, __FILE__, __LINE__);
       }
       *got = b.bytes;
       return b.p;
@@ -332,11 +338,15 @@ inline void scratch_release(void* p, size_t bytes) {
   if (!p) return;
   ScratchPool& pool = scratch_pool();
   std::lock_guard<std::mutex> guard(pool.lock);
-  if (pool.kept + bytes > ((size_t)4 << 30)) {
+  cudaEvent_t done = nullptr;
+  if (pool.kept + bytes > ((size_t)4 << 30) || cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(done, current_stream) != cudaSuccess) {
+    cudaGetLastError();  // not kept: a block is never reused without the order of its last work
+    if (done) cudaEventDestroy(done);
     cudaFree(p);
     return;
   }
-  pool.blocks.push_back(ScratchPool::Block{p, bytes, current_stream});
+  pool.blocks.push_back(ScratchPool::Block{p, bytes, current_stream, done});
   pool.kept += bytes;
 }
 }  // namespace ptn

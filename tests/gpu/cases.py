@@ -45,7 +45,7 @@ from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGen
                                NativeLstm2Layer, TwoDLSTM)
 from ptnative.ops.rnnt import MultiBlankRnntLoss
 from ptnative.ops.sparse import (CrossEntropySoftmaxAndGradientZSparse, MaxAndArgmaxSparse, SparseToDense,
-                                 SubtensorBatchedIndex)
+                                 SparseToDenseZeros, SubtensorBatchedIndex)
 
 from ..test_chunking import data as chunk_data
 from ..test_edit_distance import batch as ed_batch
@@ -489,8 +489,8 @@ def _subtensor_batched_index(g, dtype, size):
 
 
 def _sparse_coo(g, dtype, size):
-    """SparseToDense, MaxAndArgmaxSparse and the sparse cross entropy on one COO batch (duplicates, masked and
-    out-of-range entries)."""
+    """SparseToDense (from W0 and from zeros), MaxAndArgmaxSparse and the sparse cross entropy on one COO batch
+    (duplicates, masked and out-of-range entries)."""
     N, B, T, D = size
     s0, s1, w, mask = coo(N, B, T, D, seed=N)
     rng = np.random.default_rng(N + 1)
@@ -501,11 +501,12 @@ def _sparse_coo(g, dtype, size):
                    rng.normal(size=(T, B, D)) * 2, z_mask, s0z, s1z, wz, maskz], dtype)
     W0, s0, s1, w, m, mx0, arg0, z, zm, yt, yi, yw, ym = g.syms("W0 s0 s1 w m mx0 arg0 z zm yt yi yw ym", values)
     W = g.op(SparseToDense)(W0, s0, s1, w, m)
+    W_zeros = g.op(SparseToDenseZeros)(pt.zeros((W0.shape[0], 0, W0.shape[2]), dtype=W0.dtype), s0, s1, w, m)
     out_max, out_arg = g.op(MaxAndArgmaxSparse)(s0, s1, w, m, mx0, arg0)
     ce, grad_z, max_z = g.op(CrossEntropySoftmaxAndGradientZSparse)(z, zm, yt, yi, yw, ym)
-    grads = g.grads([W], [W0, w]) + g.grads([ce], [z, yw])
-    return [W0, s0, s1, w, m, mx0, arg0, z, zm, yt, yi, yw, ym], [W, out_max, out_arg, ce, grad_z, max_z, *grads], \
-        values
+    grads = g.grads([W], [W0, w]) + g.grads([W_zeros], [w]) + g.grads([ce], [z, yw])
+    return [W0, s0, s1, w, m, mx0, arg0, z, zm, yt, yi, yw, ym], \
+        [W, W_zeros, out_max, out_arg, ce, grad_z, max_z, *grads], values
 
 
 # ------------------------------------------------------------------------------------------ the cases
@@ -562,7 +563,8 @@ CASES = [
     # sparse
     _case("subtensor_batched_index", "sparse", [SubtensorBatchedIndex], _subtensor_batched_index,
           [(7, 4, 6), (64, 48, 50)]),
-    _case("sparse_coo", "sparse", [SparseToDense, MaxAndArgmaxSparse, CrossEntropySoftmaxAndGradientZSparse],
+    _case("sparse_coo", "sparse", [SparseToDense, SparseToDenseZeros, MaxAndArgmaxSparse,
+                                   CrossEntropySoftmaxAndGradientZSparse],
           _sparse_coo, [(12, 4, 6, 5), (300, 48, 60, 50)], rtol32=1e-3, representative=True),
 ]
 
