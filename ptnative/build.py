@@ -477,12 +477,11 @@ def loaded(symbol: str) -> Library | None:
 
 
 def device_counts(variant, reset: bool = False) -> dict[str, int]:
-    """What the calls of CUDA ``variant``'s library (``op.variant(dtype, device="cuda")``; loaded here
-    if it is not yet) did on the device since
-    it was loaded or last reset: ``launches`` (kernels), ``allocs`` (cudaMalloc), ``h2d`` and ``d2h`` (bytes copied
-    host -> device and device -> host).  Counted only in libraries built with ``PTNATIVE_COUNT_DEVICE_WORK=1`` in
-    the environment (they have names of their own; without it every count is 0).  ``reset``: start again from 0.
-    The CUDA emulation of the tests counts the same per call (docs/gpu.md)."""
+    """What the calls of CUDA ``variant``'s library (``op.variant(dtype, device="cuda")``; loaded here if it is not
+    yet) did on the device since it was loaded or last reset: ``launches`` (kernels), ``allocs`` (cudaMalloc),
+    ``h2d`` and ``d2h`` (bytes copied host -> device and device -> host).  Counted only in libraries built with
+    ``PTNATIVE_COUNT_DEVICE_WORK=1`` in the environment (they have names of their own; without it every count is
+    0).  ``reset``: start again from 0.  The CUDA emulation of the tests counts the same per call (docs/gpu.md)."""
     if variant.device != "cuda":
         raise ValueError(f"device_counts: {variant.symbol} is a {variant.device} variant, not a CUDA one")
     fn = open_library(variant).ptn_device_counts

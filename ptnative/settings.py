@@ -56,8 +56,7 @@ class Config:
         """CUDA: float32 matrix products (cuBLAS, e.g. the LSTMs' recurrent products) on TF32 tensor cores, as
         torch's ``torch.backends.cudnn.allow_tf32`` (on by default, as there).  Kept in the environment variable
         ``PTNATIVE_ALLOW_TF32`` (``0``: strict float32), which the kernels read at every product."""
-        v = os.environ.get("PTNATIVE_ALLOW_TF32", "")
-        return not (v == "0")
+        return os.environ.get("PTNATIVE_ALLOW_TF32", "") != "0"
 
     @allow_tf32.setter
     def allow_tf32(self, value: bool | None) -> None:
@@ -65,7 +64,6 @@ class Config:
             os.environ.pop("PTNATIVE_ALLOW_TF32", None)
         else:
             os.environ["PTNATIVE_ALLOW_TF32"] = "1" if value else "0"
-
 
     @staticmethod
     def _check_flags(value, source: str) -> tuple[str, ...] | None:

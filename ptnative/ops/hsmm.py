@@ -265,5 +265,5 @@ def hsmm_sample_states(log_emissions, log_transitions, log_durations, log_initia
 for _f in (hsmm_log_likelihood, hsmm_posteriors, hsmm_viterbi, hsmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC)
 
-__all__ = ["HsmmLikelihoodOp", "HsmmLikelihoodWithGradOp", "HsmmPosteriorsOp", "HsmmViterbiOp", "HsmmSampleStatesOp", "hsmm_log_likelihood",
-           "hsmm_posteriors", "hsmm_viterbi", "hsmm_sample_states"]
+__all__ = ["HsmmLikelihoodOp", "HsmmLikelihoodWithGradOp", "HsmmPosteriorsOp", "HsmmViterbiOp", "HsmmSampleStatesOp",
+           "hsmm_log_likelihood", "hsmm_posteriors", "hsmm_viterbi", "hsmm_sample_states"]

@@ -23,7 +23,8 @@ from ..source import kernel_unit
 from ._args import dims_of, float_tensor, input_entry, int_size, output_entry, real_tensor, tensor
 
 __all__ = [
-    "SubtensorBatchedIndex", "SparseToDense", "SparseToDenseZeros", "MaxAndArgmaxSparse", "CrossEntropySoftmaxAndGradientZSparse",
+    "SubtensorBatchedIndex", "SparseToDense", "SparseToDenseZeros", "MaxAndArgmaxSparse",
+    "CrossEntropySoftmaxAndGradientZSparse",
     "subtensor_batched_index", "sparse_to_dense", "max_and_argmax_sparse",
     "crossentropy_softmax_and_gradient_z_sparse", "onehot_to_sparse",
 ]
@@ -71,7 +72,8 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
     """
 
     in_info = (
-        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1, bw_out_var={"fully_written": True}),
+        input_entry("x", 3, differentiable=True, contiguous=False, batch_axis=1,
+                    bw_out_var={"fully_written": True}),
         input_entry("idx", 2, contiguous=False, batch_axis=1),
     )
     out_info = (output_entry("y", dims_of(0, 2), contiguous=False, batch_axis=1),)
@@ -86,7 +88,8 @@ class SubtensorBatchedIndex(_SparseOpGen, kernel="subtensor_batched_index"):
 _S2D_ENTRIES = (
     _coo("s0"),
     _coo("s1"),
-    input_entry("weight", 2, differentiable=True, batch_axis=1, bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
+    input_entry("weight", 2, differentiable=True, batch_axis=1,
+                bw_out_var={"shape": dims_of(0, 2), "batch_axis": 1}),
     _coo("mask"),
 )
 
