@@ -7,7 +7,8 @@
 #include "lstm_packed.h"
 
 // H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
-// on exit; y_carry is y_prev on entry and the carried output (y, or y_prev on masked frames) on exit.
+// on exit, 0 on a masked row (m = 0: its gates reach nothing, and the CPU may skip their product); y_carry is y_prev
+// on entry and the carried output (y, or y_prev on masked frames) on exit.
 LSTM_WIDE_LOOPS
 DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry,
                                const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
@@ -27,8 +28,27 @@ DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ 
     c[idx] = cv;
     y[idx] = yv;
     y_carry[idx] = yv + y_carry[idx] * (Float(1) - m);
+#if CUDA
+    if (m == Float(0)) g[0] = g[n_cells] = g[2 * n_cells] = g[3 * n_cells] = Float(0);
+#endif
   }
+#if !CUDA  // a pass of its own: in the loop above it would change how g++ contracts the cell's products (the bits)
+  for (int64_t b = 0; b < n_batch; ++b)
+    if (mask[b] == Float(0)) std::fill_n(h + b * 4 * n_cells, 4 * n_cells, Float(0));
+#endif
 }
+
+#if !CUDA
+// What lstm2_fw_frame gives on rows whose mask is 0, without reading their h (the CPU skips their product): gates 0,
+// C = c_prev, Y = 0, the carried output kept (as y + y_carry (1 - m) does: a -0 becomes +0).
+static void lstm2_fw_masked_rows(Float* __restrict__ h, Float* __restrict__ y_carry, const Float* __restrict__ c_prev,
+                                 Float* __restrict__ y, Float* __restrict__ c, int64_t n_batch, int64_t n_cells) {
+  std::fill_n(h, n_batch * 4 * n_cells, Float(0));
+  std::fill_n(y, n_batch * n_cells, Float(0));
+  memcpy(c, c_prev, n_batch * n_cells * sizeof(Float));
+  for (int64_t k = 0; k < n_batch * n_cells; ++k) y_carry[k] = Float(0) + y_carry[k];
+}
+#endif
 
 // yp_next = y + yp * (1 - m): the recurrent input of the next visited frame (yp's rows ld apart).
 DEF_KERNEL void lstm2_carry(const Float* y, const Float* yp, Float* yp_next, const Float* mask, int64_t n_batch,
@@ -125,20 +145,33 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
                                       data_ptr(C, t), n_batch, n_cells));
   }
 #else
-  // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.
+  // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.  The
+  // products skip a part's rows after the last valid one of a visited frame (their outputs are fixed; the frame's
+  // cells write them), and the parts are balanced by the rows' valid frames.
+  const Float* mask = Ndarray_DEV_DATA(i);
   LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, g);
   LstmPacked packed_W_in = proj ? lstm_pack(Ndarray_DEV_DATA(proj->W_in), false, n_in, g) : LstmPacked();
-  lstm_cpu_rows(n_batch, n_cells, std::max<int64_t>(fr.count, proj ? T : 0), [&](int64_t r0, int64_t r1) {
-    if (proj)
-      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(proj->x) + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g,
-                              LstmRowBlocks{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g}, nullptr, true);
+  const int parts = lstm_cpu_parts(n_batch, n_cells, std::max<int64_t>(fr.count, proj ? T : 0));
+  lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int, int64_t r0, int64_t r1) {
+    std::vector<int64_t> rows(T, r1 - r0);  // per frame, the part's rows up to its last valid one (visited frames)
+    for (int64_t k = 0; k < fr.count; ++k)
+      rows[fr.at(k)] = lstm_rows_to_last_valid(mask + fr.at(k) * n_batch + r0, r1 - r0);
+    if (proj) {
+      LstmRowBlocks rb{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g};
+      rb.rows = rows.data();
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(proj->x) + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g, rb,
+                              nullptr, true);
+    }
     for (int64_t k = 0; k < fr.count; ++k) {
       int64_t t = fr.at(k);
       Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
-      lstm_packed_gemm(y_carry + r0 * n_cells, n_cells, packed_W, h, 4 * n_cells, r1 - r0, bias);
-      lstm2_fw_frame(h, Ndarray_DEV_DATA(i) + t * n_batch + r0, y_carry + r0 * n_cells,
-                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + r0 * n_cells,
-                     data_ptr(Y, t) + r0 * n_cells, data_ptr(C, t) + r0 * n_cells, r1 - r0, n_cells);
+      const int64_t m = rows[t], at = r0 * n_cells, after = (r0 + m) * n_cells;
+      const Float* c_prev = k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0);
+      lstm_packed_gemm(y_carry + at, n_cells, packed_W, h, 4 * n_cells, m, bias);
+      lstm2_fw_frame(h, mask + t * n_batch + r0, y_carry + at, c_prev + at, data_ptr(Y, t) + at, data_ptr(C, t) + at,
+                     m, n_cells);
+      lstm2_fw_masked_rows(h + m * g, y_carry + after, c_prev + after, data_ptr(Y, t) + after, data_ptr(C, t) + after,
+                           r1 - r0 - m, n_cells);
     }
   }, ptn::PartsOn::own_threads);
 #endif
@@ -230,9 +263,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
   // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
   // sums are added in part order (the same result for a given thread count).
+  // As forward, the parts are balanced by the rows' valid frames, and the products skip a part's rows after the last
+  // valid one of a frame: their gradients to the pre-activations are 0 (lstm_cell_backward<false>).
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
-  lstm_cpu_row_parts(n_batch, parts, [&](int p, int64_t r0, int64_t r1) {
+  lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int p, int64_t r0, int64_t r1) {
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
     double* db = layer ? db_parts.data() + p * g : nullptr;
     // the part's rows of P, frame by frame: [x[t] (0 on padded rows) | the recurrent input yp], 0 where not visited
@@ -250,18 +285,25 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     for (int64_t t = 0; t < T; ++t)
       if (!visited[t])
         for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, nullptr, n_in, zeros.data());
+    std::vector<int64_t> rows(T, 0);  // per frame, the part's rows up to its last valid one (0: frame not visited)
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
+      rows[t] = lstm_rows_to_last_valid(mask + t * n_batch + r0, r1 - r0);
       Float* dx = data_ptr(DX, t) + r0 * g;
       lstm2_bw_frame(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
                      (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
                      data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
-      if (db) lstm_add_rows(dx, r1 - r0, g, db);
-      lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, r1 - r0);  // dL/dy_prev += DX[t] . W^T
+      if (db) lstm_add_rows(dx, rows[t], g, db);                            // the rows after rows[t] add 0
+      lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, rows[t]);  // dL/dy_prev += DX[t] . W^T
     }
-    if (layer)  // dx = DX . W_in^T, the part's rows of every frame
-      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Ndarray_DEV_DATA(layer->Dx) + r0 * n_in,
-                              LstmRowBlocks{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in}, nullptr, true);
+    if (layer) {  // dx = DX . W_in^T, the part's rows of every frame; 0 where DX is 0 (after rows[t])
+      Float* Dx = Ndarray_DEV_DATA(layer->Dx);
+      LstmRowBlocks rb{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in};
+      rb.rows = rows.data();
+      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Dx + r0 * n_in, rb, nullptr, true);
+      for (int64_t t = 0; t < T; ++t)
+        std::fill(Dx + (t * n_batch + r0 + rows[t]) * n_in, Dx + (t * n_batch + r1) * n_in, Float(0));
+    }
   }, ptn::PartsOn::own_threads);
   if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
   // [DW_in; DW] = P^T . DX over all frames, the columns split over the parts: each element is the same sum whatever

@@ -169,6 +169,22 @@ static LstmFrames lstm_frames(int64_t T, int64_t start, int64_t step, bool lowme
   return f;
 }
 
+// The CPU kernels' skipping of masked rows (host memory): 1 + the last row r < n of a frame with mask[r] != 0, 0 if
+// none.  The rows after it are all masked, so a kernel computes no product for them (their outputs are fixed).
+static inline int64_t lstm_rows_to_last_valid(const Float* mask, int64_t n) {
+  while (n > 0 && mask[n - 1] == Float(0)) --n;
+  return n;
+}
+
+// Per batch row, the number of visited frames where its mask is non-zero (the mask (T, n_batch) in host memory): the
+// rows' work, by which the CPU's row parts are balanced (lstm_cpu_row_parts_by_work).
+static std::vector<double> lstm_valid_frames(const Float* mask, const LstmFrames& fr, int64_t n_batch) {
+  std::vector<double> work(n_batch, 0.0);
+  for (int64_t k = 0; k < fr.count; ++k)
+    for (int64_t r = 0; r < n_batch; ++r) work[r] += mask[fr.at(k) * n_batch + r] != Float(0);
+  return work;
+}
+
 // visited[t] = 1 for the frames the call visits, 0 for the others.
 static std::vector<char> lstm_visited(const LstmFrames& fr, int64_t T) {
   std::vector<char> visited(T, 0);

@@ -219,10 +219,13 @@ static lstm_tile_fn lstm_tile_for(int64_t rows) {
 }
 
 // Row blocks of a product: block f's rows are m rows of A from A + f * a_step (rows lda apart) and of C from
-// C + f * c_step (rows ldc apart); e.g. one part's batch rows of every frame.
+// C + f * c_step (rows ldc apart); e.g. one part's batch rows of every frame.  With `rows`, block f has only its
+// first rows[f] <= m rows (e.g. a frame's rows up to its last valid one); the others are left alone.
 struct LstmRowBlocks {
   int64_t m, count;
   int64_t lda, a_step, ldc, c_step;
+  const int64_t* rows = nullptr;
+  int64_t rows_of(int64_t f) const { return rows ? rows[f] : m; }
 };
 
 // C_f (m x P.n) += A_f (m x P.k) . op(B) for the row blocks f (see LstmRowBlocks), op(B) packed by lstm_pack, in
@@ -240,7 +243,7 @@ static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* 
   const int64_t group = std::max<int64_t>(1, (int64_t)(262144 / sizeof(Float)) / std::max<int64_t>(1, rb.m * kc));
   if (P.k == 0) {  // an empty product: C = C + bias, or bias, or 0
     for (int64_t f = 0; f < rb.count; ++f)
-      for (int64_t r = 0; r < rb.m; ++r) {
+      for (int64_t r = 0; r < rb.rows_of(f); ++r) {
         Float* c = C + f * rb.c_step + r * rb.ldc;
         for (int64_t j = 0; j < P.n; ++j) c[j] = (overwrite ? Float(0) : c[j]) + (bias ? bias[j] : Float(0));
       }
@@ -257,9 +260,10 @@ static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* 
         const bool wide = (rb.m + n_tiles - 1) / n_tiles <= LSTM_MR_WIDE && (p + 2) * LSTM_NR <= P.n;
         const int64_t nc = wide ? 2 * LSTM_NR : std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
         const Float* pb = first && bias ? bias + p * LSTM_NR : nullptr;
-        for (int64_t f = g0; f < g1; ++f)
-          for (int64_t t = 0; t < n_tiles; ++t) {
-            int64_t r0 = t * rb.m / n_tiles, r1 = (t + 1) * rb.m / n_tiles;
+        for (int64_t f = g0; f < g1; ++f) {
+          const int64_t mf = rb.rows_of(f), tiles = mf == rb.m ? n_tiles : (mf + LSTM_MR - 1) / LSTM_MR;
+          for (int64_t t = 0; t < tiles; ++t) {
+            int64_t r0 = t * mf / tiles, r1 = (t + 1) * mf / tiles;
             const Float* a = A + f * rb.a_step + r0 * rb.lda + k0;
             Float* c = C + f * rb.c_step + r0 * rb.ldc + p * LSTM_NR;
             if (wide)
@@ -267,6 +271,7 @@ static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* 
             else
               lstm_tile_for(r1 - r0)(kn, a, rb.lda, 1, panel, c, rb.ldc, nc, pb, first && overwrite);
           }
+        }
         p += wide ? 2 : 1;
       }
     }
@@ -428,6 +433,39 @@ static void lstm_cpu_row_parts(int64_t n_batch, int parts, F&& body, ptn::PartsO
   ptn::parallel_parts(parts, [&](int p) {
     LstmDenormalsAreZero daz;  // on the part's own thread: MXCSR is per thread
     body(p, p * n_batch / parts, (p + 1) * n_batch / parts);
+  }, on);
+}
+
+// The bounds of `parts` contiguous row ranges (part p: rows bounds[p] .. bounds[p + 1]) over work.size() rows, of
+// near-equal sums of work[r] (a row's cost, e.g. its valid frames) rather than of near-equal row counts: part p ends
+// at the row boundary nearest to (p + 1) / parts of the total, each part at least one row (parts <= rows).  With no
+// work at all, the row counts are balanced (as lstm_cpu_row_parts).
+static std::vector<int64_t> lstm_bounds_by_work(const std::vector<double>& work, int parts) {
+  const int64_t rows = (int64_t)work.size();
+  std::vector<double> before(rows + 1, 0.0);  // before[r]: the work of rows 0 .. r-1
+  for (int64_t r = 0; r < rows; ++r) before[r + 1] = before[r] + work[r];
+  std::vector<int64_t> bounds(parts + 1, 0);
+  bounds[parts] = rows;
+  for (int p = 1; p < parts; ++p) {
+    if (before[rows] <= 0) {
+      bounds[p] = p * rows / parts;
+      continue;
+    }
+    const double goal = before[rows] * p / parts;
+    int64_t r = std::lower_bound(before.begin(), before.end(), goal) - before.begin();  // before[r] >= goal
+    if (r > 0 && goal - before[r - 1] < before[r] - goal) --r;
+    bounds[p] = std::min<int64_t>(std::max<int64_t>(r, bounds[p - 1] + 1), rows - (parts - p));
+  }
+  return bounds;
+}
+
+// body(p, r0, r1) for the parts p of lstm_bounds_by_work(work, parts), as lstm_cpu_row_parts.
+template <typename F>
+static void lstm_cpu_row_parts_by_work(const std::vector<double>& work, int parts, F&& body, ptn::PartsOn on) {
+  const std::vector<int64_t> bounds = lstm_bounds_by_work(work, parts);
+  ptn::parallel_parts(parts, [&](int p) {
+    LstmDenormalsAreZero daz;
+    body(p, bounds[p], bounds[p + 1]);
   }, on);
 }
 

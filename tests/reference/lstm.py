@@ -79,7 +79,7 @@ def _gates4(a, n):
 
 
 def native_lstm2_forward(X, W, y0, c0, i, start, step):
-    """NativeLstm2: Y, C, H (activated gates on visited frames, X elsewhere), d."""
+    """NativeLstm2: Y, C, H (activated gates on visited frames, 0 on their masked rows, X elsewhere), d."""
     X, W, y0, c0, i = (np.asarray(a, dtype=np.float64) for a in (X, W, y0, c0, i))
     T, B, n4 = X.shape
     n = n4 // 4
@@ -90,7 +90,7 @@ def native_lstm2_forward(X, W, y0, c0, i, start, step):
         m = i[t][:, None]
         c = (c_prev * fg + a * ig) * m + c_prev * (1 - m)
         y = np.tanh(c) * og * m
-        H[t] = np.concatenate([a, ig, fg, og], axis=1)
+        H[t] = np.where(m != 0, np.concatenate([a, ig, fg, og], axis=1), 0.0)
         Y[t], C[t] = y, c
         y_prev = y + y_prev * (1 - m)
         c_prev = c
