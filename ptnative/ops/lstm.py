@@ -96,8 +96,10 @@ class NativeLstm2(NativeOpGenBase):
     Outputs:
       * ``Y`` (T, B, n): ``o * tanh(c) * i``; 0 on masked and on unvisited frames;
       * ``C`` (T, B, n): cell states; a masked frame carries the previous state;
-      * ``H`` (T, B, 4n): the activated gates ``[tanh(cell-in), sigma(in), sigma(forget), sigma(out)]`` on
-        visited frames, a copy of X elsewhere (X's buffer when PyTensor runs the op inplace);
+      * ``H`` (T, B, 4n): a workspace for the gradient: the activated gates ``[tanh(cell-in), sigma(in),
+        sigma(forget), sigma(out)]`` on the valid rows of visited frames, 0 on their masked rows (``i == 0``: their
+        gates reach no output and no gradient, and the CPU kernel may skip their products), a copy of X on the
+        frames not visited (X's buffer when PyTensor runs the op inplace);
       * ``d`` (B, n): the cell state after the last visited frame; ``c0`` when T = 0.
 
     The recurrent input of a visited frame is the carried output: ``y_prev <- y + y_prev * (1 - i)``, so
@@ -136,7 +138,8 @@ class NativeLstm2Layer(NativeOpGenBase):
 
     Inputs: ``x`` (T, B, n_in), ``W_in`` (n_in, 4n), ``W`` (n, 4n), ``b`` (4n), then ``y0, c0, i, start, step`` as
     NativeLstm2.  Outputs ``Y, C, H, d`` as NativeLstm2 run on ``X = x . W_in + b``; ``H`` holds ``x . W_in`` on the
-    frames not visited.  A padded frame's ``x`` (NaN included) reaches no output and no gradient.
+    frames not visited and, as NativeLstm2's, 0 on the masked rows of visited frames.  A padded frame's ``x`` (NaN
+    included) reaches no output and no gradient.
 
     One op rather than a GEMM node, an add and NativeLstm2: the bias is added in the recurrent product's pass over
     each frame, and backward the bias gradient is summed while each frame is in the cache (in double, in a fixed
