@@ -224,7 +224,8 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   // (y0, then the carried output); 0 on the frames not visited.  Then [DW_in; DW] = P^T . DX is one product over all
   // frames and both weights (n_in = 0 without the layer: DW alone).  On the CPU no product goes to BLAS: the row
   // parts compute their rows' x . W_in (forward) and dx = DX . W_in^T, the recurrent products, and then, split by
-  // columns, the weight gradients (lstm_packed.h), P written in the layout that product reads.
+  // columns, the weight gradients (lstm_packed.h), P written in the layout that product reads, for the rows where
+  // DX is not 0 only (the valid rows of visited frames).
   const Float* mask = Ndarray_DEV_DATA(i);
   const int64_t n_in = layer ? Ndarray_DIMS(layer->x)[2] : 0, ld = n_in + n_cells;
   ptn::Scratch scratch;
@@ -258,19 +259,21 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     lstm_gemm(DXd, false, Ndarray_DEV_DATA(layer->W_in), true, Ndarray_DEV_DATA(layer->Dx), T * n_batch, n_in, g, 0.0);
   }
 #else
-  const LstmTnRows P(scratch.get<Float>(LstmTnRows::size(T * n_batch, ld)), T * n_batch, ld);
+  // DX is 0 on the masked rows and the frames not visited: the weight gradients' product leaves those rows out.
+  const LstmTnKeep keep(T * n_batch, [&](int64_t row) { return visited[row / n_batch] && mask[row] != Float(0); });
+  const LstmTnRows P(scratch.get<Float>(LstmTnRows::size(T * n_batch, ld)), T * n_batch, ld, &keep);
   LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
   LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
-  // Db: each part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts'
-  // sums are added in part order (the same result for a given thread count).
   // As forward, the parts are balanced by the rows' valid frames, and the products skip a part's rows after the last
-  // valid one of a frame: their gradients to the pre-activations are 0 (lstm_cell_backward<false>).
+  // valid one of a frame: their gradients to the pre-activations are 0 (lstm_cell_backward<false>).  Db: each part
+  // sums its rows' DX columns in double, frame by frame while they are in its cache; the parts' sums are added in
+  // part order (the same result for a given thread count and mask).
   const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
   std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
   lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int p, int64_t r0, int64_t r1) {
     Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
     double* db = layer ? db_parts.data() + p * g : nullptr;
-    // the part's rows of P, frame by frame: [x[t] (0 on padded rows) | the recurrent input yp], 0 where not visited
+    // the part's valid rows of P, frame by frame: [x[t] | the recurrent input yp] (the product reads no other row)
     std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells);
     for (int64_t k = 0; k < fr.count; ++k) {
       const int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
@@ -278,13 +281,9 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
         lstm2_carry(data_ptr(Y, tp) + r0 * n_cells, yp.data(), yp.data(), mask + tp * n_batch + r0, r1 - r0, n_cells,
                     n_cells);
       for (int64_t r = r0; r < r1; ++r)
-        P.put(t * n_batch + r, layer && mask[t * n_batch + r] != Float(0) ? x + (t * n_batch + r) * n_in : nullptr,
-              n_in, yp.data() + (r - r0) * n_cells);
+        if (mask[t * n_batch + r] != Float(0))
+          P.put(t * n_batch + r, layer ? x + (t * n_batch + r) * n_in : nullptr, n_in, yp.data() + (r - r0) * n_cells);
     }
-    const std::vector<Float> zeros(n_cells, Float(0));
-    for (int64_t t = 0; t < T; ++t)
-      if (!visited[t])
-        for (int64_t r = r0; r < r1; ++r) P.put(t * n_batch + r, nullptr, n_in, zeros.data());
     std::vector<int64_t> rows(T, 0);  // per frame, the part's rows up to its last valid one (0: frame not visited)
     for (int64_t k = fr.count - 1; k >= 0; --k) {
       int64_t t = fr.at(k), at = r0 * n_cells;
@@ -306,11 +305,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
     }
   }, ptn::PartsOn::own_threads);
   if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
-  // [DW_in; DW] = P^T . DX over all frames, the columns split over the parts: each element is the same sum whatever
-  // the thread count.
+  // [DW_in; DW] = P^T . DX over the valid rows of all frames, the columns split over the parts: each element is the
+  // same sum whatever the thread count.
   lstm_weight_grad(nullptr, 0, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g,
                    layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr, n_in, Ndarray_DEV_DATA(DW), parts,
-                   LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data);
+                   LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data, &keep);
 #endif
   HANDLE_LAST_ERROR();
 }

@@ -290,19 +290,51 @@ static int64_t lstm_gemm_tn_block_rows(int64_t K) {
   return blocks > 0 ? (K + blocks - 1) / blocks : 1;
 }
 
+// The rows that take part in A^T . B over K rows (lstm_gemm_tn_blocks), where the others are zero rows of B (e.g.
+// NativeLstm2's gradients on masked rows): they would add exact zeros to each sum.  The blocks of the product stay
+// those of all K rows (lstm_gemm_tn_block_rows), each with its kept rows in order, so that every element is the same
+// sum as over all rows (bit for bit, for finite A).
+struct LstmTnKeep {
+  int64_t kc = 1;
+  std::vector<int64_t> rows;   // the kept rows, in order
+  std::vector<int64_t> first;  // block b's kept rows: rows[first[b] .. first[b + 1])
+  std::vector<int64_t> pos;    // per row, its index among its block's kept rows; -1 for a row left out
+  LstmTnKeep() = default;
+  template <typename F>  // keep(row) -> bool
+  LstmTnKeep(int64_t K, F&& keep) : kc(lstm_gemm_tn_block_rows(K)), pos(K, -1) {
+    first.push_back(0);
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      for (int64_t row = k0; row < std::min(K, k0 + kc); ++row)
+        if (keep(row)) {
+          pos[row] = (int64_t)rows.size() - first.back();
+          rows.push_back(row);
+        }
+      first.push_back((int64_t)rows.size());
+    }
+  }
+};
+
 // A^T . B's A (K rows of M values) in the layout lstm_gemm_tn_blocks packs it to, written row by row by the kernel
 // that makes it (NativeLstm2's [x | y_prev]): the product then reads it as it is instead of packing it on every
 // thread.  Block by block (lstm_gemm_tn_block_rows), in each the tiles of LSTM_MR columns one after the other, each
-// the block's rows of MR values (zero-padded beyond M).  `data`: size() values.
+// the block's rows of MR values (zero-padded beyond M); with `keep`, only its kept rows (put ignores the others).
+// `data`: size() values.
 struct LstmTnRows {
   Float* data;
   int64_t K, M, kc, tiles;
-  LstmTnRows(Float* data_, int64_t K_, int64_t M_)
-      : data(data_), K(K_), M(M_), kc(lstm_gemm_tn_block_rows(K_)), tiles((M_ + LSTM_MR - 1) / LSTM_MR) {}
+  const LstmTnKeep* keep;
+  LstmTnRows(Float* data_, int64_t K_, int64_t M_, const LstmTnKeep* keep_ = nullptr)
+      : data(data_), K(K_), M(M_), kc(lstm_gemm_tn_block_rows(K_)), tiles((M_ + LSTM_MR - 1) / LSTM_MR), keep(keep_) {}
   static int64_t size(int64_t K, int64_t M) { return K * ((M + LSTM_MR - 1) / LSTM_MR) * LSTM_MR; }
   // row `row` of A = [u[0 .. m) | v[0 .. M - m)], u null for zeros
   void put(int64_t row, const Float* u, int64_t m, const Float* v) const {
-    const int64_t b = row / kc, r = row - b * kc, kn = std::min(kc, K - b * kc);
+    const int64_t b = row / kc;
+    int64_t r = row - b * kc, kn = std::min(kc, K - b * kc);
+    if (keep) {
+      if (keep->pos[row] < 0) return;
+      r = keep->pos[row];
+      kn = keep->first[b + 1] - keep->first[b];
+    }
     Float* dst = data + b * kc * tiles * LSTM_MR + r * LSTM_MR;
     for (int64_t i = 0; i < tiles; ++i, dst += kn * LSTM_MR) {
       const int64_t c0 = i * LSTM_MR;
@@ -327,18 +359,19 @@ struct LstmTnRows {
 // [W_in; W], in one pass.  Each element is its sum over the rows in order within each block, the blocks (of equal
 // size, at most LSTM_KC rows) added to C in order; with `overwrite`, C's old values are not read (the first block
 // writes them; no rows at all write 0).  With `A_packed` (an LstmTnRows' data of A's K rows), A is read from there
-// (A and rb's A fields unused).  Parts of the threads can share the work by columns: B, C_lo and C_hi offset by the
-// same column, N the part's columns.
+// (A and rb's A fields unused); with `keep` too (the LstmTnRows' own), only the kept rows of B are read.  Parts of
+// the threads can share the work by columns: B, C_lo and C_hi offset by the same column, N the part's columns.
 static int64_t lstm_gemm_tn_work(int64_t M, int64_t N) {
   return LSTM_KC * ((M + LSTM_MR - 1) / LSTM_MR * LSTM_MR + (N + LSTM_NR - 1) / LSTM_NR * LSTM_NR);
 }
 
 static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlocks& rb, int64_t M, int64_t N,
                                 Float* C_lo, int64_t m_lo, Float* C_hi, int64_t ldc, Float* work,
-                                bool overwrite = false, const Float* A_packed = nullptr) {
+                                bool overwrite = false, const Float* A_packed = nullptr,
+                                const LstmTnKeep* keep = nullptr) {
   const int64_t K = rb.m * rb.count, tiles = (M + LSTM_MR - 1) / LSTM_MR, panels = (N + LSTM_NR - 1) / LSTM_NR;
   if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
+  if (K <= 0 || (keep && keep->rows.empty())) {
     if (overwrite)
       for (int64_t r = 0; r < M; ++r) std::fill_n(r < m_lo ? C_lo + r * ldc : C_hi + (r - m_lo) * ldc, N, Float(0));
     return;
@@ -346,11 +379,14 @@ static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlo
   Float *Ap_work = work, *Bp = work + LSTM_KC * tiles * LSTM_MR;
   const int64_t full_tiles = M / LSTM_MR, full_panels = N / LSTM_NR;
   const int64_t kc = lstm_gemm_tn_block_rows(K);
+  bool fresh = overwrite;  // C not written yet (overwrite: the first block with rows writes it)
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
-    const int64_t kn = std::min<int64_t>(kc, K - k0);
+    const int64_t* kept = keep ? keep->rows.data() + keep->first[k0 / kc] : nullptr;  // the block's rows
+    const int64_t kn = keep ? keep->first[k0 / kc + 1] - keep->first[k0 / kc] : std::min<int64_t>(kc, K - k0);
+    if (kn == 0) continue;
     const Float* Ap = A_packed ? A_packed + k0 * tiles * LSTM_MR : Ap_work;
-    for (int64_t kk = 0; kk < kn; ++kk) {  // pack row k0 + kk of A (unless packed) and of B
-      const int64_t f = (k0 + kk) / rb.m, r = (k0 + kk) % rb.m;
+    for (int64_t kk = 0; kk < kn; ++kk) {  // pack the block's row kk of A (unless packed) and of B
+      const int64_t row = kept ? kept[kk] : k0 + kk, f = row / rb.m, r = row % rb.m;
       const Float* b = B + f * rb.c_step + r * rb.ldc;
       if (!A_packed) {
         const Float* a = A + f * rb.a_step + r * rb.lda;
@@ -376,10 +412,11 @@ static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlo
         for (int64_t a0 = r0, a1 = cut; a0 < r1; a0 = a1, a1 = r1) {
           Float* c = a0 < m_lo ? C_lo + a0 * ldc : C_hi + (a0 - m_lo) * ldc;
           lstm_tile_for(a1 - a0)(kn, Ap + i * kn * LSTM_MR + (a0 - r0), 1, LSTM_MR, panel, c + p * LSTM_NR, ldc, nc,
-                                 nullptr, overwrite && k0 == 0);
+                                 nullptr, fresh);
         }
       }
     }
+    fresh = false;
   }
 }
 
@@ -479,7 +516,8 @@ static void lstm_cpu_rows(int64_t n_batch, int64_t n_cells, int64_t n_frames, F&
 // [C_lo; C_hi] (M x N, rows N apart; C_lo's first m_lo rows, C_hi's the rest) += A^T . B over K rows (A: K x M,
 // rows lda apart; B: K x N, rows ldb apart), by lstm_gemm_tn_blocks with the columns split over `parts` threads
 // (lstm_cpu_row_parts; `work`: lstm_weight_grad_work values); with `overwrite`, = instead of +=; with `A_packed`, A
-// read from there (an LstmTnRows' data; A, lda unused).  Each element is the same sum whatever `parts`.
+// read from there (an LstmTnRows' data; A, lda unused), and with `keep` (that LstmTnRows'), only the kept rows.
+// Each element is the same sum whatever `parts`.
 static int64_t lstm_weight_grad_columns(int64_t N, int parts) {
   const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
   return (panels + parts - 1) / parts * LSTM_NR;
@@ -491,13 +529,13 @@ static int64_t lstm_weight_grad_work(int64_t M, int64_t N, int parts) {
 
 static void lstm_weight_grad(const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K, int64_t M, int64_t N,
                              Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work, bool overwrite,
-                             const Float* A_packed = nullptr) {
+                             const Float* A_packed = nullptr, const LstmTnKeep* keep = nullptr) {
   const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
   const int64_t part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
   lstm_cpu_row_parts(panels, parts, [&](int p, int64_t p0, int64_t p1) {
     const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
     lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
-                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work, overwrite, A_packed);
+                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work, overwrite, A_packed, keep);
   }, ptn::PartsOn::own_threads);
 }
 #endif
