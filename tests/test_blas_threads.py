@@ -100,6 +100,36 @@ def test_calls_from_several_threads_at_once(pool):
     assert all(sorted(s[0] for s in r) == [0, 1] and all(ok for *_, ok in r) for r in results)
 
 
+def test_calls_with_one_dojob_never_overlap(pool):
+    """Calls naming the same dojob (one OpenBLAS library) run one at a time, their jobs still all at once."""
+    lock, active, most = threading.Lock(), [0], [0]
+    barrier_of = {}
+
+    def job(thread_num, jobdata, dojob_data):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        barrier_of[dojob_data].wait()
+        threading.Event().wait(0.005)
+        with lock:
+            active[0] -= 1
+
+    callback = DOJOB(job)
+    data = (ctypes.c_int64 * 2)()
+
+    def caller(k):
+        for r in range(5):
+            barrier_of[10 * k + r] = threading.Barrier(2, timeout=10)
+            pool.ptn_blas_threads_run(1, callback, 2, 8, ctypes.addressof(data), 10 * k + r)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert most[0] == 2
+
+
 # The installed pool, in a process of its own (the callback stays set in every OpenBLAS of the process it is in):
 # numpy's products with the pool equal those with OpenBLAS's own workers, the pool runs them, and a forked child
 # computes with it too.

@@ -47,11 +47,39 @@ struct Pool {
   std::atomic<int> remaining{0};  // jobs of the current call not yet finished on the workers
   Batch batch{};
   std::atomic<int> workers{0};  // started so far; only the holder of `busy` starts more
+  // One lock per OpenBLAS library (told apart by its dojob function): OpenBLAS runs job i of a call with the
+  // library's buffers of thread i, so two calls into one library must not overlap (its own pool never lets them).
+  std::mutex libraries_lock;
+  std::vector<std::pair<ptn_blas_dojob, std::mutex*>> libraries;  // the mutexes are never freed
+
+  std::mutex* library_lock(ptn_blas_dojob dojob) {
+    std::lock_guard<std::mutex> guard(libraries_lock);
+    for (auto& entry : libraries)
+      if (entry.first == dojob) return entry.second;
+    std::mutex* m = new (std::nothrow) std::mutex();
+    if (m) {
+      try {
+        libraries.emplace_back(dojob, m);
+      } catch (const std::exception&) {
+        delete m;
+        return nullptr;
+      }
+    }
+    return m;
+  }
 };
 
 std::atomic<Pool*> the_pool{nullptr};
+thread_local ptn_blas_dojob running_job_of = nullptr;  // the library whose job this thread is running, if any
 std::atomic<int64_t> n_calls{0};
 std::once_flag atfork_once;
+
+inline void run_job(ptn_blas_dojob dojob, char* jobdata, size_t elsize, int dojob_data, int i) {
+  ptn_blas_dojob outer = running_job_of;
+  running_job_of = dojob;
+  dojob(i, jobdata + (size_t)i * elsize, dojob_data);
+  running_job_of = outer;
+}
 
 // Worker w, started before call number `seen` + 1 was published.
 void worker_loop(Pool* pool, int w, uint64_t seen) {
@@ -70,7 +98,7 @@ void worker_loop(Pool* pool, int w, uint64_t seen) {
     seen = s >> 16;
     if (w < (int)(s & 0xffff)) {
       const Batch& b = pool->batch;
-      b.dojob(w, b.jobdata + (size_t)w * b.elsize, b.dojob_data);
+      run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
       if (pool->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         { std::lock_guard<std::mutex> caller(pool->lock); }
         pool->done.notify_all();
@@ -94,10 +122,6 @@ Pool* pool() {
     return p;
   }
   return fresh;
-}
-
-inline void run_job(ptn_blas_dojob dojob, char* jobdata, size_t elsize, int dojob_data, int i) {
-  dojob(i, jobdata + (size_t)i * elsize, dojob_data);
 }
 
 // Jobs 1.. on threads of their own, job 0 here.  If no thread can be started, the rest run here one after the
@@ -137,8 +161,11 @@ extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, siz
     return;
   }
   n_calls.fetch_add(1, std::memory_order_relaxed);
-  Pool* p = pool();
-  if (!p || numjobs > 0xffff || !p->busy.try_lock())
+  Pool* p = running_job_of == dojob ? nullptr : pool();  // a call from inside a job of the same library: apart
+  std::mutex* library = p ? p->library_lock(dojob) : nullptr;
+  if (!library) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
+  std::lock_guard<std::mutex> one_call_per_library(*library);
+  if (numjobs > 0xffff || !p->busy.try_lock())  // the workers serve another library's call: threads of its own
     return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
   std::lock_guard<std::mutex> hold(p->busy, std::adopt_lock);
   if (!start_workers(p, numjobs - 1)) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);

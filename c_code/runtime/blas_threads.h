@@ -10,9 +10,11 @@
 //
 // Semantics (what OpenBLAS requires of the callback): dojob(i, jobdata + i * jobdata_elsize, dojob_data) runs for
 // every i < numjobs, all of them at the same time (OpenBLAS's jobs of one call may wait for each other), job 0 on
-// the calling thread; the call returns when every job has returned.  The workers are started when first needed
-// and kept; a call made while the workers are busy (from another thread, or from inside a job) runs its jobs on
-// threads started for that call.  After fork() the child starts its own workers.
+// the calling thread; the call returns when every job has returned.  Calls into one OpenBLAS library (told apart
+// by `dojob`) run one at a time, as on OpenBLAS's own pool: its job i uses the library's buffers of thread i.  The
+// workers are started when first needed and kept; a call made while they serve another library's call, or from
+// inside a job of the same library (which OpenBLAS does not make), runs its jobs on threads started for it.
+// After fork() the child starts its own workers.
 #ifndef PTNATIVE_RUNTIME_BLAS_THREADS_H
 #define PTNATIVE_RUNTIME_BLAS_THREADS_H
 
