@@ -131,32 +131,43 @@ def test_calls_with_one_dojob_never_overlap(pool):
 
 
 # The installed pool, in a process of its own (the callback stays set in every OpenBLAS of the process it is in):
-# numpy's products with the pool equal those with OpenBLAS's own workers, the pool runs them, and a forked child
-# computes with it too.
+# numpy's products with the pool equal those with OpenBLAS's own workers, also from several threads at once, the
+# pool runs them, and a forked child computes with it too.
 INSTALLED = r"""
 import os, sys, numpy as np
 from ptnative import blas_threads, build
 rng = np.random.default_rng(0)
-products = []
+cases = []
 for dtype in (np.float32, np.float64):
     a, b = rng.normal(size=(700, 600)).astype(dtype), rng.normal(size=(600, 500)).astype(dtype)
-    products.append((a, b, a @ b))
+    cases.append((a, b, a @ b))
 import scipy.linalg.cython_blas  # scipy's OpenBLAS, loaded as the kernels load it
 paths = blas_threads.install(build.open_library)
 print("libraries", len(paths))
 before = blas_threads.status()["calls"]
-for a, b, want in products:
+for a, b, want in cases:
     got = a @ b
     assert np.array_equal(got, want), np.abs(got - want).max()
 after = blas_threads.status()
 print("calls", after["calls"] - before)
+import threading
+wrong = []
+def products():
+    for _ in range(10):
+        wrong.extend(1 for a, b, want in cases if not np.array_equal(a @ b, want))
+threads = [threading.Thread(target=products) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("wrong", len(wrong))
 pid = os.fork()
 if pid == 0:
-    ok = all(np.array_equal(a @ b, want) for a, b, want in products)
+    ok = all(np.array_equal(a @ b, want) for a, b, want in cases)
     os._exit(0 if ok and blas_threads.status()["calls"] > after["calls"] else 3)
 print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 blas_threads.uninstall()
-assert all(np.array_equal(a @ b, want) for a, b, want in products)
+assert all(np.array_equal(a @ b, want) for a, b, want in cases)
 print("uninstalled", blas_threads.status()["libraries"])
 """
 
@@ -175,6 +186,7 @@ def test_numpy_products_run_on_the_pool_and_equal_openblas_own():
     if lines["libraries"] == "0":
         pytest.skip("no loaded OpenBLAS has a threads callback (OpenBLAS < 0.3.27)")
     assert int(lines["calls"]) >= 2  # numpy's float32 and float64 products, both threaded
+    assert lines["wrong"] == "0"  # numpy's products from 4 threads at once, each as computed alone
     assert lines["child"] == "0"
     assert lines["uninstalled"] == "[]"
 
