@@ -10,6 +10,7 @@
 #include "hmm_vectors_small.h"
 #include "hmm_viterbi_steps.h"
 #include "hmm_viterbi_lanes.h"
+#include "hmm_defaults.h"
 
 #if !CUDA
 // ---------------------------------------------------------------- one sequence, K <= 4, on the CPU
@@ -186,4 +187,13 @@ static void hmm_viterbi_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarra
   HMM_OVER_BATCH(call, hmm_viterbi_kernel, p, lAd, delta, bp, Ndarray_DEV_DATA_int32(*outputs[0]),
                  Ndarray_DEV_DATA(*outputs[1]));
   HANDLE_LAST_ERROR();
+}
+
+// HmmViterbiDefaultsOp: inputs log_emissions (T,B,K), log_transitions (K,K), log_initial (K); hmm_viterbi_fw with
+// the defaults log_final = 0 and mask = 1.
+static void hmm_viterbi_defaults_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
+  assert_cmp(n_inputs, ==, 3);
+  ptn::Scratch scratch;
+  HmmWithDefaults five(scratch, inputs);
+  hmm_viterbi_fw(5, five.all, n_outputs, outputs);
 }
