@@ -30,21 +30,30 @@ def three(dtype):
     return pt.tensor3("le", dtype=dtype), pt.matrix("lA", dtype=dtype), pt.vector("lpi", dtype=dtype)
 
 
+def without_and_with_defaults(fn, dtype, mode, ops):
+    """``fn`` (hmm_posteriors or hmm_viterbi) compiled in ``mode`` on (le, lA, lpi), and on (le, lA, lpi, lf, mask).
+    ``ops`` (defaults, five, given): the first graph is the defaults op alone (modes with the specialize rewrites;
+    FAST_COMPILE keeps ``five``, the op of the five inputs, and the Allocs), the second holds ``given``."""
+    xs = three(dtype)
+    lf, mask = pt.vector("lf", dtype=dtype), pt.matrix("mask", dtype=dtype)
+    f = pytensor.function(xs, list(fn(*xs)), mode=mode)
+    given = pytensor.function([*xs, lf, mask], list(fn(*xs, lf, mask)), mode=mode)
+    if mode == "FAST_COMPILE":
+        assert ops[1] in names(f)
+    else:
+        assert names(f) == [ops[0]]
+        assert ops[2] in names(given)
+    return f, given
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_posteriors_with_default_final_and_mask(mode, dtype):
     """One native op and nothing else in the compiled graph (modes with the specialize rewrites; FAST_COMPILE keeps
     HmmPosteriorsOp and the Allocs), the same bits as with log_final = 0 and mask = 1 given as inputs, and the
     reference's numbers: the one-sequence path (K = 1..4), lanes (B >= 3), the sequential pass (K = 6), T = 1, the
     empty series and the empty batch."""
-    xs = three(dtype)
-    lf, mask = pt.vector("lf", dtype=dtype), pt.matrix("mask", dtype=dtype)
-    f = pytensor.function(xs, list(hmm.hmm_posteriors(*xs)), mode=mode)
-    given = pytensor.function([*xs, lf, mask], list(hmm.hmm_posteriors(*xs, lf, mask)), mode=mode)
-    if mode == "FAST_COMPILE":
-        assert "HmmPosteriorsOp" in names(f)
-    else:
-        assert names(f) == ["HmmPosteriorsDefaultsOp"]
-        assert "HmmPosteriorsValuesOp" in names(given)
+    f, given = without_and_with_defaults(hmm.hmm_posteriors, dtype, mode,
+                                         ("HmmPosteriorsDefaultsOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp"))
     rng = np.random.default_rng(410)
     for T, B, K in ((60, 1, 1), (60, 1, 2), (500, 1, 3), (60, 1, 4), (40, 5, 3), (30, 2, 6), (1, 1, 3), (0, 1, 3),
                     (5, 0, 2)):
@@ -96,15 +105,8 @@ def test_viterbi_with_default_final_and_mask(mode, dtype):
     HmmViterbiOp and the Allocs), the same bits as with log_final = 0 and mask = 1 given as inputs, and the
     references' paths and scores: the one-sequence register paths (K = 1..8), lanes (B = 5), the frame-by-frame
     path (B = 2, and B = 1 with K = 12), T = 1, the empty series, the empty batch and K = 0 (no path)."""
-    xs = three(dtype)
-    lf, mask = pt.vector("lf", dtype=dtype), pt.matrix("mask", dtype=dtype)
-    f = pytensor.function(xs, list(hmm.hmm_viterbi(*xs)), mode=mode)
-    given = pytensor.function([*xs, lf, mask], list(hmm.hmm_viterbi(*xs, lf, mask)), mode=mode)
-    if mode == "FAST_COMPILE":
-        assert "HmmViterbiOp" in names(f)
-    else:
-        assert names(f) == ["HmmViterbiDefaultsOp"]
-        assert names(given) == ["HmmViterbiOp"]
+    f, given = without_and_with_defaults(hmm.hmm_viterbi, dtype, mode,
+                                         ("HmmViterbiDefaultsOp", "HmmViterbiOp", "HmmViterbiOp"))
     rng = np.random.default_rng(420)
     rtol, atol = tol(dtype)
     shapes = [(5, 1, K) for K in range(1, 9)] + [(4, 3, 3)]  # enumeration

@@ -60,6 +60,39 @@ static inline uint16_t hmm_viterbi_pack(int m1, int m2, int m3) {
   return (uint16_t)(hmm_viterbi_nibbles[lo] << 2 | hmm_viterbi_nibbles[hi] << 3);
 }
 
+// The score and path of sequence b (the one-sequence paths) from its last deltas d[0, K): the lowest state of the
+// largest d[k] + log f(k), then the backtrace through the frames' words, whose field j (S bits from bit S j) holds
+// 2^S * the lowest argmax into state j: x = 2^S * the state, and a step is `x = word >> x & (2^S - 1) << S`.
+template <int S, typename Deltas, typename Word>
+static void hmm_viterbi_small_end(const HmmInferParams& p, int64_t b, int K, const Deltas& d, const Word* bp,
+                                  int32_t* path, Float* score) {
+  const int64_t B = p.B, len = p.seq_len[b];
+  double best = -INFINITY;
+  int arg = 0;
+  for (int k = 0; k < K; ++k) {
+    const double v = d[k] + (double)p.lf[k];
+    if (v > best) {
+      best = v;
+      arg = k;
+    }
+  }
+  for (int64_t t = len; t < p.T; ++t) path[t * B + b] = -1;
+  if (!(best > -INFINITY)) {  // no path
+    score[b] = (Float)-INFINITY;
+    for (int64_t t = 0; t < len; ++t) path[t * B + b] = -1;
+    return;
+  }
+  score[b] = (Float)best;
+  typedef std::conditional_t<sizeof(Word) <= 4, unsigned, uint64_t> Reg;  // no narrowing on the chain
+  const Reg field = (((Reg)1 << S) - 1) << S;
+  Reg x = (Reg)arg << S;
+  for (int64_t t = len - 1; t > 0; --t) {
+    path[t * B + b] = (int32_t)(x >> S);
+    x = (Reg)bp[t] >> x & field;
+  }
+  path[b] = (int32_t)(x >> S);
+}
+
 // Sequence b (T_b > 0, with neither NaN nor +inf in its valid frames and the parameters): its score and path (-1
 // beyond T_b; all -1 without a path).  bp: T_b words of scratch.
 template <int K>
@@ -99,28 +132,7 @@ static void hmm_viterbi_small(const HmmInferParams& p, int64_t b, uint16_t* bp, 
   }
   if (K <= 3)
     for (int k = 0; k < K; ++k) d[k] = S[k][0];
-  double best = -INFINITY;
-  int arg = 0;
-  for (int k = 0; k < K; ++k) {
-    const double v = d[k] + (double)p.lf[k];
-    if (v > best) {
-      best = v;
-      arg = k;
-    }
-  }
-  for (int64_t t = len; t < p.T; ++t) path[t * B + b] = -1;
-  if (!(best > -INFINITY)) {  // no path
-    score[b] = (Float)-INFINITY;
-    for (int64_t t = 0; t < len; ++t) path[t * B + b] = -1;
-    return;
-  }
-  score[b] = (Float)best;
-  unsigned x = 4 * arg;  // 4 * the state: the shift of its backpointer
-  for (int64_t t = len - 1; t > 0; --t) {
-    path[t * B + b] = (int32_t)(x >> 2);
-    x = (unsigned)bp[t] >> x & 12u;
-  }
-  path[b] = (int32_t)(x >> 2);
+  hmm_viterbi_small_end<2>(p, b, K, d, bp, path, score);
 }
 
 // ---------------------------------------------------------------- one sequence, 4 < K <= 8, on the CPU
@@ -185,28 +197,7 @@ static void hmm_viterbi_small8(const HmmInferParams& p, int64_t b, uint64_t* bp,
     memcpy(bp + t, &bytes, 8);
     d = hmm_vit_tree8<0, K>(v) + hmm_lanes8<K>(le + (t * B + b) * K, -INFINITY);
   }
-  double best = -INFINITY;
-  int arg = 0;
-  for (int k = 0; k < K; ++k) {
-    const double v = d[k] + (double)p.lf[k];
-    if (v > best) {
-      best = v;
-      arg = k;
-    }
-  }
-  for (int64_t t = len; t < p.T; ++t) path[t * B + b] = -1;
-  if (!(best > -INFINITY)) {  // no path
-    score[b] = (Float)-INFINITY;
-    for (int64_t t = 0; t < len; ++t) path[t * B + b] = -1;
-    return;
-  }
-  score[b] = (Float)best;
-  uint64_t x = 8 * (uint64_t)arg;  // 8 * the state: the shift of its backpointer
-  for (int64_t t = len - 1; t > 0; --t) {
-    path[t * B + b] = (int32_t)(x >> 3);
-    x = bp[t] >> x & 56u;
-  }
-  path[b] = (int32_t)(x >> 3);
+  hmm_viterbi_small_end<3>(p, b, K, d, bp, path, score);
 }
 #endif  // HMM_VIT_SMALL8
 
