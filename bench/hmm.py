@@ -398,7 +398,7 @@ def main():
         times = measure_interleaved(overhead_fns(*data(T, B, K)), reps=max(args.reps, 300), rounds=3, warmup=20)
         print(f"\nper-call overhead, T={T} B={B} K={K} f64 (median / best wall microseconds):")
         for name, timing in times.items():
-            print(f"  {name:<26} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
+            print(f"  {name:<30} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
     rows = hsmm_bench(args.hsmm, args.reps) if args.hsmm else []
     for shape in filter(None, args.shapes.split(",")):
         T, B, K = (int(v) for v in shape.split("x"))
