@@ -152,7 +152,7 @@ static void hmm_viterbi_small(const HmmInferParams& p, int64_t b, uint16_t* bp, 
 
 // max(a, b) lane-wise as a > b ? a : b, in one instruction where there is one.
 static inline hmm_v8d hmm_vmax8(hmm_v8d a, hmm_v8d b) {
-#if defined(__AVX512F__) && !defined(HMM_VMAX8_SELECT)
+#ifdef __AVX512F__
   return (hmm_v8d)_mm512_max_pd((__m512d)a, (__m512d)b);
 #else
   return ptn_select(a > b, a, b);
@@ -209,8 +209,8 @@ static inline bool hmm_below_inf(const Float* x, int64_t n) {
 }
 
 // hmm_viterbi_fw (n_inputs = 5) or hmm_viterbi_defaults_fw (3: log_final 0, every frame valid) for one sequence of at
-// most 4 states (B = 1): hmm_model_setup's shape and mask checks (its errors), the length without a pass over a
-// default mask, and the backpointers in the library's memory.  Returns false, having written nothing, where the
+// most 8 states (4 without HMM_VIT_SMALL8; B = 1): hmm_model_setup's shape and mask checks (its errors), the length
+// without a pass over a default mask, and the backpointers in the library's memory.  Returns false, having written nothing, where the
 // general path must run: other sizes, a NaN or +inf in the parameters or on a valid frame (which that path reports
 // or turns into a NaN score).
 static bool hmm_viterbi_small_fw(int n_inputs, Ndarray** inputs, Ndarray*** outputs) {
