@@ -76,7 +76,7 @@ MATRIX_TESTS := tests/test_native_op.py tests/test_generated_code.py tests/test_
 	tests/test_rnnt.py::test_modes_agree \
 	tests/test_edit_distance.py::test_against_reference_all_modes \
 	tests/test_chunking.py::test_forward_and_gradients_against_reference \
-	tests/test_sparse.py::test_crossentropy_softmax_sparse
+	tests/test_sparse.py::test_crossentropy_softmax_sparse tests/test_blas_threads.py
 # The PyMC tests (the example's short sampling run, and the HMM helpers of ptnative.pymc with ArviZ < 1 and >= 1;
 # where PyMC is installed), in a session of their own: they import PyMC when collected, and MATRIX_TESTS must also
 # run before `import pymc`.

@@ -2,6 +2,7 @@
 the batch) and pytensor.scan, in one run, on the same data, timed in alternating turns.
 
     python bench/hmm.py [--reps 30] [--shapes 1000x8x16,500x1x3] [--overhead 500x1x3] [--hsmm 2000x8x4x50]
+                        [--viterbi-sweep 100,200,500,1000,2000x2,3,4,5,6,8]
 
 Prints, per shape and task, every implementation's median / best wall time and median CPU time, then
 ptnative's time over each peer's with the issue's targets (issue 16: loglik+grad >= 50x faster than scan; issue
@@ -20,6 +21,10 @@ have the parameters compiled in as constants (one argument per call), shown for 
 which timed dynamax that way against ptnative's three arguments.  Every competitor's result is checked
 against ptnative's before timing.  Needs dynamax and hmmlearn (skipped where missing), e.g. a venv with
 ``pip install dynamax hmmlearn`` and ptnative's dependencies, run with PYTHONPATH at the checkout.
+
+The small Viterbi (``--viterbi-sweep Ts x Ks``, issue 34): one sequence (B = 1, float64) at every T and K of the
+grid, ptnative's hmm_viterbi (default mode, and with ``trust_input``) against hmmlearn's Viterbi in alternating turns,
+with each one's median and ptnative's time over hmmlearn's.
 
 The explicit-duration HMM (``--hsmm TxBxKxD``, issue 31: float64, right-censored, the log-likelihood with its
 gradients w.r.t. emissions, transitions, durations and initial weights): ptnative.hsmm_log_likelihood against the
@@ -97,16 +102,16 @@ def overhead_fns(log_e, log_A, log_pi):
     from ptnative.op import NativeOpGenBase
     from ptnative.ops import hmm
 
-    class EmptyOp(NativeOpGenBase):  # hmm_viterbi's inputs and outputs, no work
-        in_info = hmm.HmmViterbiOp.in_info
-        out_info = hmm.HmmViterbiOp.out_info
+    class EmptyOp(NativeOpGenBase):  # the inputs and outputs hmm_viterbi compiles to (HmmViterbiDefaultsOp), no work
+        in_info = hmm.HmmViterbiDefaultsOp.in_info
+        out_info = hmm.HmmViterbiDefaultsOp.out_info
         c_fw_code = "(void)inputs; (void)outputs;"
         code_version = (1,)
 
     le, lA, lpi = pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")
     f_pt = pytensor.function([le, lA, lpi], le[0, 0, 0] + lA[0, 0] + lpi[0])
-    f_empty = pytensor.function([le, lA, lpi], list(EmptyOp.make_op()(*hmm._model("empty", le, lA, lpi, None,
-                                                                                      None))))
+    f_empty = pytensor.function([le, lA, lpi], list(EmptyOp.make_op()(le, lA, lpi)))
+    f_empty_trusted = pytensor.function([le, lA, lpi], list(EmptyOp.make_op()(le, lA, lpi)), trust_input=True)
     f_vit = pytensor.function([le, lA, lpi], list(ptnative.hmm_viterbi(le, lA, lpi)))
     f_post = pytensor.function([le, lA, lpi], list(ptnative.hmm_posteriors(le, lA, lpi)))
     f_pt_trusted = pytensor.function([le, lA, lpi], le[0, 0, 0] + lA[0, 0] + lpi[0], trust_input=True)
@@ -114,7 +119,35 @@ def overhead_fns(log_e, log_A, log_pi):
     args = (log_e, log_A, log_pi)
     return {"PyTensor call, no op": lambda: f_pt(*args), "empty native op": lambda: f_empty(*args),
             "hmm_viterbi": lambda: f_vit(*args), "hmm_posteriors": lambda: f_post(*args),
-            "no op, trust_input": lambda: f_pt_trusted(*args), "hmm_viterbi, trust_input": lambda: f_vit_trusted(*args)}
+            "no op, trust_input": lambda: f_pt_trusted(*args),
+            "empty native op, trust_input": lambda: f_empty_trusted(*args),
+            "hmm_viterbi, trust_input": lambda: f_vit_trusted(*args)}
+
+
+def viterbi_sweep(spec, reps):
+    """``spec`` "T1,T2,...xK1,K2,...": hmm_viterbi on one sequence (default mode and trust_input) against hmmlearn's
+    Viterbi at every (T, K), timed in alternating turns; rows (T, K, ptnative, trust_input, hmmlearn) in seconds."""
+    Ts, Ks = ([int(v) for v in part.split(",")] for part in spec.split("x"))
+    le, lA, lpi = pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")
+    path, score = ptnative.hmm_viterbi(le, lA, lpi)
+    f = pytensor.function([le, lA, lpi], [path, score])
+    f_trusted = pytensor.function([le, lA, lpi], [path, score], trust_input=True)
+    rows = []
+    for K in Ks:
+        for T in Ts:
+            args = data(T, 1, K)
+            peer = hmmlearn_fns(*args).get("viterbi")
+            if peer is None:
+                return rows
+            check("viterbi", "hmmlearn", peer(), f(*args))
+            times = measure_interleaved({"ptnative": lambda: f(*args), "trust_input": lambda: f_trusted(*args),
+                                         "hmmlearn": peer}, reps=reps, rounds=3, warmup=20)
+            rows.append((T, K, times["ptnative"].median, times["trust_input"].median, times["hmmlearn"].median))
+            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "ptnative", times["ptnative"].median, ours=True)
+            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "ptnative trust_input", times["trust_input"].median,
+                   ours=True)
+            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "hmmlearn", times["hmmlearn"].median)
+    return rows
 
 
 def scan_fns(log_e, log_A, log_pi):
@@ -350,14 +383,22 @@ def main():
     ap.add_argument("--shapes", default="1000x8x16,500x1x3", help="TxBxK,...")
     ap.add_argument("--overhead", default="500x1x3", help="TxBxK of the per-call overhead breakdown ('' to skip)")
     ap.add_argument("--hsmm", default="2000x8x4x50", help="TxBxKxD of the explicit-duration HMM ('' to skip)")
+    ap.add_argument("--viterbi-sweep", default="", help="T,...xK,... of the one-sequence Viterbi against hmmlearn")
     args = ap.parse_args()
     load_before = os.getloadavg()
+    if args.viterbi_sweep:
+        sweep = viterbi_sweep(args.viterbi_sweep, max(args.reps, 30))
+        print("\nViterbi, B=1 f64, median microseconds (alternating turns):")
+        print(f"{'T':>6} {'K':>3} {'ptnative':>9} {'trust_input':>12} {'hmmlearn':>9} {'ratio':>6} "
+              f"{'ratio trusted':>14}")
+        for T, K, a, b, c in sweep:
+            print(f"{T:>6} {K:>3} {a * 1e6:>9.2f} {b * 1e6:>12.2f} {c * 1e6:>9.2f} {a / c:>6.2f} {b / c:>14.2f}")
     if args.overhead:
         T, B, K = (int(v) for v in args.overhead.split("x"))
         times = measure_interleaved(overhead_fns(*data(T, B, K)), reps=max(args.reps, 300), rounds=3, warmup=20)
         print(f"\nper-call overhead, T={T} B={B} K={K} f64 (median / best wall microseconds):")
         for name, timing in times.items():
-            print(f"  {name:<26} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
+            print(f"  {name:<30} {timing.median * 1e6:8.1f} {timing.best * 1e6:8.1f}")
     rows = hsmm_bench(args.hsmm, args.reps) if args.hsmm else []
     for shape in filter(None, args.shapes.split(",")):
         T, B, K = (int(v) for v in shape.split("x"))

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from . import blas, cache as _cache, flags, prebuilt
+from . import blas, blas_threads, cache as _cache, flags, prebuilt
 from .cache import CacheError, Directory, Missing, Unrecorded, Untrusted, UntrustedLibraryWarning
 from .cache import check_output, checked_dir, configured_dir, directory_problem, dlopen_fd, open_verified
 from .compilers import cxx, nvcc
@@ -468,6 +468,7 @@ def load(variant: Variant) -> Library:
             lib = _loaded.get(variant.symbol)
             if lib is None:
                 lib = _loaded[variant.symbol] = Library(variant, library_path(variant), open_library(variant))
+                blas_threads.install(open_library)  # the OpenBLAS libraries loaded by now share one pool
     return lib
 
 

@@ -75,6 +75,7 @@ def info() -> None:
     from .device import load_cublas
     rows.append(("cuBLAS (CUDA kernels)", load_cublas() or "not found"))
     rows.append(("BLAS (CPU kernels)", blas.describe()))
+    rows.append(("OpenBLAS worker threads", _blas_threads_row()))
     cache, problem = build.cache_status()
     if problem:
         rows.append(("kernel cache", f"{cache}: FAILS THE CHECKS: {problem}"))
@@ -88,6 +89,22 @@ def info() -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def _blas_threads_row() -> str:
+    """Who runs the loaded OpenBLAS libraries' parallel work once a CPU kernel loads (ptnative.blas_threads)."""
+    from . import blas_threads
+
+    try:
+        setting = blas_threads.choice()
+    except ValueError as e:
+        return f"INVALID: {e}"
+    libraries = blas_threads.openblas_libraries()
+    if setting == "openblas":
+        return f"their own ({blas_threads.SETTING}=openblas)"
+    if not libraries:
+        return "their own (no loaded OpenBLAS has a threads callback)"
+    return f"ptnative's pool, for {', '.join(os.path.basename(p) for p in libraries)}"
 
 
 class _Bar:
@@ -174,6 +191,9 @@ def build_all(device: str, jobs: int | None = None, progress: str = "bar", recor
     # (label, a function making the variant): variants are made in the threads too
     todo = [(f"{name} ({dtype})", partial(op.variant, dtype, device=device))
             for name, op, dtype in catalogue.variants(device)]
+    if device == "cpu":
+        from .blas_threads import pool_variant
+        todo.append(("the OpenBLAS worker pool", pool_variant))
     handler = installed_handler_variant(device)
     if handler is not None:
         todo.append(("JAX mode's XLA FFI handler", lambda: handler))

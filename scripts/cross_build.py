@@ -28,8 +28,8 @@ DEFAULT_MARCH = "armv8.2-a"
 
 
 def variants(only: str | None = None):
-    """(label, variant) for every CPU variant of the catalogue and JAX mode's CPU handler (where jax is installed),
-    as ``python -m ptnative build`` makes them; ``only`` keeps those whose label contains it."""
+    """(label, variant) for every CPU variant of the catalogue, the OpenBLAS pool and JAX mode's CPU handler (where
+    jax is installed), as ``python -m ptnative build`` makes them; ``only`` keeps those whose label contains it."""
     from ptnative import catalogue
     from ptnative.backends.ffi_source import installed_handler_variant
 
@@ -37,6 +37,11 @@ def variants(only: str | None = None):
         label = f"{name} ({dtype})"
         if only is None or only in label:
             yield label, op.variant(dtype, device="cpu")
+    from ptnative.blas_threads import pool_variant
+
+    label = "the OpenBLAS worker pool"
+    if only is None or only in label:
+        yield label, pool_variant()
     handler = installed_handler_variant("cpu")  # None where jax is not installed
     label = "JAX mode's XLA FFI handler"
     if handler is not None and (only is None or only in label):

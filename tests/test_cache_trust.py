@@ -423,9 +423,10 @@ def test_concurrent_processes_build_once_and_agree(tmp_path):
         assert p.returncode == 0, stderr
         assert "UntrustedLibraryWarning" not in stderr
         assert_correct(stdout)
-    libs = list(cache_dir.glob("*.so"))
-    assert len(libs) == 1
-    assert_trusted_again(libs[0])
+    libs = list(cache_dir.glob("*.so"))  # the op's, and the OpenBLAS pool's that its load installs
+    assert len([lib for lib in libs if not lib.name.startswith("ptn_blas_threads_")]) == 1
+    for lib in libs:
+        assert_trusted_again(lib)
     assert not list(cache_dir.glob(".*")), "temporary files or build directories were left behind"
 
 

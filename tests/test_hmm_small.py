@@ -1,5 +1,5 @@
-"""The CPU's one-sequence paths of hmm_viterbi and hmm_posteriors (B = 1, K <= 4: register-only recursions
-without a separate scan of the emissions, falling back to the general path where their checks fail), against
+"""The CPU's one-sequence paths of hmm_viterbi (B = 1, K <= 8) and hmm_posteriors (B = 1, K <= 4): register-only
+recursions without the general path's setup, falling back to the general path where their checks fail, against
 enumeration of all state paths, the numpy log-space references, and the same sequence computed in a batch of two
 (the general path), including the cases that must take the fallback."""
 
@@ -35,12 +35,12 @@ def posteriors_with_gradient(dtype):
 
 # ------------------------------------------------------------------ Viterbi
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("K", [1, 2, 3, 4])
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_viterbi_one_sequence_against_enumeration(K, dtype):
     rng = np.random.default_rng(100 + K)
-    T = 6
+    T = 6 if K <= 4 else 4
     f = compiled(hmm.hmm_viterbi, dtype, None)
-    for lens in ([6], [4], [1], [0]):
+    for lens in ([T], [T - 2], [1], [0]):
         le, lA, lpi, lf = model(rng, T, 1, K, 2.0)
         args = cast(dtype, le, lA, lpi, lf, mask_of(lens, T))
         path, score = f(*args)
@@ -50,7 +50,7 @@ def test_viterbi_one_sequence_against_enumeration(K, dtype):
         np.testing.assert_allclose(score, want_score, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("K", [2, 3, 4])
+@pytest.mark.parametrize("K", [2, 3, 4, 5, 8])
 def test_viterbi_one_sequence_long_and_special(K):
     """T = 2000 with log-densities of +-2000 and -inf transitions against numpy; no path; NaN falls back to the
     general path (score NaN, path -1); +inf raises naming the entry."""

@@ -91,15 +91,16 @@ def test_lane_ties_go_to_the_lowest_state(dtype, K):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B, K", [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 7), (2, 3), (2, 6)])
+@pytest.mark.parametrize("B, K", [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 7), (1, 8), (1, 9), (2, 3), (2, 6)])
 def test_ties_on_the_one_sequence_paths(dtype, B, K):
-    """The paths that do not use lanes (c_code/hmm_viterbi.cu): B = 1 with K <= 4 (one sequence in registers, 2-bit
-    backpointers), B = 1 with K > 4 and B = 2 (too few sequences to fill a group of lanes: hmm_viterbi_kernel's
-    frame-by-frame path).  Integer log-weights make many paths tie exactly; the documented rule (the lowest state at
-    the end and at every step of the backtrace, i.e. the tied path smallest read from the last frame backwards) is
-    checked against enumeration of every path, with padded frames -1; all-zero weights give state 0 everywhere."""
+    """The paths that do not use lanes (c_code/hmm_viterbi.cu): B = 1 with K <= 8 (one sequence in registers, 2-bit
+    backpointers in a word for K <= 4, bytes for K <= 8), B = 1 with K > 8 and B = 2 (too few sequences to fill a
+    group of lanes: hmm_viterbi_kernel's frame-by-frame path).  Integer log-weights make many paths tie exactly; the
+    documented rule (the lowest state at the end and at every step of the backtrace, i.e. the tied path smallest read
+    from the last frame backwards) is checked against enumeration of every path, with padded frames -1; all-zero
+    weights give state 0 everywhere."""
     rng = np.random.default_rng(900 + 10 * B + K)
-    T = 6 if K <= 4 else 5
+    T = 6 if K <= 4 else 5 if K <= 7 else 4
     f = viterbi_fn(dtype)
     for trial in range(4):
         le = rng.integers(-2, 1, size=(T, B, K)).astype(np.float64)

@@ -1,8 +1,9 @@
 """The kernel tree (c_code/): folders by role, and every file compiles on its own, with any compiler.
 
 ``dialect/`` (what every variant's unit opens with), ``glue/`` (the templates ptnative fills: a variant's unit,
-PyTensor's C module, the XLA FFI handler), ``common/`` (kernel helpers several families share) and one folder per
-op family.  A kernel file includes what it needs by real relative includes, ``dialect/kernel.h`` first, so that a
+PyTensor's C module, the XLA FFI handler), ``common/`` (kernel helpers several families share), ``runtime/``
+(libraries of their own that hold no op's code: the OpenBLAS worker pool, ptnative/blas_threads.py) and one folder
+per op family.  A kernel file includes what it needs by real relative includes, ``dialect/kernel.h`` first, so that a
 compiler, clangd or nvcc pointed at one file compiles it; ptnative's build inlines the same includes into one
 translation unit per variant (``ptnative.source.kernel_unit``).  The glue templates hold ``@KEY@`` placeholders
 and are compiled, filled, by every test that runs an op.
@@ -24,7 +25,7 @@ from ptnative.build import cxx, nvcc
 from ptnative.source import kernel_dir, kernel_unit, read_kernel_file
 
 ROOT = Path(str(kernel_dir()))
-ROLES = {"dialect", "glue", "common"}
+ROLES = {"dialect", "glue", "common", "runtime"}
 FAMILIES = {"fsa", "ctc", "hmm", "hsmm", "lstm", "rnnt", "edit_distance", "chunking", "sparse"}
 #: No kernel file grows past this many lines (issue 29): split it by what its parts do.
 MAX_LINES = 700
@@ -49,7 +50,7 @@ def test_includes_name_headers_and_kernel_h_comes_first():
         assert not [i for i in includes if i.endswith(".cu")], f"{path} includes a .cu file"
         for name in includes:
             assert (ROOT / Path(path).parent / name).resolve().is_file(), f"{path}: {name} not found"
-        if not path.startswith("dialect/"):
+        if not path.startswith(("dialect/", "runtime/")):  # the runtime's libraries are not kernels
             assert includes and includes[0] == "../dialect/kernel.h", f"{path} does not include kernel.h first"
 
 

@@ -332,7 +332,8 @@ def test_parallel_builds_share_one_library(tmp_path):
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         assert "[3. 3.]" in out
-    libs = list((tmp_path / "cache").glob("*.so"))
+    libs = [lib for lib in (tmp_path / "cache").glob("*.so")  # the op's (the OpenBLAS pool's beside it)
+            if not lib.name.startswith("ptn_blas_threads_")]
     assert len(libs) == 1
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
 

@@ -23,6 +23,7 @@
 #include "hmm_posteriors_small.h"
 #include "hmm_posteriors_lanes.h"
 #include "hmm_posteriors_grad.h"
+#include "hmm_defaults.h"
 
 #if !CUDA
 // The sequential pass over the sequences [b0, b1) (status set, xi zeroed): time outer, batch inner (the sequences'
@@ -201,48 +202,13 @@ static void hmm_posteriors_values_fw(int n_inputs, Ndarray** inputs, int n_outpu
   hmm_posteriors_run(n_inputs, inputs, st, Ndarray_DEV_DATA(*outputs[0]), Ndarray_DEV_DATA(*outputs[1]));
 }
 
-DEF_KERNEL void hmm_post_fill(Float* x, int64_t n, Float value) {
-  GRID_LOOP(i, n) x[i] = value;
-}
-
-// n copies of value.  On the CPU in the library's memory (slot Slot of hmm_kept_doubles, which nothing else
-// writes), filled only where the calling thread's previous call did not leave them (a T = 500 mask: 0.15 us a call).
-template <int Slot>
-static Float* hmm_post_filled(ptn::Scratch& scratch, int64_t n, Float value) {
-#if !CUDA
-  thread_local const Float* at = nullptr;  // the memory the last call filled, and how much of it
-  thread_local int64_t count = 0;
-  const int64_t n_doubles = (n * (int64_t)sizeof(Float) + 7) / 8;
-  Float* x = (Float*)hmm_kept_doubles<Slot>(scratch, n_doubles);
-  if (x == at && n <= count) return x;
-  start_dev_kernel(hmm_post_fill, (x, n, value));
-  const bool kept = n_doubles <= HMM_KEEP_DOUBLES;  // else per-call scratch, never reused
-  at = kept ? x : nullptr;
-  count = kept ? n : 0;
-  return x;
-#else
-  Float* x = scratch.get<Float>(n);
-  start_dev_kernel(hmm_post_fill, (x, n, value));
-  return x;
-#endif
-}
-
 // HmmPosteriorsDefaultsOp: HmmPosteriorsValuesOp on log_emissions (T,B,K), log_transitions, log_initial with the
 // defaults log_final = 0 (K) and mask = 1 (T,B), made here (contiguous, like the inputs they stand for).
 static void hmm_posteriors_defaults_fw(int n_inputs, Ndarray** inputs, int n_outputs, Ndarray*** outputs) {
   assert_cmp(n_inputs, ==, 3);
-  const int64_t T = Ndarray_DIMS(inputs[0])[0], B = Ndarray_DIMS(inputs[0])[1], K = Ndarray_DIMS(inputs[0])[2];
   ptn::Scratch scratch;
-  Ndarray lf = *inputs[2], mask = *inputs[0];
-  lf.data = hmm_post_filled<2>(scratch, K, (Float)0.0);
-  lf.dims[0] = K;
-  lf.strides[0] = sizeof(Float);
-  mask.data = hmm_post_filled<3>(scratch, T * B, (Float)1.0);
-  mask.ndim = 2;
-  mask.strides[1] = sizeof(Float);
-  mask.strides[0] = B * (int64_t)sizeof(Float);
-  Ndarray* all[5] = {inputs[0], inputs[1], inputs[2], &lf, &mask};
-  hmm_posteriors_values_fw(5, all, n_outputs, outputs);
+  HmmWithDefaults five(scratch, inputs);
+  hmm_posteriors_values_fw(5, five.all, n_outputs, outputs);
 }
 
 // ---------------------------------------------------------------- gradient

@@ -3,7 +3,8 @@
 * :class:`HmmForwardBackwardOp`: the log-likelihood and its gradients (:func:`hmm_log_likelihood`), with
   :class:`HmmLikelihoodWithGradOp` (both in one pass, put in by a rewrite) and :class:`HmmVaryingLikelihoodOp`
   (batched or time-varying parameters).
-* :class:`HmmViterbiOp`: the most likely state path and its log score (:func:`hmm_viterbi`).
+* :class:`HmmViterbiOp`: the most likely state path and its log score (:func:`hmm_viterbi`), with
+  :class:`HmmViterbiDefaultsOp` (no ``log_final`` and ``mask`` given, put in by a rewrite).
 * :class:`HmmPosteriorsOp`: smoothed state marginals and expected transition counts, with
   gradients (:func:`hmm_posteriors`).
 * :class:`HmmSampleStatesOp`: state paths drawn from the posterior by forward filtering,
@@ -126,6 +127,22 @@ class HmmViterbiOp(NativeOpGenBase):
     code_version = (1,)
 
 
+class HmmViterbiDefaultsOp(NativeOpGenBase):
+    """:class:`HmmViterbiOp` with ``log_final`` and ``mask`` at their defaults (no final weighting, every frame
+    valid), made in the kernel: the compiled graph then holds no nodes building those two arrays per call.
+
+    Inputs ``log_emissions`` (T, B, K), ``log_transitions`` (K, K), ``log_initial`` (K,); outputs as
+    :class:`HmmViterbiOp`'s.  Not built by users: the rewrite ``_viterbi_defaults`` puts it where
+    :func:`hmm_viterbi` was called without ``log_final`` and ``mask``.
+    """
+
+    in_info = _hmm_inputs(True)[:3]
+    out_info = HmmViterbiOp.out_info
+    c_extra_support_code = _support("viterbi")
+    c_fw_code = "hmm_viterbi_defaults_fw(n_inputs, inputs, n_outputs, outputs);"
+    code_version = (1,)
+
+
 class HmmPosteriorsOp(NativeOpGenBase):
     """Smoothed state marginals and expected transition counts of a dense K-state HMM, with
     gradients (see :func:`hmm_posteriors`).
@@ -225,23 +242,40 @@ def _is_filled(fgraph, x, value, like):
     return all(feature.same_shape(x, y, d, dy) for d, (y, dy) in enumerate(like))
 
 
+def _has_defaults(fgraph, node):
+    """Whether the node's ``log_final`` and ``mask`` (inputs 3 and 4) are :func:`_model`'s defaults: zeros of
+    ``log_initial``'s shape and ones of the emissions' (T, B)."""
+    le, _, lpi, lf, mask = node.inputs[:5]
+    return _is_filled(fgraph, lf, 0, [(lpi, 0)]) and _is_filled(fgraph, mask, 1, [(le, 0), (le, 1)])
+
+
 @node_rewriter([NativeOp])
 def _posteriors_without_hidden_outputs(fgraph, node):
     """An :class:`HmmPosteriorsOp` node none of whose hidden outputs is used (no gradient is taken) becomes an
     :class:`HmmPosteriorsValuesOp` node on the same inputs, or an :class:`HmmPosteriorsDefaultsOp` node where
-    ``log_final`` is zeros of ``log_initial``'s shape and ``mask`` ones of the emissions' (T, B) (the defaults)."""
+    ``log_final`` and ``mask`` are the defaults (:func:`_has_defaults`)."""
     if node.op.name != HmmPosteriorsOp.__name__ or any(fgraph.clients.get(out) for out in node.outputs[2:]):
         return None
-    le, _, lpi, lf, mask = node.inputs
-    spec = HmmPosteriorsValuesOp
-    if _is_filled(fgraph, lf, 0, [(lpi, 0)]) and _is_filled(fgraph, mask, 1, [(le, 0), (le, 1)]):
-        spec = HmmPosteriorsDefaultsOp
+    spec = HmmPosteriorsDefaultsOp if _has_defaults(fgraph, node) else HmmPosteriorsValuesOp
     op = spec.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)
     values = op(*node.inputs[:len(spec.in_info)])
     return dict(zip(node.outputs[:2], values))
 
 
 register_specialize(_posteriors_without_hidden_outputs, name="ptnative_hmm_posteriors_values")
+
+
+@node_rewriter([NativeOp])
+def _viterbi_defaults(fgraph, node):
+    """An :class:`HmmViterbiOp` node whose ``log_final`` and ``mask`` are the defaults (:func:`_has_defaults`)
+    becomes an :class:`HmmViterbiDefaultsOp` node on its first three inputs."""
+    if node.op.name != HmmViterbiOp.__name__ or not _has_defaults(fgraph, node):
+        return None
+    op = HmmViterbiDefaultsOp.make_op(device=node.op.device, float_dtypes=node.op.float_dtypes)
+    return op(*node.inputs[:3])
+
+
+register_specialize(_viterbi_defaults, name="ptnative_hmm_viterbi_defaults")
 
 
 class HmmSampleStatesOp(NativeOpGenBase):
@@ -489,7 +523,7 @@ def hmm_sample_states(log_emissions, log_transitions, log_initial, log_final=Non
 for _f in (hmm_viterbi, hmm_posteriors, hmm_sample_states):
     _f.__doc__ = _f.__doc__.replace("{params}", _PARAMS_DOC).replace("{{", "{").replace("}}", "}")
 
-__all__ = ["HmmForwardBackwardOp", "HmmViterbiOp", "HmmPosteriorsOp", "HmmPosteriorsValuesOp",
-           "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp", "HmmVaryingPosteriorsOp",
-           "HmmVaryingViterbiOp", "HmmVaryingSampleStatesOp", "hmm_log_likelihood",
+__all__ = ["HmmForwardBackwardOp", "HmmViterbiOp", "HmmViterbiDefaultsOp", "HmmPosteriorsOp",
+           "HmmPosteriorsValuesOp", "HmmPosteriorsDefaultsOp", "HmmSampleStatesOp", "HmmVaryingLikelihoodOp",
+           "HmmVaryingPosteriorsOp", "HmmVaryingViterbiOp", "HmmVaryingSampleStatesOp", "hmm_log_likelihood",
            "hmm_viterbi", "hmm_posteriors", "hmm_sample_states"]

@@ -38,7 +38,8 @@ from ptnative.ops.fsa import (CtcFsaLossOp, CtcViterbiLossOp, FastBaumWelchOp, F
                               MultiEndFastBaumWelchOp, SegmentFastBaumWelchOp)
 from ptnative.ops.hmm import (HmmForwardBackwardOp, HmmLikelihoodWithGradOp, HmmPosteriorsDefaultsOp, HmmPosteriorsOp,
                               HmmPosteriorsValuesOp, HmmSampleStatesOp, HmmVaryingLikelihoodOp,
-                              HmmVaryingPosteriorsOp, HmmVaryingSampleStatesOp, HmmVaryingViterbiOp, HmmViterbiOp)
+                              HmmVaryingPosteriorsOp, HmmVaryingSampleStatesOp, HmmVaryingViterbiOp,
+                              HmmViterbiDefaultsOp, HmmViterbiOp)
 from ptnative.ops.hsmm import (HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmPosteriorsOp, HsmmSampleStatesOp,
                                HsmmViterbiOp)
 from ptnative.ops.lstm import (LstmCell, LstmCellGrad, LstmCellGradGrad, LstmGenericBase, LstmLowMem, NativeLstm2,
@@ -403,10 +404,10 @@ def _hmm(g, dtype, size):
 
 
 def _hmm_inference(g, dtype, size):
-    """Viterbi, posteriors (with their gradients, and without: HmmPosteriorsValuesOp, and HmmPosteriorsDefaultsOp
-    with the default final weights and mask), posterior sampling, and with time-varying transitions and per-sequence
-    initial weights the log-likelihood, posteriors (both with their gradients), Viterbi and sampling, on one ragged
-    batch."""
+    """Viterbi (and HmmViterbiDefaultsOp with the default final weights and mask), posteriors (with their gradients,
+    and without: HmmPosteriorsValuesOp, and HmmPosteriorsDefaultsOp with the default final weights and mask),
+    posterior sampling, and with time-varying transitions and per-sequence initial weights the log-likelihood,
+    posteriors (both with their gradients), Viterbi and sampling, on one ragged batch."""
     T, B, K = size
     rng = np.random.default_rng(T + K + 1)
     le, lA, lpi, lf = hmm_data(rng, T, B, K, scale=3.0)
@@ -417,6 +418,7 @@ def _hmm_inference(g, dtype, size):
     values = cast([le, lA, lpi, lf, mask_of(lens, T), rng.random((T, B)), lA_t, lpi_b], dtype)
     ins = g.syms("log_emissions log_transitions log_initial log_final mask uniforms log_A_t log_pi_b", values)
     path, score = g.op(HmmViterbiOp)(*ins[:5])
+    default_path, default_score = g.op(HmmViterbiDefaultsOp)(*ins[:3])
     marginals, counts = g.op(HmmPosteriorsOp)(*ins[:5])
     values_only = g.op(HmmPosteriorsValuesOp)(*ins[:5])
     defaults = g.op(HmmPosteriorsDefaultsOp)(*ins[:3])
@@ -426,8 +428,8 @@ def _hmm_inference(g, dtype, size):
     v_marginals, v_counts = g.op(HmmVaryingPosteriorsOp)(*varying)
     v_path, v_score = g.op(HmmVaryingViterbiOp)(*varying)
     v_draws = g.op(HmmVaryingSampleStatesOp)(*varying, ins[5])
-    return ins, [path, score, marginals, counts, *values_only, *defaults, draws, ll, v_marginals, v_counts, v_path,
-                 v_score, v_draws,
+    return ins, [path, score, default_path, default_score, marginals, counts, *values_only, *defaults, draws, ll,
+                 v_marginals, v_counts, v_path, v_score, v_draws,
                  *g.grads([marginals, counts], ins[:4]),
                  *g.grads([ll], varying[:4]),
                  *g.grads([v_marginals, v_counts], varying[:4])], values
@@ -548,8 +550,9 @@ CASES = [
     _case("hmm", "fsa", [HmmForwardBackwardOp, HmmLikelihoodWithGradOp], _hmm, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3),
     # HMM inference
     _case("hmm_inference", "hmm",
-          [HmmViterbiOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp, HmmSampleStatesOp,
-           HmmVaryingLikelihoodOp, HmmVaryingPosteriorsOp, HmmVaryingViterbiOp, HmmVaryingSampleStatesOp],
+          [HmmViterbiOp, HmmViterbiDefaultsOp, HmmPosteriorsOp, HmmPosteriorsValuesOp, HmmPosteriorsDefaultsOp,
+           HmmSampleStatesOp, HmmVaryingLikelihoodOp, HmmVaryingPosteriorsOp, HmmVaryingViterbiOp,
+           HmmVaryingSampleStatesOp],
           _hmm_inference, [(9, 4, 5), (64, 40, 16)], rtol32=1e-3, representative=True),
     # explicit-duration HMM
     _case("hsmm", "hsmm", [HsmmLikelihoodOp, HsmmLikelihoodWithGradOp, HsmmViterbiOp, HsmmPosteriorsOp,
