@@ -71,6 +71,7 @@ struct Pool {
 
 std::atomic<Pool*> the_pool{nullptr};
 thread_local ptn_blas_dojob running_job_of = nullptr;  // the library whose job this thread is running, if any
+thread_local bool holds_workers = false;  // this thread holds Pool::busy (its call's job 0 may call BLAS again)
 std::atomic<int64_t> n_calls{0};
 std::once_flag atfork_once;
 
@@ -165,9 +166,13 @@ extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, siz
   std::mutex* library = p ? p->library_lock(dojob) : nullptr;
   if (!library) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
   std::lock_guard<std::mutex> one_call_per_library(*library);
-  if (numjobs > 0xffff || !p->busy.try_lock())  // the workers serve another library's call: threads of its own
+  if (numjobs > 0xffff || holds_workers || !p->busy.try_lock())  // the workers serve another call: threads apart
     return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
   std::lock_guard<std::mutex> hold(p->busy, std::adopt_lock);
+  struct Holding {
+    Holding() { holds_workers = true; }
+    ~Holding() { holds_workers = false; }
+  } holding;
   if (!start_workers(p, numjobs - 1)) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
   p->batch = Batch{dojob, data, jobdata_elsize, dojob_data};
   p->remaining.store(numjobs - 1, std::memory_order_relaxed);
