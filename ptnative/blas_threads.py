@@ -40,6 +40,7 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
 _lock = threading.Lock()
 _installed: dict[str, ctypes.CDLL] = {}  # OpenBLAS library path -> the library, with the callback set
 _pool: ctypes.CDLL | None = None
+_pool_failed = False  # the pool's library could not be built or loaded: not tried again in this process
 
 
 def choice() -> str:
@@ -101,16 +102,19 @@ def install(open_library) -> list[str]:
     """Set the pool as the threads callback of every loaded OpenBLAS that has none from us yet; returns the
     paths of all the OpenBLAS libraries that have it.  ``open_library(variant)`` builds (if needed), checks and
     loads a library (:func:`ptnative.build.open_library`).  Does nothing under ``PTNATIVE_BLAS_THREADS=openblas``,
-    and where the pool's library cannot be built (logged): OpenBLAS then keeps its own workers."""
-    global _pool
+    and where the pool's library cannot be built (logged once; not tried again): OpenBLAS keeps its own workers."""
+    global _pool, _pool_failed
     if choice() == "openblas":
         return []
     with _lock:
         todo = [p for p in openblas_libraries() if p not in _installed]
         if todo and _pool is None:
+            if _pool_failed:
+                return list(_installed)
             try:
                 _pool = open_library(pool_variant())
             except Exception as e:  # no compiler, an untrusted cache...: OpenBLAS's own workers stay
+                _pool_failed = True
                 log.warning("ptnative: OpenBLAS keeps its own worker threads (the shared pool was not built: %s)", e)
                 return list(_installed)
         for path in todo:

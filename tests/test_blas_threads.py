@@ -202,3 +202,20 @@ def test_an_invalid_setting_is_named(monkeypatch):
     monkeypatch.setenv("PTNATIVE_BLAS_THREADS", "mkl")
     with pytest.raises(ValueError, match="PTNATIVE_BLAS_THREADS must be one of"):
         blas_threads.choice()
+
+
+def test_a_pool_that_cannot_be_built_leaves_openblas_alone_and_is_tried_once(monkeypatch, caplog):
+    monkeypatch.setattr(blas_threads, "_pool", None)
+    monkeypatch.setattr(blas_threads, "_pool_failed", False)
+    monkeypatch.setattr(blas_threads, "_installed", {})
+    monkeypatch.setattr(blas_threads, "openblas_libraries", lambda: ["/some/libopenblas.so"])
+    tries = []
+
+    def failing_open(variant):
+        tries.append(variant)
+        raise build.CompileError("no compiler")
+
+    assert blas_threads.install(failing_open) == []
+    assert blas_threads.install(failing_open) == []
+    assert len(tries) == 1
+    assert "OpenBLAS keeps its own worker threads" in caplog.text
