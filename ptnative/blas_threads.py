@@ -76,17 +76,23 @@ def _loaded_library_paths() -> list[str]:
     return sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
 
 
+def _already_loaded(path: str) -> ctypes.CDLL | None:
+    """The library ``path`` if this process has it loaded (``RTLD_NOLOAD``: nothing is read from disk, so a file
+    put at that path since is never loaded), else None."""
+    try:
+        return ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+    except OSError:
+        return None
+
+
 def openblas_libraries() -> list[str]:
     """Paths of the loaded libraries whose file name says OpenBLAS and that export a threads-callback setter."""
     found = []
     for path in _loaded_library_paths():
         if "openblas" not in os.path.basename(path).lower():
             continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if any(hasattr(lib, name) for name in SETTERS):
+        lib = _already_loaded(path)
+        if lib is not None and any(hasattr(lib, name) for name in SETTERS):
             found.append(path)
     return found
 
@@ -118,7 +124,9 @@ def install(open_library) -> list[str]:
                 log.warning("ptnative: OpenBLAS keeps its own worker threads (the shared pool was not built: %s)", e)
                 return list(_installed)
         for path in todo:
-            lib = ctypes.CDLL(path)
+            lib = _already_loaded(path)
+            if lib is None:  # unloaded since it was listed
+                continue
             _set_callback(lib, ctypes.cast(getattr(_pool, RUN_SYMBOL), ctypes.c_void_p).value)
             _installed[path] = lib
         return list(_installed)
