@@ -375,16 +375,17 @@ def test_native_lstm2_layer_rows_skipped_and_balanced(monkeypatch, dtype, order)
             np.testing.assert_allclose(got[name], total, rtol=rtol, atol=rtol * np.abs(total).max(), err_msg=name)
 
 
-def test_native_lstm2_concurrent_calls(monkeypatch):
-    """Two Python threads training through the threaded CPU path at once while a third multiplies with scipy's
-    BLAS (its worker pool is the one the parts run on): no deadlock, every result equal to a lone call's."""
+@pytest.mark.parametrize("T,B,n", [(16, 41, 64), (24, 3, 128)], ids=["rows", "cells"])
+def test_native_lstm2_concurrent_calls(monkeypatch, T, B, n):
+    """Two Python threads training through the threaded CPU path (the row parts, or the cell split whose threads
+    meet at every frame) at once while a third multiplies with scipy's BLAS: no deadlock, every result equal to a
+    lone call's."""
     import threading
     import time
 
     from scipy.linalg import blas as scipy_blas
 
     monkeypatch.setenv("PTNATIVE_NUM_THREADS", "2")
-    T, B, n = 16, 41, 64
     rng = np.random.default_rng(8)
     vals = [rng.normal(size=(T, B, 4 * n)), rng.normal(size=(n, 4 * n)) * 0.2, rng.normal(size=(B, n)),
             rng.normal(size=(B, n)), holey_mask(T, B, rng)]

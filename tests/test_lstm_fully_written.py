@@ -149,14 +149,16 @@ def test_outputs_written_in_full_in_every_mode(mode, dtype, monkeypatch):
 
 
 # (T, B, n_in, n): sizes over the threaded paths' threshold; "chunks" runs LstmLowMem's backward in several chunks
-# of frames (768 // 100 = 7 frames each), "wide" takes its weight gradient per chunk split by columns.
-THREADED_SIZES = {"rows": (16, 41, 40, 64), "chunks": (24, 100, 20, 36), "wide": (3, 12, 40, 200)}
+# of frames (768 // 100 = 7 frames each), "wide" takes its weight gradient per chunk split by columns, "cells" runs
+# NativeLstm2's recurrence split by cells (fewer row parts than threads: docs/lstm.md).
+THREADED_SIZES = {"rows": (16, 41, 40, 64), "chunks": (24, 100, 20, 36), "wide": (3, 12, 40, 200),
+                  "cells": (44, 3, 30, 128)}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("size", list(THREADED_SIZES), ids=list(THREADED_SIZES))
 def test_threaded_paths_write_in_full(size, dtype, monkeypatch):
-    """The row-split CPU paths at 1, 2 and 3 threads, with frames left unvisited: under poison every output is
+    """The threaded CPU paths at 1, 2 and 3 threads, with frames left unvisited: under poison every output is
     finite and equal bit for bit to the run without poison (and the same for a repeated call)."""
     fn = _function(None, dtype)
     T, B, n_in, n = THREADED_SIZES[size]

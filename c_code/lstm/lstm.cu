@@ -5,48 +5,68 @@
 #include "lstm_common.h"
 #include "lstm_cuda.h"
 #include "lstm_packed.h"
+#include "lstm_team.h"
 
-// H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates [tanh(cell-in), in, forget, out]
-// on exit, 0 on a masked row (m = 0: its gates reach nothing, and the CPU may skip their product); y_carry is y_prev
-// on entry and the carried output (y, or y_prev on masked frames) on exit.
-LSTM_WIDE_LOOPS
+// One cell of a visited frame, mask value m: g points at its cell-input pre-activation in H (X[t] + y_prev . W; the
+// other gates n_cells, 2 n_cells and 3 n_cells after it), which become the activated gates [tanh(cell-in), in, forget,
+// out]; k is its index in the (B, n) arrays; y_out[k] = the carried output (y, or y_in[k] on a masked frame).
+DEV_FUNC inline void lstm2_fw_cell(Float* g, int64_t n_cells, Float m, int64_t k, const Float* y_in, Float* y_out,
+                                   const Float* c_prev, Float* y, Float* c) {
+  LstmGates q = lstm_gates(g[0], g[n_cells], g[2 * n_cells], g[3 * n_cells]);
+  g[0] = q.a;
+  g[n_cells] = q.ig;
+  g[2 * n_cells] = q.fg;
+  g[3 * n_cells] = q.og;
+  Float cp = c_prev[k];
+  Float cv = lstm_blend(m, cp * q.fg + q.a * q.ig, cp);
+  Float yv = lstm_masked(m, lstm_tanh(cv) * q.og);
+  c[k] = cv;
+  y[k] = yv;
+  y_out[k] = yv + y_in[k] * (Float(1) - m);
+}
+
+#if CUDA
+// H row (B, 4n) holds X[t] + y_prev . W on entry and the activated gates on exit, 0 on a masked row (m = 0: its gates
+// reach nothing); y_carry is y_prev on entry and the carried output on exit.
 DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ mask, Float* __restrict__ y_carry,
                                const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ(b, j, n_batch, n_cells) {
     Float* g = h + b * 4 * n_cells + j;
-    int64_t idx = b * n_cells + j;
-    Float m = mask[b];
-    LstmGates q = lstm_gates(g[0], g[n_cells], g[2 * n_cells], g[3 * n_cells]);
-    g[0] = q.a;
-    g[n_cells] = q.ig;
-    g[2 * n_cells] = q.fg;
-    g[3 * n_cells] = q.og;
-    Float cp = c_prev[idx];
-    Float cv = lstm_blend(m, cp * q.fg + q.a * q.ig, cp);
-    Float yv = lstm_masked(m, lstm_tanh(cv) * q.og);
-    c[idx] = cv;
-    y[idx] = yv;
-    y_carry[idx] = yv + y_carry[idx] * (Float(1) - m);
-#if CUDA
-    if (m == Float(0)) g[0] = g[n_cells] = g[2 * n_cells] = g[3 * n_cells] = Float(0);
-#endif
+    lstm2_fw_cell(g, n_cells, mask[b], b * n_cells + j, y_carry, y_carry, c_prev, y, c);
+    if (mask[b] == Float(0)) g[0] = g[n_cells] = g[2 * n_cells] = g[3 * n_cells] = Float(0);
   }
-#if !CUDA  // a pass of its own: in the loop above it would change how g++ contracts the cell's products (the bits)
+}
+#else
+// The CPU's cells [j0, j1) of n_batch rows of a visited frame (h: row b's gates at b * 4n; the others' row b at
+// b * n): lstm2_fw_cell with the carried output read from y_in and written to y_out (the parts of the cell split
+// read every cell of y_in while others write theirs), then the gates of the masked rows set to 0 (the CPU may skip
+// their product).
+LSTM_WIDE_LOOPS
+static void lstm2_fw_cells(Float* __restrict__ h, const Float* __restrict__ mask, const Float* __restrict__ y_in,
+                           Float* __restrict__ y_out, const Float* __restrict__ c_prev, Float* __restrict__ y,
+                           Float* __restrict__ c, int64_t n_batch, int64_t n_cells, int64_t j0, int64_t j1) {
   for (int64_t b = 0; b < n_batch; ++b)
-    if (mask[b] == Float(0)) std::fill_n(h + b * 4 * n_cells, 4 * n_cells, Float(0));
-#endif
+    for (int64_t j = j0; j < j1; ++j)
+      lstm2_fw_cell(h + b * 4 * n_cells + j, n_cells, mask[b], b * n_cells + j, y_in, y_out, c_prev, y, c);
+  // a pass of its own: in the loop above it would change how g++ contracts the cell's products (the bits)
+  for (int64_t b = 0; b < n_batch; ++b)
+    if (mask[b] == Float(0))
+      for (int q = 0; q < 4; ++q) std::fill(h + b * 4 * n_cells + q * n_cells + j0, h + b * 4 * n_cells + q * n_cells + j1, Float(0));
 }
 
-#if !CUDA
-// What lstm2_fw_frame gives on rows whose mask is 0, without reading their h (the CPU skips their product): gates 0,
-// C = c_prev, Y = 0, the carried output kept (as y + y_carry (1 - m) does: a -0 becomes +0).
-static void lstm2_fw_masked_rows(Float* __restrict__ h, Float* __restrict__ y_carry, const Float* __restrict__ c_prev,
-                                 Float* __restrict__ y, Float* __restrict__ c, int64_t n_batch, int64_t n_cells) {
-  std::fill_n(h, n_batch * 4 * n_cells, Float(0));
-  std::fill_n(y, n_batch * n_cells, Float(0));
-  memcpy(c, c_prev, n_batch * n_cells * sizeof(Float));
-  for (int64_t k = 0; k < n_batch * n_cells; ++k) y_carry[k] = Float(0) + y_carry[k];
+// What lstm2_fw_cells gives on rows whose mask is 0, without reading their h (the CPU skips their product): gates 0,
+// C = c_prev, Y = 0, the carried output kept (as y + y_in (1 - m) does: a -0 becomes +0).
+static void lstm2_fw_masked_rows(Float* __restrict__ h, const Float* __restrict__ y_in, Float* __restrict__ y_out,
+                                 const Float* __restrict__ c_prev, Float* __restrict__ y, Float* __restrict__ c,
+                                 int64_t n_batch, int64_t n_cells, int64_t j0, int64_t j1) {
+  for (int64_t b = 0; b < n_batch; ++b) {
+    for (int q = 0; q < 4; ++q) std::fill(h + b * 4 * n_cells + q * n_cells + j0, h + b * 4 * n_cells + q * n_cells + j1, Float(0));
+    const int64_t k0 = b * n_cells + j0, k1 = b * n_cells + j1;
+    std::fill(y + k0, y + k1, Float(0));
+    std::copy(c_prev + k0, c_prev + k1, c + k0);
+    for (int64_t k = k0; k < k1; ++k) y_out[k] = Float(0) + y_in[k];
+  }
 }
 #endif
 
@@ -75,13 +95,23 @@ DEV_FUNC inline void lstm2_bw_cell(int64_t b, int64_t j, Float m, Float* __restr
   dy_carry[idx] *= Float(1) - m;
 }
 
-LSTM_WIDE_LOOPS
+#if CUDA
 DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
                                const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                                const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
                                int64_t n_batch, int64_t n_cells) {
   LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
 }
+#else
+// The CPU's cells [j0, j1) of n_batch rows (as lstm2_fw_cells).
+LSTM_WIDE_LOOPS
+static void lstm2_bw_cells(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
+                           const Float* __restrict__ c_prev, const Float* __restrict__ dY,
+                           const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
+                           int64_t n_batch, int64_t n_cells, int64_t j0, int64_t j1) {
+  LSTM_FOR_BJ_BY_MASK_CELLS(mask, n_batch, j0, j1, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
+}
+#endif
 
 // out[c] = the sum of column c of the (rows, cols) row-major X, accumulated in double row by row (CUDA: one
 // thread per column).
@@ -145,35 +175,81 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
                                       data_ptr(C, t), n_batch, n_cells));
   }
 #else
-  // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.  The
-  // products skip a part's rows after the last valid one of a visited frame (their outputs are fixed; the frame's
-  // cells write them), and the parts are balanced by the rows' valid frames.
-  const Float* mask = Ndarray_DEV_DATA(i);
-  LstmPacked packed_W = lstm_pack(Ndarray_DEV_DATA(W), false, n_cells, g);
-  LstmPacked packed_W_in = proj ? lstm_pack(Ndarray_DEV_DATA(proj->W_in), false, n_in, g) : LstmPacked();
-  const int parts = lstm_cpu_parts(n_batch, n_cells, std::max<int64_t>(fr.count, proj ? T : 0));
-  lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int, int64_t r0, int64_t r1) {
-    std::vector<int64_t> rows(T, r1 - r0);  // per frame, the part's rows up to its last valid one (visited frames)
-    for (int64_t k = 0; k < fr.count; ++k)
-      rows[fr.at(k)] = lstm_rows_to_last_valid(mask + fr.at(k) * n_batch + r0, r1 - r0);
-    if (proj) {
-      LstmRowBlocks rb{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g};
-      rb.rows = rows.data();
-      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(proj->x) + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g, rb,
-                              nullptr, true);
+  const Float *mask = Ndarray_DEV_DATA(i), *Wd = Ndarray_DEV_DATA(W);
+  const Float *x = proj ? Ndarray_DEV_DATA(proj->x) : nullptr, *W_in = proj ? Ndarray_DEV_DATA(proj->W_in) : nullptr;
+  // The carried output is double-buffered: visited frame k reads y_carry and writes y_next when k is even, else the
+  // other way round (the cell split's parts read every cell of it while others write theirs).
+  Float* y_next = scratch.get<Float>(frame);
+  // Visited frame k's cells of `cells` for the rows r0 .. r1-1, whose pre-activations hold the recurrent product for
+  // the rows before r0 + m (the rows after them have the mask 0: their outputs are fixed).
+  auto frame_cells = [&](int64_t k, int64_t r0, int64_t r1, int64_t m, const LstmSpan& cells) {
+    const int64_t t = fr.at(k), at = r0 * n_cells, after = (r0 + m) * n_cells;
+    Float *h = data_ptr(H, t) + r0 * g, *y = data_ptr(Y, t), *c = data_ptr(C, t);
+    const Float* c_prev = k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0);
+    const Float* y_in = k % 2 ? y_next : y_carry;
+    Float* y_out = k % 2 ? y_carry : y_next;
+    lstm2_fw_cells(h, mask + t * n_batch + r0, y_in + at, y_out + at, c_prev + at, y + at, c + at, m, n_cells,
+                   cells.j0, cells.j1);
+    lstm2_fw_masked_rows(h + m * g, y_in + after, y_out + after, c_prev + after, y + after, c + after, r1 - r0 - m,
+                         n_cells, cells.j0, cells.j1);
+  };
+  const int64_t work = std::max<int64_t>(fr.count, proj ? T : 0);
+  if (const int cell_parts = lstm_cpu_cell_parts(n_batch, n_cells, work)) {
+    const int parts = cell_parts;
+    // The cell split (few rows): part p computes the gate columns of its cells for every row, first their input
+    // projection over all frames (the layer), then frame by frame their share of y_prev . W and the cells; the parts
+    // meet after each frame.  Each packs its slices of the weights (into one buffer of the calling thread's pool).
+    std::vector<int64_t> rows(T, n_batch);  // per frame, the rows up to the last valid one (visited frames)
+    for (int64_t k = 0; k < fr.count; ++k) rows[fr.at(k)] = lstm_rows_to_last_valid(mask + fr.at(k) * n_batch, n_batch);
+    std::vector<int64_t> packed_at(parts + 1, 0);
+    for (int p = 0; p < parts; ++p) {
+      const LstmSpan cells = lstm_span_of(p, parts, n_cells);
+      packed_at[p + 1] = packed_at[p] + lstm_gate_panels_size(n_cells, cells) + lstm_gate_panels_size(n_in, cells);
     }
-    for (int64_t k = 0; k < fr.count; ++k) {
-      int64_t t = fr.at(k);
-      Float* h = data_ptr(H, t) + r0 * 4 * n_cells;
-      const int64_t m = rows[t], at = r0 * n_cells, after = (r0 + m) * n_cells;
-      const Float* c_prev = k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0);
-      lstm_packed_gemm(y_carry + at, n_cells, packed_W, h, 4 * n_cells, m, bias);
-      lstm2_fw_frame(h, mask + t * n_batch + r0, y_carry + at, c_prev + at, data_ptr(Y, t) + at, data_ptr(C, t) + at,
-                     m, n_cells);
-      lstm2_fw_masked_rows(h + m * g, y_carry + after, c_prev + after, data_ptr(Y, t) + after, data_ptr(C, t) + after,
-                           r1 - r0 - m, n_cells);
-    }
-  }, ptn::PartsOn::own_threads);
+    LstmBuffer packed(packed_at[parts]);
+    lstm_cpu_team(parts, [&](int p, LstmBarrier& barrier) {
+      const LstmSpan cells = lstm_span_of(p, parts, n_cells);
+      Float* mine = packed.data() + packed_at[p];
+      const LstmGatePanels Wp = lstm_pack_gates_to(mine, Wd, n_cells, n_cells, cells);
+      if (proj) {
+        const LstmGatePanels Wi = lstm_pack_gates_to(mine + lstm_gate_panels_size(n_cells, cells), W_in, n_in, n_cells,
+                                                     cells);
+        LstmRowBlocks rb{n_batch, T, n_in, n_batch * n_in, g, n_batch * g};
+        rb.rows = rows.data();
+        lstm_gates_gemm_blocks(x, Wi, Ndarray_DEV_DATA(H), rb, n_cells, cells, nullptr, true);
+      }
+      for (int64_t k = 0; k < fr.count; ++k) {
+        const int64_t t = fr.at(k);
+        lstm_gates_gemm_blocks(k % 2 ? y_next : y_carry, Wp, data_ptr(H, t), LstmRowBlocks{rows[t], 1, n_cells, 0, g, 0},
+                               n_cells, cells, bias);
+        frame_cells(k, 0, n_batch, rows[t], cells);
+        barrier.wait();
+      }
+    });
+  } else {
+    // Each part computes its rows of every frame: first their input projection (the layer), then the recurrence.
+    // The products skip a part's rows after the last valid one of a visited frame (their outputs are fixed; the
+    // frame's cells write them), and the parts are balanced by the rows' valid frames.
+    LstmPacked packed_W = lstm_pack(Wd, false, n_cells, g);
+    LstmPacked packed_W_in = proj ? lstm_pack(W_in, false, n_in, g) : LstmPacked();
+    const int parts = lstm_cpu_parts(n_batch, n_cells, work);
+    lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int, int64_t r0, int64_t r1) {
+      std::vector<int64_t> rows(T, r1 - r0);  // per frame, the part's rows up to its last valid one (visited frames)
+      for (int64_t k = 0; k < fr.count; ++k)
+        rows[fr.at(k)] = lstm_rows_to_last_valid(mask + fr.at(k) * n_batch + r0, r1 - r0);
+      if (proj) {
+        LstmRowBlocks rb{r1 - r0, T, n_in, n_batch * n_in, g, n_batch * g};
+        rb.rows = rows.data();
+        lstm_packed_gemm_blocks(x + r0 * n_in, packed_W_in, Ndarray_DEV_DATA(H) + r0 * g, rb, nullptr, true);
+      }
+      for (int64_t k = 0; k < fr.count; ++k) {
+        const int64_t t = fr.at(k);
+        lstm_packed_gemm((k % 2 ? y_next : y_carry) + r0 * n_cells, n_cells, packed_W, data_ptr(H, t) + r0 * g, g,
+                         rows[t], bias);
+        frame_cells(k, r0, r1, rows[t], LstmSpan{0, n_cells});
+      }
+    }, ptn::PartsOn::own_threads);
+  }
 #endif
   HANDLE_LAST_ERROR();
   lstm_final_state(d, C, c0, call);
@@ -262,18 +338,11 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
   // DX is 0 on the masked rows and the frames not visited: the weight gradients' product leaves those rows out.
   const LstmTnKeep keep(T * n_batch, [&](int64_t row) { return visited[row / n_batch] && mask[row] != Float(0); });
   const LstmTnRows P(scratch.get<Float>(LstmTnRows::size(T * n_batch, ld)), T * n_batch, ld, &keep);
-  LstmPacked packed_WT = lstm_pack(Ndarray_DEV_DATA(W), true, g, n_cells);
-  LstmPacked packed_W_inT = layer ? lstm_pack(Ndarray_DEV_DATA(layer->W_in), true, g, n_in) : LstmPacked();
-  // As forward, the parts are balanced by the rows' valid frames, and the products skip a part's rows after the last
-  // valid one of a frame: their gradients to the pre-activations are 0 (lstm_cell_backward<false>).  Db: each part
-  // sums its rows' DX columns in double, frame by frame while they are in its cache; the parts' sums are added in
-  // part order (the same result for a given thread count and mask).
-  const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
-  std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
-  lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int p, int64_t r0, int64_t r1) {
-    Float *dy_prev = Ndarray_DEV_DATA(Dy0) + r0 * n_cells, *dc = Ndarray_DEV_DATA(Dc0) + r0 * n_cells;
-    double* db = layer ? db_parts.data() + p * g : nullptr;
-    // the part's valid rows of P, frame by frame: [x[t] | the recurrent input yp] (the product reads no other row)
+  const Float *Wd = Ndarray_DEV_DATA(W), *W_in = layer ? Ndarray_DEV_DATA(layer->W_in) : nullptr;
+  Float *Dy0d = Ndarray_DEV_DATA(Dy0), *Dc0d = Ndarray_DEV_DATA(Dc0), *Dx = layer ? Ndarray_DEV_DATA(layer->Dx) : nullptr;
+  Float *DXd = Ndarray_DEV_DATA(DX), *DW_in = layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr;
+  // The rows r0 .. r1-1 of P, frame by frame: [x[t] | the recurrent input yp] (the product reads no other row).
+  auto put_rows = [&](int64_t r0, int64_t r1) {
     std::vector<Float> yp(Ndarray_DEV_DATA(y0) + r0 * n_cells, Ndarray_DEV_DATA(y0) + r1 * n_cells);
     for (int64_t k = 0; k < fr.count; ++k) {
       const int64_t t = fr.at(k), tp = k > 0 ? fr.at(k - 1) : 0;
@@ -284,32 +353,89 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
         if (mask[t * n_batch + r] != Float(0))
           P.put(t * n_batch + r, layer ? x + (t * n_batch + r) * n_in : nullptr, n_in, yp.data() + (r - r0) * n_cells);
     }
-    std::vector<int64_t> rows(T, 0);  // per frame, the part's rows up to its last valid one (0: frame not visited)
-    for (int64_t k = fr.count - 1; k >= 0; --k) {
-      int64_t t = fr.at(k), at = r0 * n_cells;
-      rows[t] = lstm_rows_to_last_valid(mask + t * n_batch + r0, r1 - r0);
-      Float* dx = data_ptr(DX, t) + r0 * g;
-      lstm2_bw_frame(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
-                     (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
-                     data_ptr(DC, t) + at, dy_prev, dc, r1 - r0, n_cells);
-      if (db) lstm_add_rows(dx, rows[t], g, db);                            // the rows after rows[t] add 0
-      lstm_packed_gemm(dx, g, packed_WT, dy_prev, n_cells, rows[t]);  // dL/dy_prev += DX[t] . W^T
-    }
-    if (layer) {  // dx = DX . W_in^T, the part's rows of every frame; 0 where DX is 0 (after rows[t])
-      Float* Dx = Ndarray_DEV_DATA(layer->Dx);
-      LstmRowBlocks rb{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in};
-      rb.rows = rows.data();
-      lstm_packed_gemm_blocks(Ndarray_DEV_DATA(DX) + r0 * g, packed_W_inT, Dx + r0 * n_in, rb, nullptr, true);
-      for (int64_t t = 0; t < T; ++t)
-        std::fill(Dx + (t * n_batch + r0 + rows[t]) * n_in, Dx + (t * n_batch + r1) * n_in, Float(0));
-    }
-  }, ptn::PartsOn::own_threads);
-  if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
-  // [DW_in; DW] = P^T . DX over the valid rows of all frames, the columns split over the parts: each element is the
-  // same sum whatever the thread count.
-  lstm_weight_grad(nullptr, 0, Ndarray_DEV_DATA(DX), g, T * n_batch, ld, g,
-                   layer ? Ndarray_DEV_DATA(layer->DW_in) : nullptr, n_in, Ndarray_DEV_DATA(DW), parts,
-                   LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data, &keep);
+  };
+  // Visited frame k's cells of `cells` for the rows r0 .. r1-1; the bias gradient's sums (db, else null) of their
+  // gate columns gain its rows up to the last valid one (rows[t], counted from r0; the rows after it add 0).
+  auto frame_cells = [&](int64_t k, int64_t r0, int64_t r1, const std::vector<int64_t>& rows, const LstmSpan& cells,
+                         double* db) {
+    const int64_t t = fr.at(k), at = r0 * n_cells;
+    Float* dx = data_ptr(DX, t) + r0 * g;
+    lstm2_bw_cells(dx, mask + t * n_batch + r0, data_ptr(C, t) + at,
+                   (k > 0 ? data_ptr(C, t - step) : Ndarray_DEV_DATA(c0)) + at, data_ptr(DY, t) + at,
+                   data_ptr(DC, t) + at, Dy0d + at, Dc0d + at, r1 - r0, n_cells, cells.j0, cells.j1);
+    if (db)
+      for (int q = 0; q < 4; ++q)
+        lstm_add_rows(dx + q * n_cells + cells.j0, rows[t], cells.size(), db + q * n_cells + cells.j0, g);
+  };
+  // dx = DX . W_in^T for the rows r0 .. r1-1 of every frame and the columns of `cols` (W_inT: those columns packed),
+  // 0 where DX is 0 (after rows[t])
+  auto input_grads = [&](int64_t r0, int64_t r1, const std::vector<int64_t>& rows, const LstmSpan& cols,
+                         const LstmPanels& W_inT) {
+    LstmRowBlocks rb{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in};
+    rb.rows = rows.data();
+    lstm_packed_gemm_blocks(DXd + r0 * g, W_inT, Dx + r0 * n_in + cols.j0, rb, nullptr, true);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = r0 + rows[t]; r < r1; ++r)
+        std::fill(Dx + (t * n_batch + r) * n_in + cols.j0, Dx + (t * n_batch + r) * n_in + cols.j1, Float(0));
+  };
+  if (const int cell_parts = lstm_cpu_cell_parts(n_batch, n_cells, fr.count)) {
+    const int parts = cell_parts;
+    // The cell split (few rows): part p fills its share of P's rows, then, frame by frame, the backward of its cells
+    // for every row and, after the parts have met, their columns of dL/dy_prev += DX[t] . W^T; then its columns of
+    // dx = DX . W_in^T (the layer) and of the weight gradients.  Db: its gate columns' sums over all rows.
+    std::vector<int64_t> rows(T, 0);  // per frame, the rows up to the last valid one (0: frame not visited)
+    for (int64_t k = 0; k < fr.count; ++k) rows[fr.at(k)] = lstm_rows_to_last_valid(mask + fr.at(k) * n_batch, n_batch);
+    std::vector<double> db(layer ? g : 0, 0.0);
+    std::vector<int64_t> packed_at(parts + 1, 0);
+    for (int p = 0; p < parts; ++p)
+      packed_at[p + 1] = packed_at[p] + lstm_packed_size(g, lstm_span_of(p, parts, n_cells).size()) +
+                         lstm_packed_size(g, lstm_span_of(p, parts, n_in).size());
+    LstmBuffer packed(packed_at[parts]), work(lstm_weight_grad_work(ld, g, parts));
+    lstm_cpu_team(parts, [&](int p, LstmBarrier& barrier) {
+      put_rows(p * n_batch / parts, (p + 1) * n_batch / parts);
+      const LstmSpan cells = lstm_span_of(p, parts, n_cells), cols = lstm_span_of(p, parts, n_in);
+      Float* mine = packed.data() + packed_at[p];
+      const LstmPanels WT = lstm_pack_to(mine, Wd + cells.j0 * g, true, g, cells.size());  // W's rows j0 .. j1-1
+      for (int64_t k = fr.count - 1; k >= 0; --k) {
+        const int64_t t = fr.at(k);
+        frame_cells(k, 0, n_batch, rows, cells, layer ? db.data() : nullptr);
+        barrier.wait();
+        lstm_packed_gemm(data_ptr(DX, t), g, WT, Dy0d + cells.j0, n_cells, rows[t]);
+      }
+      if (layer && cols.size() > 0)
+        input_grads(0, n_batch, rows, cols,
+                    lstm_pack_to(mine + lstm_packed_size(g, cells.size()), W_in + cols.j0 * g, true, g, cols.size()));
+      // [DW_in; DW] = P^T . DX: P and DX are complete (every part has passed the last frame's meeting)
+      lstm_weight_grad_part(p, parts, nullptr, 0, DXd, g, T * n_batch, ld, g, DW_in, n_in, Ndarray_DEV_DATA(DW),
+                            work.data(), true, P.data, &keep);
+    });
+    if (layer) lstm_sum_parts(db, 1, g, db_out);
+  } else {
+    LstmPacked packed_WT = lstm_pack(Wd, true, g, n_cells);
+    LstmPacked packed_W_inT = layer ? lstm_pack(W_in, true, g, n_in) : LstmPacked();
+    // As forward, the parts are balanced by the rows' valid frames, and the products skip a part's rows after the
+    // last valid one of a frame: their gradients to the pre-activations are 0 (lstm_cell_backward<false>).  Db: each
+    // part sums its rows' DX columns in double, frame by frame while they are in its cache; the parts' sums are added
+    // in part order (the same result for a given thread count and mask).
+    const int parts = lstm_cpu_parts(n_batch, n_cells, fr.count);
+    std::vector<double> db_parts(layer ? parts * g : 0, 0.0);
+    lstm_cpu_row_parts_by_work(lstm_valid_frames(mask, fr, n_batch), parts, [&](int p, int64_t r0, int64_t r1) {
+      put_rows(r0, r1);
+      std::vector<int64_t> rows(T, 0);  // per frame, the part's rows up to its last valid one (0: frame not visited)
+      for (int64_t k = fr.count - 1; k >= 0; --k) {
+        const int64_t t = fr.at(k);
+        rows[t] = lstm_rows_to_last_valid(mask + t * n_batch + r0, r1 - r0);
+        frame_cells(k, r0, r1, rows, LstmSpan{0, n_cells}, layer ? db_parts.data() + p * g : nullptr);
+        lstm_packed_gemm(data_ptr(DX, t) + r0 * g, g, packed_WT, Dy0d + r0 * n_cells, n_cells, rows[t]);
+      }
+      if (layer) input_grads(r0, r1, rows, LstmSpan{0, n_in}, packed_W_inT);
+    }, ptn::PartsOn::own_threads);
+    if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
+    // [DW_in; DW] = P^T . DX over the valid rows of all frames, the columns split over the parts: each element is the
+    // same sum whatever the thread count.
+    lstm_weight_grad(nullptr, 0, DXd, g, T * n_batch, ld, g, DW_in, n_in, Ndarray_DEV_DATA(DW), parts,
+                     LstmBuffer(lstm_weight_grad_work(ld, g, parts)).data(), true, P.data, &keep);
+  }
 #endif
   HANDLE_LAST_ERROR();
 }

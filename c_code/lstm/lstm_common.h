@@ -95,14 +95,16 @@ DEV_FUNC inline Float lstm_cell_backward(Float m, const LstmGates& g, Float tc, 
     else CELL<false>(_b, _j, mask[_b], __VA_ARGS__);                                            \
   }
 #else
-#define LSTM_FOR_BJ_BY_MASK(mask, nb, nc, CELL, ...)                                            \
+// The CPU's loop over the cells j0 <= j < j1 of each row (the cell split's share of a frame: lstm_packed.h).
+#define LSTM_FOR_BJ_BY_MASK_CELLS(mask, nb, j0, j1, CELL, ...)                                  \
   for (int64_t _b = 0; _b < (nb); ++_b) {                                                       \
     Float _m = mask[_b];                                                                        \
     if (_m != Float(0))                                                                         \
-      for (int64_t _j = 0; _j < (nc); ++_j) CELL<true>(_b, _j, _m, __VA_ARGS__);               \
+      for (int64_t _j = (j0); _j < (j1); ++_j) CELL<true>(_b, _j, _m, __VA_ARGS__);            \
     else                                                                                        \
-      for (int64_t _j = 0; _j < (nc); ++_j) CELL<false>(_b, _j, _m, __VA_ARGS__);              \
+      for (int64_t _j = (j0); _j < (j1); ++_j) CELL<false>(_b, _j, _m, __VA_ARGS__);           \
   }
+#define LSTM_FOR_BJ_BY_MASK(mask, nb, nc, CELL, ...) LSTM_FOR_BJ_BY_MASK_CELLS(mask, nb, 0, nc, CELL, __VA_ARGS__)
 #endif
 
 // Loop over (batch row b, cell j) of a (n_batch, n_cells) grid: a grid-stride loop on CUDA, two plain

@@ -88,26 +88,28 @@ class LstmBuffer {
   std::vector<Float> v_;
 };
 
-struct LstmPacked {
-  LstmBuffer data;  // ceil(n / NR) panels, each k rows of NR columns (zero-padded)
+// A packed op(B) as the products read it: ceil(n / NR) panels, each k rows of NR columns (zero-padded).
+struct LstmPanels {
+  const Float* data = nullptr;
   int64_t k = 0, n = 0;
 };
 
-// op(B) is (k x n): B itself (row-major k x n) or, with `trans`, the transpose of row-major B (n x k).  A whole
-// panel's rows are copied as blocks (row-major B) or transposed 16 k-rows at a time, so that the block being written
-// (16 rows of the panel, 2 KB in float32) and the 16-value pieces read from NR rows of B stay in the L1 cache.
-static LstmPacked lstm_pack(const Float* B, bool trans, int64_t k, int64_t n) {
-  LstmPacked P;
-  P.k = k;
-  P.n = n;
+// The values of lstm_pack_to(k, n): ceil(n / NR) panels of k rows of NR.
+static int64_t lstm_packed_size(int64_t k, int64_t n) { return (n + LSTM_NR - 1) / LSTM_NR * k * LSTM_NR; }
+
+// op(B) is (k x n): B itself (row-major k x n, rows ldb apart) or, with `trans`, the transpose of row-major B (n x k,
+// rows ldb apart); ldb < 0: n, or k with `trans`.  Written to dst (lstm_packed_size(k, n) values).  A whole panel's
+// rows are copied as blocks (row-major B) or transposed 16 k-rows at a time, so that the block being written (16 rows
+// of the panel, 2 KB in float32) and the 16-value pieces read from NR rows of B stay in the L1 cache.
+static LstmPanels lstm_pack_to(Float* dst, const Float* B, bool trans, int64_t k, int64_t n, int64_t ldb = -1) {
+  if (ldb < 0) ldb = trans ? k : n;
   const int64_t panels = (n + LSTM_NR - 1) / LSTM_NR;
-  P.data = LstmBuffer(panels * k * LSTM_NR);  // every value is written below
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t c0 = p * LSTM_NR, nc = std::min<int64_t>(LSTM_NR, n - c0);
-    Float* panel = P.data.data() + p * k * LSTM_NR;
+    Float* panel = dst + p * k * LSTM_NR;
     if (!trans) {
       for (int64_t kk = 0; kk < k; ++kk) {
-        memcpy(panel + kk * LSTM_NR, B + kk * n + c0, nc * sizeof(Float));
+        memcpy(panel + kk * LSTM_NR, B + kk * ldb + c0, nc * sizeof(Float));
         std::fill(panel + kk * LSTM_NR + nc, panel + (kk + 1) * LSTM_NR, Float(0));
       }
       continue;
@@ -120,11 +122,27 @@ static LstmPacked lstm_pack(const Float* B, bool trans, int64_t k, int64_t n) {
           for (int64_t kk = 0; kk < kn; ++kk) out[kk * LSTM_NR] = Float(0);
           continue;
         }
-        const Float* src = B + (c0 + c) * k + k0;
+        const Float* src = B + (c0 + c) * ldb + k0;
         for (int64_t kk = 0; kk < kn; ++kk) out[kk * LSTM_NR] = src[kk];
       }
     }
   }
+  return LstmPanels{dst, k, n};
+}
+
+// lstm_pack_to into a buffer of its own (from the calling thread's pool).
+struct LstmPacked {
+  LstmBuffer data;
+  int64_t k = 0, n = 0;
+  operator LstmPanels() const { return LstmPanels{data.data(), k, n}; }
+};
+
+static LstmPacked lstm_pack(const Float* B, bool trans, int64_t k, int64_t n) {
+  LstmPacked P;
+  P.k = k;
+  P.n = n;
+  P.data = LstmBuffer(lstm_packed_size(k, n));  // every value is written by lstm_pack_to
+  lstm_pack_to(P.data.data(), B, trans, k, n);
   return P;
 }
 
@@ -234,7 +252,7 @@ struct LstmRowBlocks {
 // (P.n entries), C = (C + bias) + A . op(B), the bias added in the same pass (the order of a separate add before
 // the product).  With `overwrite`, C's old values are not read (as if they were 0).  Each element is the sum over
 // k in order within each block of LSTM_KC, the blocks added to C in order: the same bits whatever m or the blocks.
-static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* C, const LstmRowBlocks& rb,
+static void lstm_packed_gemm_blocks(const Float* A, const LstmPanels& P, Float* C, const LstmRowBlocks& rb,
                                     const Float* bias = nullptr, bool overwrite = false) {
   if (rb.m <= 0 || rb.count <= 0 || P.n <= 0) return;
   const int64_t panels = (P.n + LSTM_NR - 1) / LSTM_NR, n_tiles = (rb.m + LSTM_MR - 1) / LSTM_MR;
@@ -255,7 +273,7 @@ static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* 
       const int64_t kn = std::min(kc, P.k - k0);
       const bool first = k0 == 0;
       for (int64_t p = 0; p < panels;) {
-        const Float* panel = P.data.data() + (p * P.k + k0) * LSTM_NR;
+        const Float* panel = P.data + (p * P.k + k0) * LSTM_NR;
         // few rows (at most LSTM_MR_WIDE per tile) and two whole panels left: both in one pass
         const bool wide = (rb.m + n_tiles - 1) / n_tiles <= LSTM_MR_WIDE && (p + 2) * LSTM_NR <= P.n;
         const int64_t nc = wide ? 2 * LSTM_NR : std::min<int64_t>(LSTM_NR, P.n - p * LSTM_NR);
@@ -279,7 +297,7 @@ static void lstm_packed_gemm_blocks(const Float* A, const LstmPacked& P, Float* 
 }
 
 // C (m x P.n, row stride ldc) += A (m x P.k, row stride lda) . op(B): one row block of lstm_packed_gemm_blocks.
-static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPacked& P, Float* C, int64_t ldc, int64_t m,
+static void lstm_packed_gemm(const Float* A, int64_t lda, const LstmPanels& P, Float* C, int64_t ldc, int64_t m,
                              const Float* bias = nullptr, bool overwrite = false) {
   lstm_packed_gemm_blocks(A, P, C, LstmRowBlocks{m, 1, lda, 0, ldc, 0}, bias, overwrite);
 }
@@ -420,11 +438,12 @@ static void lstm_gemm_tn_blocks(const Float* A, const Float* B, const LstmRowBlo
   }
 }
 
-// The parts' bias gradients: sums[c] += X[r][c] over the (rows, cols) row-major X, in double (each part its own
-// sums, added in part order by lstm_sum_parts: the same result for a given thread count).
-static void lstm_add_rows(const Float* X, int64_t rows, int64_t cols, double* sums) {
+// The parts' bias gradients: sums[c] += X[r][c] over the (rows, cols) X, rows ld apart (ld < 0: cols), in double
+// (each part its own sums, added in part order by lstm_sum_parts: the same result for a given thread count).
+static void lstm_add_rows(const Float* X, int64_t rows, int64_t cols, double* sums, int64_t ld = -1) {
+  if (ld < 0) ld = cols;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) sums[c] += (double)X[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) sums[c] += (double)X[r * ld + c];
 }
 
 // out[c] = the sum over the parts p of sums[p * cols + c], in part order.
@@ -529,15 +548,24 @@ static int64_t lstm_weight_grad_work(int64_t M, int64_t N, int parts) {
   return parts * lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
 }
 
+// Part p's share of lstm_weight_grad (its columns), e.g. from a part of an lstm_cpu_team.
+static void lstm_weight_grad_part(int p, int parts, const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K,
+                                  int64_t M, int64_t N, Float* C_lo, int64_t m_lo, Float* C_hi, Float* work,
+                                  bool overwrite, const Float* A_packed = nullptr, const LstmTnKeep* keep = nullptr) {
+  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR, p0 = p * panels / parts, p1 = (p + 1) * panels / parts;
+  const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
+  if (c1 <= c0) return;
+  lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
+                      C_hi ? C_hi + c0 : nullptr, N, work + p * lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts)),
+                      overwrite, A_packed, keep);
+}
+
 static void lstm_weight_grad(const Float* A, int64_t lda, const Float* B, int64_t ldb, int64_t K, int64_t M, int64_t N,
                              Float* C_lo, int64_t m_lo, Float* C_hi, int parts, Float* work, bool overwrite,
                              const Float* A_packed = nullptr, const LstmTnKeep* keep = nullptr) {
-  const int64_t panels = (N + LSTM_NR - 1) / LSTM_NR;
-  const int64_t part_work = lstm_gemm_tn_work(M, lstm_weight_grad_columns(N, parts));
-  lstm_cpu_row_parts(panels, parts, [&](int p, int64_t p0, int64_t p1) {
-    const int64_t c0 = p0 * LSTM_NR, c1 = std::min(N, p1 * LSTM_NR);
-    lstm_gemm_tn_blocks(A, B + c0, LstmRowBlocks{K, 1, lda, 0, ldb, 0}, M, c1 - c0, C_lo ? C_lo + c0 : nullptr, m_lo,
-                        C_hi ? C_hi + c0 : nullptr, N, work + p * part_work, overwrite, A_packed, keep);
+  ptn::parallel_parts(parts, [&](int p) {
+    LstmDenormalsAreZero daz;
+    lstm_weight_grad_part(p, parts, A, lda, B, ldb, K, M, N, C_lo, m_lo, C_hi, work, overwrite, A_packed, keep);
   }, ptn::PartsOn::own_threads);
 }
 #endif
