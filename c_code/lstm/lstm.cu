@@ -41,8 +41,9 @@ DEF_KERNEL void lstm2_fw_frame(Float* __restrict__ h, const Float* __restrict__ 
 // The CPU's cells [j0, j1) of n_batch rows of a visited frame (h: row b's gates at b * 4n; the others' row b at
 // b * n): lstm2_fw_cell with the carried output read from y_in and written to y_out (the parts of the cell split
 // read every cell of y_in while others write theirs), then the gates of the masked rows set to 0 (the CPU may skip
-// their product).
-LSTM_WIDE_LOOPS
+// their product).  Not inlined: inlined into a part's loop, its restrict pointers meant nothing and no loop vectorised
+// (the layer's step took 26% more CPU time).
+LSTM_WIDE_LOOPS __attribute__((noinline))
 static void lstm2_fw_cells(Float* __restrict__ h, const Float* __restrict__ mask, const Float* __restrict__ y_in,
                            Float* __restrict__ y_out, const Float* __restrict__ c_prev, Float* __restrict__ y,
                            Float* __restrict__ c, int64_t n_batch, int64_t n_cells, int64_t j0, int64_t j1) {
@@ -103,8 +104,8 @@ DEF_KERNEL void lstm2_bw_frame(Float* __restrict__ gd, const Float* __restrict__
   LSTM_FOR_BJ_BY_MASK(mask, n_batch, n_cells, lstm2_bw_cell, gd, c, c_prev, dY, dC, dy_carry, dc, n_cells);
 }
 #else
-// The CPU's cells [j0, j1) of n_batch rows (as lstm2_fw_cells).
-LSTM_WIDE_LOOPS
+// The CPU's cells [j0, j1) of n_batch rows (as lstm2_fw_cells; not inlined either).
+LSTM_WIDE_LOOPS __attribute__((noinline))
 static void lstm2_bw_cells(Float* __restrict__ gd, const Float* __restrict__ mask, const Float* __restrict__ c,
                            const Float* __restrict__ c_prev, const Float* __restrict__ dY,
                            const Float* __restrict__ dC, Float* __restrict__ dy_carry, Float* __restrict__ dc,
@@ -210,20 +211,25 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
     lstm_cpu_team(parts, [&](int p, LstmBarrier& barrier) {
       const LstmSpan cells = lstm_span_of(p, parts, n_cells);
       Float* mine = packed.data() + packed_at[p];
-      const LstmGatePanels Wp = lstm_pack_gates_to(mine, Wd, n_cells, n_cells, cells);
+      lstm_pack_gates_to(mine, Wd, n_cells, n_cells, cells);
       if (proj) {
         const LstmGatePanels Wi = lstm_pack_gates_to(mine + lstm_gate_panels_size(n_cells, cells), W_in, n_in, n_cells,
                                                      cells);
-        LstmRowBlocks rb{n_batch, T, n_in, n_batch * n_in, g, n_batch * g};
-        rb.rows = rows.data();
-        lstm_gates_gemm_blocks(x, Wi, Ndarray_DEV_DATA(H), rb, n_cells, cells, nullptr, true);
+        // every row of every frame as one block (tiles of 8 rows rather than of a frame's few): the masked rows'
+        // gates are overwritten by the frames' cells (0), as in the row parts where a hole is computed too
+        lstm_gates_gemm_blocks(x, Wi, Ndarray_DEV_DATA(H), LstmRowBlocks{T * n_batch, 1, n_in, 0, g, 0}, n_cells, cells,
+                               nullptr, true);
       }
+      bool solo = false;  // part 0 computes every part's cells (LstmBarrier::wait), the others have left
       for (int64_t k = 0; k < fr.count; ++k) {
         const int64_t t = fr.at(k);
-        lstm_gates_gemm_blocks(k % 2 ? y_next : y_carry, Wp, data_ptr(H, t), LstmRowBlocks{rows[t], 1, n_cells, 0, g, 0},
-                               n_cells, cells, bias);
-        frame_cells(k, 0, n_batch, rows[t], cells);
-        barrier.wait();
+        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q) {
+          const LstmSpan span = lstm_span_of(q, parts, n_cells);
+          lstm_gates_gemm_blocks(k % 2 ? y_next : y_carry, lstm_gate_panels_at(packed.data() + packed_at[q], n_cells, span),
+                                 data_ptr(H, t), LstmRowBlocks{rows[t], 1, n_cells, 0, g, 0}, n_cells, span, bias);
+          frame_cells(k, 0, n_batch, rows[t], span);
+        }
+        if (!solo && (solo = barrier.wait(p)) && p > 0) break;
       }
     });
   } else {
@@ -368,12 +374,14 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
         lstm_add_rows(dx + q * n_cells + cells.j0, rows[t], cells.size(), db + q * n_cells + cells.j0, g);
   };
   // dx = DX . W_in^T for the rows r0 .. r1-1 of every frame and the columns of `cols` (W_inT: those columns packed),
-  // 0 where DX is 0 (after rows[t])
+  // 0 where DX is 0 (after rows[t]); with `whole` (r0 = 0, r1 = B), the product runs over all rows as one block (tiles
+  // of 8 rows rather than of a frame's few) before the rows after rows[t] are zeroed.
   auto input_grads = [&](int64_t r0, int64_t r1, const std::vector<int64_t>& rows, const LstmSpan& cols,
-                         const LstmPanels& W_inT) {
+                         const LstmPanels& W_inT, bool whole) {
     LstmRowBlocks rb{r1 - r0, T, g, n_batch * g, n_in, n_batch * n_in};
     rb.rows = rows.data();
-    lstm_packed_gemm_blocks(DXd + r0 * g, W_inT, Dx + r0 * n_in + cols.j0, rb, nullptr, true);
+    lstm_packed_gemm_blocks(DXd + r0 * g, W_inT, Dx + r0 * n_in + cols.j0,
+                            whole ? LstmRowBlocks{T * n_batch, 1, g, 0, n_in, 0} : rb, nullptr, true);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t r = r0 + rows[t]; r < r1; ++r)
         std::fill(Dx + (t * n_batch + r) * n_in + cols.j0, Dx + (t * n_batch + r) * n_in + cols.j1, Float(0));
@@ -395,16 +403,24 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
       put_rows(p * n_batch / parts, (p + 1) * n_batch / parts);
       const LstmSpan cells = lstm_span_of(p, parts, n_cells), cols = lstm_span_of(p, parts, n_in);
       Float* mine = packed.data() + packed_at[p];
-      const LstmPanels WT = lstm_pack_to(mine, Wd + cells.j0 * g, true, g, cells.size());  // W's rows j0 .. j1-1
+      lstm_pack_to(mine, Wd + cells.j0 * g, true, g, cells.size());  // (W's rows j0 .. j1-1)^T
+      bool solo = false;  // part 0 computes every part's cells (LstmBarrier::wait), the others have left
       for (int64_t k = fr.count - 1; k >= 0; --k) {
         const int64_t t = fr.at(k);
-        frame_cells(k, 0, n_batch, rows, cells, layer ? db.data() : nullptr);
-        barrier.wait();
-        lstm_packed_gemm(data_ptr(DX, t), g, WT, Dy0d + cells.j0, n_cells, rows[t]);
+        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q)
+          frame_cells(k, 0, n_batch, rows, lstm_span_of(q, parts, n_cells), layer ? db.data() : nullptr);
+        if (!solo && (solo = barrier.wait(p)) && p > 0) break;
+        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q) {
+          const LstmSpan span = lstm_span_of(q, parts, n_cells);
+          lstm_packed_gemm(data_ptr(DX, t), g, LstmPanels{packed.data() + packed_at[q], g, span.size()},
+                           Dy0d + span.j0, n_cells, rows[t]);
+        }
       }
+      if (solo) barrier.wait(p);  // the parts that left wait for the recurrence's DX
       if (layer && cols.size() > 0)
         input_grads(0, n_batch, rows, cols,
-                    lstm_pack_to(mine + lstm_packed_size(g, cells.size()), W_in + cols.j0 * g, true, g, cols.size()));
+                    lstm_pack_to(mine + lstm_packed_size(g, cells.size()), W_in + cols.j0 * g, true, g, cols.size()),
+                    true);
       // [DW_in; DW] = P^T . DX: P and DX are complete (every part has passed the last frame's meeting)
       lstm_weight_grad_part(p, parts, nullptr, 0, DXd, g, T * n_batch, ld, g, DW_in, n_in, Ndarray_DEV_DATA(DW),
                             work.data(), true, P.data, &keep);
@@ -428,7 +444,7 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
         frame_cells(k, r0, r1, rows, LstmSpan{0, n_cells}, layer ? db_parts.data() + p * g : nullptr);
         lstm_packed_gemm(data_ptr(DX, t) + r0 * g, g, packed_WT, Dy0d + r0 * n_cells, n_cells, rows[t]);
       }
-      if (layer) input_grads(r0, r1, rows, LstmSpan{0, n_in}, packed_W_inT);
+      if (layer) input_grads(r0, r1, rows, LstmSpan{0, n_in}, packed_W_inT, false);
     }, ptn::PartsOn::own_threads);
     if (layer) lstm_sum_parts(db_parts, parts, g, db_out);
     // [DW_in; DW] = P^T . DX over the valid rows of all frames, the columns split over the parts: each element is the
