@@ -225,7 +225,8 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
   ptn_ed::label_range(pb, n_batch, Tb, plb, lo, hi);
   solver.map.configure(lo, hi);
   // Pairs whose pattern (the vertical sequence, as Solver::distance / last_row orient it) spans several words go
-  // kLanes at a time through lanes_last_score; the others, and a group of one, through the solver.
+  // kLanes at a time through lanes_last_score, unless a band around the diagonal makes one alone cheaper; the others,
+  // and a group of one, through the solver (Solver::wave: the pair's words over the lanes).
   std::vector<char> done(n_batch, 0);
   std::vector<int64_t> group;
   ptn_ed::LanePair lanes[ptn_ed::kLanes];
@@ -237,6 +238,7 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
       const bool a_vertical = optimal_completion || ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la;
       ptn_ed::LanePair q = a_vertical ? ptn_ed::LanePair{sa, la, sb, lb} : ptn_ed::LanePair{sb, lb, sa, la};
       if (q.m <= 64 || q.n == 0 || (int64_t)(q.m + 1) * ((q.m + 63) >> 6) > ptn_ed::Solver::kMaxPeqWords) continue;
+      if (!optimal_completion && ptn_ed::band_pays(q.p, q.m, q.t, q.n)) continue;  // alone, in its band
       lanes[group.size()] = q;
       group.push_back(bi);
     }
