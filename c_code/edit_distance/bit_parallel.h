@@ -205,8 +205,9 @@ struct Solver {
   // row[j] = D[m][j] for j = 0..n, rows over `p` (length m), columns over `t` (length n).
   void last_row(const int32_t* p, int64_t m, const int32_t* t, int64_t n, int32_t* row) { solve(p, m, t, n, row); }
 
-  // D[m][n]; with row != NULL also row[j] = D[m][j] for j = 0..n.
-  int64_t solve(const int32_t* p, int64_t m, const int32_t* t, int64_t n, int32_t* row) {
+  // D[m][n]; with row != NULL also row[j] = D[m][j] for j = 0..n.  probe (row NULL, m > 64): only the band's first,
+  // cheap try (Solver::wave): D[m][n] if it is within that try's bound, else -1.
+  int64_t solve(const int32_t* p, int64_t m, const int32_t* t, int64_t n, int32_t* row, bool probe = false) {
     if (row) row[0] = (int32_t)m;
     if (m == 0) {
       if (row)
@@ -238,8 +239,8 @@ struct Solver {
     }
     if (W > 1) {
       const int L = wave_lanes(W);
-      return L == 2 ? wave<2>(m, n, W, n_ids, row) : L == 4 ? wave<4>(m, n, W, n_ids, row)
-                                                           : wave<kWaveLanes>(m, n, W, n_ids, row);
+      return L == 2 ? wave<2>(m, n, W, n_ids, row, probe) : L == 4 ? wave<4>(m, n, W, n_ids, row, probe)
+                                                                  : wave<kWaveLanes>(m, n, W, n_ids, row, probe);
     }
     // peq[id]: bit i set iff p[i] has this id; id n_ids: no match.
     peq.assign((size_t)(n_ids + 1), 0);
@@ -263,14 +264,16 @@ struct Solver {
   }
 
   // The lanes of the widest vector the target has (2 to 8).
+  static constexpr int64_t kFirstSlack = 64;  // the band's first bound: |m - n| + this
   static constexpr int kWaveLanes = PTN_VECTOR_BYTES >= 64 ? 8 : PTN_VECTOR_BYTES >= 32 ? 4 : 2;
   // The lanes for a pattern of W words: no more than the words need.
   static int wave_lanes(int64_t W) { return W <= 2 || kWaveLanes == 2 ? 2 : W <= 4 || kWaveLanes == 4 ? 4 : kWaveLanes; }
 
   // solve() for a pattern of W > 1 words over the wavefront of L lanes: with row, the whole DP; without, the band
-  // of a bound k that grows until the band's D[m][n] is within it (see WaveGroup).
+  // of a bound k that grows until the band's D[m][n] is within it (see WaveGroup); probe: the first k only (-1 if
+  // D[m][n] is above it).
   template <int L>
-  int64_t wave(int64_t m, int64_t n, int64_t W, int32_t n_ids, int32_t* row) {
+  int64_t wave(int64_t m, int64_t n, int64_t W, int32_t n_ids, int32_t* row, bool probe) {
     const int64_t G = (W + L - 1) / L, Wp = G * L;
     peq.assign((size_t)(n_ids + 1) * Wp, 0);
     for (int64_t i = 0; i < m; ++i) peq[(size_t)pattern_ids[i] * Wp + (i >> 6)] |= uint64_t(1) << (i & 63);
@@ -285,13 +288,15 @@ struct Solver {
     int64_t ub = adm;
     for (int64_t i = 0, e = std::min(m, n); i < e; ++i) ub += pattern_ids[i] != text_ids[i];
     const int64_t ub_cost = wave_cost(m, n, G, L, ub);
-    for (int64_t slack = 64;; slack *= 2) {
+    for (int64_t slack = kFirstSlack;; slack *= 2) {
       const int64_t k = adm + slack;
       if (k >= ub || 2 * wave_cost(m, n, G, L, k) > ub_cost) break;
       const int64_t d = wave_band<L>(m, n, G, -((k - dm) >> 1), (k + dm) >> 1, k, (int32_t*)0);
       if (d >= 0 && d <= k) return d;
+      if (probe) return -1;
       if (d >= 0) ub = std::min(ub, d);
     }
+    if (probe) return -1;
     return wave_band<L>(m, n, G, -((ub - dm) >> 1), (ub + dm) >> 1, -1, (int32_t*)0);
   }
 
@@ -383,23 +388,27 @@ struct Solver {
   int32_t distance(const int32_t* a, int64_t la, const int32_t* b, int64_t lb) {
     if (la == 0) return (int32_t)lb;
     if (lb == 0) return (int32_t)la;
-    bool a_vertical = ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la;
-    return (int32_t)(a_vertical ? solve(a, la, b, lb, (int32_t*)0) : solve(b, lb, a, la, (int32_t*)0));
+    return (int32_t)(a_vertical(la, lb) ? solve(a, la, b, lb, (int32_t*)0) : solve(b, lb, a, la, (int32_t*)0));
   }
+  // Whether a (length la) goes on the bit axis: the orientation with fewer word operations.
+  static bool a_vertical(int64_t la, int64_t lb) { return ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la; }
 };
 
-// Whether Solver::distance, with its band, costs less for this pair alone than its share of a group of pairs in
-// lanes_last_score (which computes every word of every column): the band of the diagonal alignment's distance
-// (an upper bound) covers at most half of the words.  (Measured on AVX-512, Zen: a word of the wavefront costs
-// about 1.7 times a word of a group of 4 pairs, and the band's first tries with smaller bounds add up to about as
-// much again.)
-inline bool band_pays(const int32_t* p, int64_t m, const int32_t* t, int64_t n) {
+// How edit_distance's pair (pattern p of m > 64 labels, text t) is best computed: 2 alone (Solver::distance, in its
+// band), where the band of the diagonal alignment's distance (an upper bound) covers at most half of the words;
+// 1 the band's first try alone (Solver::solve with probe), where that try costs at most an eighth of the words and
+// may find the distance; 0 in a group of pairs (lanes_last_score, every word of every column).  (Measured on
+// AVX-512, Zen: a word of the wavefront costs about 1.7 times a word of a group of 4 pairs, and the band's first
+// tries with smaller bounds add up to about as much again.)
+inline int band_plan(const int32_t* p, int64_t m, const int32_t* t, int64_t n) {
   const int64_t W = (m + 63) >> 6;
   const int L = Solver::wave_lanes(W);
-  const int64_t G = (W + L - 1) / L;
-  int64_t ub = m > n ? m - n : n - m;
+  const int64_t G = (W + L - 1) / L, adm = m > n ? m - n : n - m;
+  int64_t ub = adm;
   for (int64_t i = 0, e = std::min(m, n); i < e; ++i) ub += p[i] != t[i];
-  return 2 * Solver::wave_cost(m, n, G, L, ub) * L <= W * n;
+  if (2 * Solver::wave_cost(m, n, G, L, ub) * L <= W * n) return 2;
+  const int64_t k = adm + Solver::kFirstSlack;
+  return k < ub && 8 * Solver::wave_cost(m, n, G, L, k) * L <= W * n ? 1 : 0;
 }
 
 // ------------------------------------------------------------------ several pairs at once
