@@ -288,7 +288,8 @@ def test_long_pairs_far_apart_lengths():
     """|m - n| large: the band is wide at once (its bound starts at |m - n|)."""
     rng = np.random.default_rng(70)
     x = [int(v) for v in rng.integers(0, 5, size=1500)]
-    for y in (x[200:500], x[::3], [int(v) for v in rng.integers(0, 5, size=90)], x[:1400] + [9] * 30):
+    for y in (x[200:500], x[::3], [int(v) for v in rng.integers(0, 5, size=90)], x[:1400] + [9] * 30,
+              x[700:701], x[5:12], [9] * 9):  # texts shorter than a vector's lanes too
         check_long([x], [y], succ=(0,))
         check_long([y], [x], succ=())
 

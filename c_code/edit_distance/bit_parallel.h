@@ -1,6 +1,8 @@
 // The CPU's edit distances (edit_distance.cu): labels mapped to small ids (LabelMap), the bit-parallel DP of
-// Myers (1999) in Hyyro's formulation over as many 64-bit words as a pattern needs (Solver), and the same
-// multi-word step for several pairs at once, one pair per vector lane (lanes_last_score).
+// Myers (1999) in Hyyro's formulation over as many 64-bit words as a pattern needs (Solver: one word alone, or a
+// pattern's words as a wavefront over the lanes of a vector, WaveGroup, in a band around the diagonal where only
+// the distance is needed), and the multi-word step for several pairs at once, one pair per vector lane
+// (lanes_last_score).
 #ifndef PTNATIVE_EDIT_DISTANCE_BIT_PARALLEL_H
 #define PTNATIVE_EDIT_DISTANCE_BIT_PARALLEL_H
 
@@ -198,7 +200,7 @@ struct WaveGroup {
 struct Solver {
   LabelMap map;
   std::vector<int32_t> pattern_ids, text_ids, scratch;
-  std::vector<uint64_t> peq, vp, vn, hpc, hnc;
+  std::vector<uint64_t> peq, hpc, hnc;
   std::vector<int64_t> off;
   static const int64_t kMaxPeqWords = int64_t(1) << 22;  // 32 MiB
 
