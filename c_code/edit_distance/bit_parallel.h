@@ -137,6 +137,10 @@ struct WaveGroup {
   V vp, vn, hpo, hno, acc;
   M shift, lane;
 
+  WaveGroup(const uint64_t* pg_, const int64_t* off_, uint64_t* hpc_, uint64_t* hnc_, int64_t js_, int64_t je_,
+            int kl_, int lb_, int32_t* row_, int64_t score_)
+      : pg(pg_), off(off_), hpc(hpc_), hnc(hnc_), js(js_), je(je_), kl(kl_), lb(lb_), row(row_), score(score_) {}
+
   __attribute__((always_inline)) inline V gather(int64_t s) const {
     V eq;
     for (int k = 0; k < L; ++k) eq[k] = pg[off[s - k] + k];
@@ -265,8 +269,8 @@ struct Solver {
     return score;
   }
 
-  // The lanes of the widest vector the target has (2 to 8).
   static constexpr int64_t kFirstSlack = 64;  // the band's first bound: |m - n| + this
+  // The lanes of the widest vector the target has (2 to 8).
   static constexpr int kWaveLanes = PTN_VECTOR_BYTES >= 64 ? 8 : PTN_VECTOR_BYTES >= 32 ? 4 : 2;
   // The lanes for a pattern of W words: no more than the words need.
   static int wave_lanes(int64_t W) { return W <= 2 || kWaveLanes == 2 ? 2 : W <= 4 || kWaveLanes == 4 ? 4 : kWaveLanes; }
@@ -318,7 +322,7 @@ struct Solver {
   // band cell of that row can lie on a path of cost <= abort_k).
   template <int L>
   int64_t wave_band(int64_t m, int64_t n, int64_t G, int64_t dlo, int64_t dhi, int64_t abort_k, int32_t* row) {
-    const int64_t Wp = G * L, dm = m - n;
+    const int64_t dm = m - n;
     const int64_t* o = off.data() + (L - 1);
     uint64_t* hp = hpc.data() + (L - 1);
     uint64_t* hn = hnc.data() + (L - 1);
