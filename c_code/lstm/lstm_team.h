@@ -11,15 +11,15 @@
 
 #if !CUDA
 // A barrier for the parts of one lstm_cpu_team (on threads of their own: every part runs at once, so one may wait for
-// the others).  A waiting part spins for half the time its own work since its last wait took (at least 20 us, at most
+// the others).  A waiting part spins for half the time its own work since its last wait took (at least 50 us, at most
 // 0.5 ms: the parts' shares of a frame are equal, so the others should be close), then sleeps in steps of the
 // system's shortest sleep (~80 us here): with more busy threads than cores the part it waits for needs the core, and
 // a shared machine the cycles (a spin of 1 ms before yielding ran a T=50 B=4 layer 4x slower than one thread at a
 // load of 3.5; sleeping after a fixed 25 us lost ~10% at n=1024, whose frames take ~300 us and finish up to 50 us
-// apart).  When parts have had to sleep LSTM_SOLO_SLEEPS times in one call (the machine has more busy threads than
-// cores: a part that loses its core stalls the others at every frame), wait() tells every part, at the same frame,
-// to go on alone: part 0 computes every part's cells from then on (the same sums: the same bits) and the others
-// leave the recurrence.  abort() releases the waiting parts (a part that failed will not arrive): their wait()
+// apart).  When parts have had to sleep at more than 2 + 1/8 of the meetings after the first (the machine has more
+// busy threads than cores: a part that loses its core stalls the others at every frame), wait() tells every part, at
+// the same meeting, to go on alone: part 0 computes every part's cells from then on (the same sums: the same bits)
+// and the others leave the recurrence.  abort() releases the waiting parts (a part that failed will not arrive): their wait()
 // throws LstmTeamAborted.
 struct LstmTeamAborted {};
 
@@ -42,13 +42,13 @@ class LstmBarrier {
     const unsigned phase = phase_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts_) {
       arrived_.store(0, std::memory_order_relaxed);
-      if (sleeps_.load(std::memory_order_relaxed) >= LSTM_SOLO_SLEEPS) solo_.store(true, std::memory_order_relaxed);
+      if (sleeps_.load(std::memory_order_relaxed) >= 3 + (int)(phase / 8)) solo_.store(true, std::memory_order_relaxed);
       phase_.store(phase + 1, std::memory_order_release);
       left_[p] = arrived;
       return solo_.load(std::memory_order_relaxed);
     }
     const Clock::duration spin = std::min<Clock::duration>(
-        std::max<Clock::duration>((arrived - left_[p]) / 2, std::chrono::microseconds(20)),
+        std::max<Clock::duration>((arrived - left_[p]) / 2, std::chrono::microseconds(50)),
         std::chrono::microseconds(500));
     bool slept = false;
     for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins) {
@@ -57,7 +57,7 @@ class LstmBarrier {
         lstm_cpu_relax();
         continue;
       }
-      if (!slept) sleeps_.fetch_add(1, std::memory_order_relaxed);
+      if (!slept && phase > 0) sleeps_.fetch_add(1, std::memory_order_relaxed);  // the first waits for a thread start
       slept = true;
       std::this_thread::sleep_for(std::chrono::microseconds(1));
     }
@@ -74,7 +74,6 @@ class LstmBarrier {
   std::atomic<bool> aborted_{false};
   std::atomic<int> sleeps_{0};  // waits that slept
   std::atomic<bool> solo_{false};
-  static constexpr int LSTM_SOLO_SLEEPS = 3;
 };
 
 // body(p, barrier) for the parts p = 0 .. parts-1, each on a thread of its own (with DAZ, as the row parts), all at
