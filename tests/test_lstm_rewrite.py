@@ -1,0 +1,185 @@
+"""The rewrite of the seed's graph, ``X = dot(x, W_in) + b`` feeding NativeLstm2, into NativeLstm2Layer
+(``ptnative/ops/lstm_rewrites.py``): the rewritten function's values and gradients equal those of the same graph
+compiled without the rewrite, and it fires exactly where the graph matches."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.compile.mode import get_mode
+
+from ptnative import NativeOp
+from ptnative.ops import NativeLstm2
+from ptnative.ops.lstm_rewrites import REWRITE_NAME
+
+from .conftest import tol
+
+N_IN, N = 3, 2
+#: (T, B) of the values each function is called with: ragged, then empty time, then empty batch.
+SHAPES = [(6, 5), (0, 3), (4, 0)]
+#: (start, step) pairs: forward, backward, and strides that leave frames unvisited.
+FRAMES = [(0, 1), (0, -1), (1, 2), (1, -3)]
+LAYER, LAYER_GRAD = "NativeLstm2Layer", "GradOfNativeLstm2Layer"
+VALUE, VALUE_GRAD = "NativeLstm2", "GradOfNativeLstm2"
+
+
+def symbols(dtype):
+    x, W_in, W, b = (pt.tensor3("x", dtype=dtype), pt.matrix("W_in", dtype=dtype), pt.matrix("W", dtype=dtype),
+                     pt.vector("b", dtype=dtype))
+    y0, c0, i = pt.matrix("y0", dtype=dtype), pt.matrix("c0", dtype=dtype), pt.matrix("i", dtype=dtype)
+    start, step = pt.scalar("start", dtype="int32"), pt.scalar("step", dtype="int32")
+    return x, W_in, W, b, y0, c0, i, start, step
+
+
+def projection(form, x, W_in, b):
+    """X in one of the forms the rewrite recognises."""
+    return {"dot+b": lambda: pt.dot(x, W_in) + b, "b+dot": lambda: b + pt.dot(x, W_in), "dot": lambda: pt.dot(x, W_in),
+            "matmul+b": lambda: pt.matmul(x, W_in) + b, "x.dot+b": lambda: x.dot(W_in) + b}[form]()
+
+
+def cost(Y, C, d):
+    """Reaches every cotangent of NativeLstm2, one of them through Y itself."""
+    return (Y ** 2).sum() + 0.3 * C.sum() + (d * d).sum()
+
+
+def seed_graph(dtype, form="dot+b", wrt=("x", "W_in", "W", "b", "y0", "c0")):
+    """(inputs, outputs): Y, C, d of NativeLstm2 on ``projection(form)``, then the gradients of ``cost`` w.r.t. ``wrt``."""
+    inputs = symbols(dtype)
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    Y, C, H, d = NativeLstm2.make_op()(projection(form, x, W_in, b), W, y0, c0, i, start, step)
+    named = dict(zip(("x", "W_in", "W", "b", "y0", "c0"), inputs))
+    grads = pytensor.grad(cost(Y, C, d), [named[k] for k in wrt], disconnected_inputs="ignore") if wrt else []
+    return list(inputs), [Y, C, d, *grads]
+
+
+def values(T, B, dtype, start, step, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, T + 1, size=B)
+    if B:
+        lengths[0] = T
+    mask = (np.arange(T)[:, None] < lengths[None, :]).astype(dtype)
+    if T > 2 and B > 1:
+        mask[1, 1] = 0  # a hole inside a sequence
+    arrays = [rng.normal(size=(T, B, N_IN)), rng.normal(size=(N_IN, 4 * N)) * 0.5, rng.normal(size=(N, 4 * N)) * 0.4,
+              rng.normal(size=4 * N), rng.normal(size=(B, N)), rng.normal(size=(B, N))]
+    return [a.astype(dtype) for a in arrays] + [mask, np.int32(start), np.int32(step)]
+
+
+def compile_both(inputs, outputs, mode):
+    """The function rewritten (as PyTensor compiles it) and with the rewrite excluded.  Without a BLAS library for
+    PyTensor's C code the pure C linker cannot run the unrewritten graph's ``Dot22`` (NotImplementedError): there the
+    reference is compiled in CVM mode, the same kernels with C code where PyTensor has it."""
+    on = pytensor.function(inputs, outputs, mode=get_mode(mode), on_unused_input="ignore")
+    reference = "CVM" if mode == "C" and not pytensor.config.blas__ldflags else mode
+    off = pytensor.function(inputs, outputs, mode=get_mode(reference).excluding(REWRITE_NAME), on_unused_input="ignore")
+    return on, off
+
+
+def native_ops(f):
+    """The names of the native ops in the compiled function's graph."""
+    return sorted(n.op.name for n in f.maker.fgraph.apply_nodes if isinstance(n.op, NativeOp))
+
+
+def assert_same(on, off, dtype, shapes=SHAPES, frames=FRAMES):
+    rtol, atol = tol(dtype)
+    for T, B in shapes:
+        for start, step in frames:
+            if T == 0 and start:
+                continue  # start must lie in [0, T) when T > 0; T = 0 takes start 0
+            args = values(T, B, dtype, min(start, max(T - 1, 0)), step)
+            for k, (a, b) in enumerate(zip(on(*args), off(*args))):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"output {k}, T={T} B={B} {start, step}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rewritten_values_and_gradients_equal_the_graphs(mode, dtype):
+    on, off = compile_both(*seed_graph(dtype), mode)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    assert native_ops(off) == sorted([VALUE, VALUE_GRAD])
+    assert_same(on, off, dtype)
+
+
+@pytest.mark.parametrize("form", ["b+dot", "dot", "matmul+b", "x.dot+b"])
+def test_every_form_of_the_projection(form):
+    on, off = compile_both(*seed_graph("float64", form), None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    assert_same(on, off, "float64", shapes=SHAPES[:1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_forward_alone(mode, dtype):
+    on, off = compile_both(*seed_graph(dtype, wrt=()), mode)
+    assert native_ops(on) == sorted([LAYER])
+    assert_same(on, off, dtype)
+
+
+def test_gradient_without_the_projection_keeps_the_value_ops_gradient():
+    """Only W and y0 asked for: nothing uses DX, so the layer's gradient (which computes x's and W_in's too) would
+    cost more; the forward is still the layer, and NativeLstm2's gradient reads its gates."""
+    on, off = compile_both(*seed_graph("float64", wrt=("W", "y0")), None)
+    assert native_ops(on) == sorted([LAYER, VALUE_GRAD])
+    assert_same(on, off, "float64")
+
+
+@pytest.mark.parametrize("wrt", [("W_in", "W", "b"), ("x", "W"), ("W_in",)])
+def test_some_of_the_projections_gradients(wrt):
+    on, off = compile_both(*seed_graph("float64", wrt=wrt), None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    assert_same(on, off, "float64", shapes=SHAPES[:1])
+
+
+def test_x_used_elsewhere_too():
+    """x also feeds the cost directly: its gradient is a sum, one term of which the layer computes."""
+    inputs, _ = seed_graph("float64", wrt=())
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    Y, C, H, d = NativeLstm2.make_op()(pt.dot(x, W_in) + b, W, y0, c0, i, start, step)
+    grads = pytensor.grad(cost(Y, C, d) + (x ** 3).sum(), [x, W_in, b])
+    on, off = compile_both(inputs, [Y, *grads], None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    assert_same(on, off, "float64", shapes=SHAPES[:1])
+
+
+# ---------------------------------------------------------------------- where it must not fire
+def graph_with(X_of, dtype="float64", extra_outputs=lambda X, outs: []):
+    inputs = list(symbols(dtype))
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    X, more = X_of(x, W_in, b, inputs)
+    outs = NativeLstm2.make_op()(X, W, y0, c0, i, start, step)
+    grads = pytensor.grad(cost(outs[0], outs[1], outs[3]), [x, W_in, W, b], disconnected_inputs="ignore")
+    return inputs + more, [outs[0], *grads, *extra_outputs(X, outs)]
+
+
+def test_no_rewrite_when_X_has_another_client():
+    on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (pt.dot(x, W_in) + b, []),
+                                     extra_outputs=lambda X, outs: [X]), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_no_rewrite_when_H_is_used():
+    on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (pt.dot(x, W_in) + b, []),
+                                     extra_outputs=lambda X, outs: [outs[2]]), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_no_rewrite_when_the_bias_varies_over_batch():
+    b2 = pt.matrix("b2")  # (B, 4n): broadcast over time only
+    on, off = compile_both(*graph_with(lambda x, W_in, b, _: (pt.dot(x, W_in) + b2, [b2])), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_no_rewrite_when_the_bias_varies_over_time():
+    b3 = pt.tensor3("b3", shape=(None, 1, None))  # (T, 1, 4n)
+    on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (pt.dot(x, W_in) + b3, [b3])), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_no_rewrite_when_W_in_is_not_one_matrix():
+    Wt = pt.tensor3("Wt")  # (T, n_in, 4n): a matrix per frame
+    on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (pt.matmul(x, Wt) + b, [Wt])), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_no_rewrite_when_the_projection_is_scaled():
+    on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (2 * pt.dot(x, W_in) + b, [])), None)
+    assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
