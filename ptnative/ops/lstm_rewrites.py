@@ -175,16 +175,16 @@ def _backward_replacements(fgraph, node, gradient_node, layer_op, layer_inputs, 
     and the operands' gradients computed from ``DX`` by the layer gradient's outputs; {} when the graph does not
     match."""
     grad_node, cotangents = gradient_node
+    x, W_in, bias = operands
     found = _projection_gradients(fgraph, X, grad_node.outputs[0], operands)
-    if not found:
-        return {}
+    if not found or W_in not in found:
+        return {}  # the layer's gradient would compute W_in's (and x's) gradient for nothing: more than it saves
     cotangents = [disconnected_type() if c is None else c for c in cotangents]
     layer_grads = layer_op.pullback(layer_inputs, layer_outputs, cotangents)
     visible = grad_node.outputs[:len(grad_node.outputs) - grad_node.op.num_dummy_outs]
     value_grads = node.op.make_results_of_gradient(visible)
     # the value op's inputs after X are the layer's after (x, W_in): W at 2, then (after b) the rest from 4
     replacements = {old: layer_grads[2 if k == 1 else k + 2] for k, old in enumerate(value_grads) if k and old is not None}
-    x, W_in, bias = operands
     dx, dW_in, _, db = layer_grads[:4]
     ours = {x: dx, W_in: dW_in}
     if bias is not None:
