@@ -43,7 +43,7 @@ def cost(Y, C, d):
 
 
 def seed_graph(dtype, form="dot+b", wrt=("x", "W_in", "W", "b", "y0", "c0")):
-    """(inputs, outputs): Y, C, d of NativeLstm2 on ``projection(form)``, then the gradients of ``cost`` w.r.t. ``wrt``."""
+    """(inputs, outputs): Y, C, d of NativeLstm2 on ``projection(form)``, then ``cost``'s gradients w.r.t. ``wrt``."""
     inputs = symbols(dtype)
     x, W_in, W, b, y0, c0, i, start, step = inputs
     Y, C, H, d = NativeLstm2.make_op()(projection(form, x, W_in, b), W, y0, c0, i, start, step)
@@ -179,3 +179,19 @@ def test_no_rewrite_when_W_in_is_not_one_matrix():
 def test_no_rewrite_when_the_projection_is_scaled():
     on, _ = compile_both(*graph_with(lambda x, W_in, b, _: (2 * pt.dot(x, W_in) + b, [])), None)
     assert native_ops(on) == sorted([VALUE, VALUE_GRAD])
+
+
+def test_nan_on_padded_frames_reaches_nothing(mode):
+    """As NativeLstm2Layer: a padded frame's x (NaN included) reaches no output and no gradient, where the
+    unrewritten graph's ``x^T . DX`` makes W_in's gradient NaN (NaN * 0)."""
+    on = pytensor.function(*seed_graph("float64"), mode=get_mode(mode))
+    args = values(6, 5, "float64", 0, 1)
+    mask = args[6]
+    assert (mask == 0).any()
+    poisoned = [a.copy() for a in args]
+    poisoned[0][mask == 0] = np.nan
+    clean = [a.copy() for a in args]
+    clean[0][mask == 0] = 0
+    for a, b in zip(on(*poisoned), on(*clean)):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)

@@ -15,16 +15,16 @@ import pytensor.tensor as pt
 from pytensor.compile import optdb
 from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Constant, equal_computations
-
-try:
-    from pytensor.graph.traversal import io_toposort
-except ImportError:  # PyTensor before the traversal module
-    from pytensor.graph.basic import io_toposort
 from pytensor.graph.rewriting.basic import dfs_rewriter, node_rewriter
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import Shape, Shape_i
 
 from ..op import NativeOp
+
+try:
+    from pytensor.graph.traversal import io_toposort
+except ImportError:  # PyTensor before the traversal module
+    from pytensor.graph.basic import io_toposort
 
 __all__ = ["REWRITE_NAME", "projection_fusion", "register"]
 
@@ -184,7 +184,8 @@ def _backward_replacements(fgraph, node, gradient_node, layer_op, layer_inputs, 
     visible = grad_node.outputs[:len(grad_node.outputs) - grad_node.op.num_dummy_outs]
     value_grads = node.op.make_results_of_gradient(visible)
     # the value op's inputs after X are the layer's after (x, W_in): W at 2, then (after b) the rest from 4
-    replacements = {old: layer_grads[2 if k == 1 else k + 2] for k, old in enumerate(value_grads) if k and old is not None}
+    replacements = {old: layer_grads[2 if k == 1 else k + 2] for k, old in enumerate(value_grads)
+                    if k and old is not None}
     dx, dW_in, _, db = layer_grads[:4]
     ours = {x: dx, W_in: dW_in}
     if bias is not None:
@@ -212,7 +213,8 @@ def projection_fusion(value_spec, layer_spec):
             return None
         X = node.inputs[0]
         # the gradient graph takes X's shape (for the zeros of disconnected cotangents): the layer's H has that shape
-        shape_of_X = {c for c, _ in fgraph.clients.get(X, ()) if isinstance(c, Apply) and isinstance(c.op, Shape | Shape_i)}
+        shape_of_X = {c for c, _ in fgraph.clients.get(X, ())
+                      if isinstance(c, Apply) and isinstance(c.op, Shape | Shape_i)}
         if not _only_clients(fgraph, X, {node, *shape_of_X}):
             return None
         matched = match_projection(X)
