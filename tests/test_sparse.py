@@ -279,6 +279,43 @@ def test_crossentropy_softmax_sparse(mode, dtype):
     assert (got[0] >= 0).all()
 
 
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_crossentropy_softmax_sparse_long_frames(dtype, threads, monkeypatch):
+    """Frames long enough for the vectorised rows (D = 16 k + 5) and, from 2^19 elements, the split of the frames
+    over threads: against the reference. A NaN of either sign bit in a counted frame gives NaN ce, grad_z and D_z
+    on that frame only; a frame of equal values, and one whose other values are over 87 below its maximum."""
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
+    T, B, D, N = 37, 15, 965, 60
+    rng = np.random.default_rng(14)
+    zv = rng.normal(size=(T, B, D)) * 4
+    zv[3, 2, 100] = np.nan
+    zv[5, 1, 964] = np.copysign(np.nan, -1.0)
+    zv[6, 0] = 2.5
+    zv[7, 0, 7] = 95.0  # other values of the frame are over 87 below its maximum
+    zmv = (rng.random((T, B)) > 0.1).astype(np.float64)
+    zmv[3, 2] = zmv[5, 1] = zmv[6, 0] = zmv[7, 0] = 1
+    s0v, s1v, wv, mv = coo(N, B, T, D, seed=15, out_of_range=False)
+    s0v[:4, 0] = [3, 5, 6, 7]
+    s0v[:4, 2] = 3
+    s0v[4:8, 1] = 5
+    mv[:8] = 1
+    wv = np.abs(wv)
+    z, zm = pt.tensor3("z", dtype=dtype), pt.matrix("zm", dtype=dtype)
+    s0, s1, w, m = matrices(4, dtype)
+    ce, grad_z = crossentropy_softmax_and_gradient_z_sparse(z, zm, s0, s1, w, m)
+    gz = pytensor.grad(ce.sum(), z)
+    f = pytensor.function([z, zm, s0, s1, w, m], [ce, grad_z, gz])
+    got = f(*[a.astype(dtype) for a in (zv, zmv, s0v, s1v, wv, mv)])
+    expected = ref.crossentropy_softmax_sparse(zv, zmv, s0v, s1v, wv, mv)[:3]
+    rtol, atol = tol(dtype)
+    nan_frames = np.zeros((T, B), bool)
+    nan_frames[3, 2] = nan_frames[5, 1] = True
+    for name, g, r in zip(["ce", "grad_z", "D_z"], got, expected):
+        assert np.isnan(g[nan_frames]).all(), name
+        np.testing.assert_allclose(g[~nan_frames], r[~nan_frames], rtol=rtol * 5, atol=atol * 5, err_msg=name)
+
+
 def test_crossentropy_softmax_sparse_verify_grad_strict_and_errors():
     rng = np.random.default_rng(12)
     T, B, D, N = 3, 2, 4, 5

@@ -22,7 +22,7 @@
 // launches per call, whatever the lattice size.
 #include "../dialect/kernel.h"
 
-#include "../common/fast_math.h"
+#include "../common/softmax_row.h"
 
 #define RNNT_MAX_BIG_BLANKS 32
 #define RNNT_NEG_INF (-(double)INFINITY)
@@ -259,74 +259,6 @@ DEF_KERNEL void rnnt_grad_rows_kernel(RnntConf c, Float* G, const int32_t* label
 
 #if !CUDA
 // ------------------------------------------------------------------ CPU
-// Row helpers for the log-softmax.  The float versions are written so that
-// g++ vectorises them without -ffast-math: no float selects (they stay
-// branches), no libm calls.  double uses the plain forms.
-//
-// exp(x) for x <= 0 (x = logit - rowmax): fast_math.h's, with x < -87 giving 0.  Clamping uses the bit
-// pattern: for x <= 0, x < -87 <=> bits(x) > bits(-87) (unsigned).
-static inline float rnnt_row_exp(float x) {
-  const uint32_t lim = 0xC2AE0000u;  // bits of -87.0f
-  uint32_t ub;
-  memcpy(&ub, &x, 4);
-  uint32_t cb = ub < lim ? ub : lim;
-  float xc;
-  memcpy(&xc, &cb, 4);
-  float res = fast_exp_in_range(xc);
-  uint32_t rb;
-  memcpy(&rb, &res, 4);
-  rb &= ub <= lim ? 0xFFFFFFFFu : 0u;
-  memcpy(&res, &rb, 4);
-  return res;
-}
-static inline double rnnt_row_exp(double x) { return exp(x); }
-
-#define RNNT_LANES 16
-// max_k x[k].  float: on order-preserving integer keys, lane-wise.
-static inline int32_t rnnt_float_key(float v) {
-  int32_t b;
-  memcpy(&b, &v, 4);
-  return b ^ ((b >> 31) & 0x7FFFFFFF);
-}
-static inline float rnnt_row_max(const float* x, int64_t K) {
-  int32_t lane[RNNT_LANES];
-  for (int j = 0; j < RNNT_LANES; ++j) lane[j] = rnnt_float_key(-INFINITY);
-  int64_t k = 0;
-  for (; k + RNNT_LANES <= K; k += RNNT_LANES)
-    for (int j = 0; j < RNNT_LANES; ++j) {
-      int32_t v = rnnt_float_key(x[k + j]);
-      lane[j] = v > lane[j] ? v : lane[j];
-    }
-  int32_t m = lane[0];
-  for (int j = 1; j < RNNT_LANES; ++j) m = lane[j] > m ? lane[j] : m;
-  for (; k < K; ++k) {
-    int32_t v = rnnt_float_key(x[k]);
-    m = v > m ? v : m;
-  }
-  m ^= (m >> 31) & 0x7FFFFFFF;
-  float r;
-  memcpy(&r, &m, 4);
-  return r;
-}
-static inline double rnnt_row_max(const double* x, int64_t K) {
-  double m = -INFINITY;
-  for (int64_t k = 0; k < K; ++k) m = x[k] > m ? x[k] : m;
-  return m;
-}
-// x[k] := exp(x[k] - m); returns the sum (lane-wise partial sums).
-static inline double rnnt_row_exp_sum(Float* x, int64_t K, Float m) {
-  for (int64_t k = 0; k < K; ++k) x[k] = rnnt_row_exp(x[k] - m);
-  Float lane[RNNT_LANES];
-  for (int j = 0; j < RNNT_LANES; ++j) lane[j] = 0;
-  int64_t k = 0;
-  for (; k + RNNT_LANES <= K; k += RNNT_LANES)
-    for (int j = 0; j < RNNT_LANES; ++j) lane[j] += x[k + j];
-  double s = 0;
-  for (int j = 0; j < RNNT_LANES; ++j) s += lane[j];
-  for (; k < K; ++k) s += x[k];
-  return s;
-}
-
 // One sequence, t-major: pass 1 on its valid rows, alphas, betas, pass 2.
 // W, A, Bt, LS are per-sequence scratch (T x U1 cells).
 static double rnnt_cpu_sequence(const RnntConf& c, Float* G, const int32_t* y, int64_t Tb, int64_t Ub, double* W,
@@ -339,9 +271,9 @@ static double rnnt_cpu_sequence(const RnntConf& c, Float* G, const int32_t* y, i
       double* w = W + cell * nw;
       double raw_blank = x[c.blank], raw_label = u < Ub - 1 ? (double)x[y[u]] : 0.0;
       for (int i = 0; i < c.n_big; ++i) w[2 + i] = x[c.blank - 1 - i];
-      Float m = rnnt_row_max(x, K);
+      Float m = ptn_row_max(x, K);
       if (!(m > -std::numeric_limits<Float>::infinity())) m = 0;
-      double sum = rnnt_row_exp_sum(x, K, m);
+      double sum = ptn_row_exp_sum(x, x, K, m);
       double ls = log(sum), lz = (double)m + ls, off = lz + c.sigma;
       LS[cell] = ls;
       lognorm[cell] = (Float)lz;

@@ -8,6 +8,8 @@
 // with `strict`, raise ValueError.
 #include "../dialect/kernel.h"
 
+#include "../common/softmax_row.h"
+
 #if !CUDA && defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -407,24 +409,22 @@ DEF_KERNEL void ptn_ce_frame_kernel(const Float* z, const Float* z_mask, int64_t
   }
 }
 #else
+// One frame: returns its log-sum-exp; p (if not null) := scale * softmax.  softmax_row.h's vectorised max and
+// exponentials, the sum in its lanes.
 static inline Float ptn_ce_frame(const Float* zr, int64_t D, Float* p, Float scale, Float* max_z) {
-  Float m = zr[0];
-  for (int64_t j = 1; j < D; ++j) m = zr[j] > m ? zr[j] : m;
-  Float acc = 0;
+  const Float m = ptn_row_max(zr, D);
+  const Float acc = (Float)ptn_row_exp_sum(zr, p, D, m);
   if (p) {
-    for (int64_t j = 0; j < D; ++j) {
-      p[j] = std::exp(zr[j] - m);
-      acc += p[j];
-    }
     const Float r = scale / acc;
     for (int64_t j = 0; j < D; ++j) p[j] *= r;
-  } else {
-    for (int64_t j = 0; j < D; ++j) acc += std::exp(zr[j] - m);
   }
   if (max_z) *max_z = m;
   return m + std::log(acc);
 }
 #endif
+
+// From this many elements (z's frames times D) the CPU splits the frames over its threads.
+#define PTN_CE_PARALLEL_ELEMENTS (int64_t(1) << 19)
 
 static void ptn_ce_frames(const Float* z, const Float* z_mask, int64_t F, int64_t D, Float* lse, Float* max_z, Float* p,
                           const Float* scale) {
@@ -433,11 +433,17 @@ static void ptn_ce_frames(const Float* z, const Float* z_mask, int64_t F, int64_
   start_dev_kernel2(ptn_ce_frame_kernel, (F < 4096 ? F : 4096), PTN_CE_BLOCK, 0,
                     (z, z_mask, F, D, lse, max_z, p, scale));
 #else
-  for (int64_t f = 0; f < F; ++f) {
-    if (!(z_mask[f] > Float(0.5))) continue;
-    const Float sc = scale ? scale[f] : Float(1);
-    lse[f] = ptn_ce_frame(z + f * D, D, p && sc != Float(0) ? p + f * D : (Float*)0, sc, max_z ? max_z + f : 0);
-  }
+  auto frames = [&](int64_t f0, int64_t f1) {
+    for (int64_t f = f0; f < f1; ++f) {
+      if (!(z_mask[f] > Float(0.5))) continue;
+      const Float sc = scale ? scale[f] : Float(1);
+      lse[f] = ptn_ce_frame(z + f * D, D, p && sc != Float(0) ? p + f * D : (Float*)0, sc, max_z ? max_z + f : 0);
+    }
+  };
+  int64_t parts = F * D >= PTN_CE_PARALLEL_ELEMENTS ? ptn::cpu_threads() : 1;
+  if (parts > F) parts = F;
+  if (parts <= 1) return frames(0, F);
+  ptn::parallel_parts((int)parts, [&](int part) { frames(F * part / parts, F * (part + 1) / parts); });
 #endif
 }
 
