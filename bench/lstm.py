@@ -52,7 +52,7 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, NativeLstm2, lstm, twod_lstm  # noqa: E402
-from ptnative.ops.lstm_rewrites import REWRITE_NAME  # noqa: E402
+from ptnative.ops._lstm_rewrites import REWRITE_NAME  # noqa: E402
 import _torch_lstm  # noqa: E402  (bench/_torch_lstm.py)
 from _common import load_average as _load  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)

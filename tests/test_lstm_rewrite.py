@@ -1,5 +1,5 @@
 """The rewrite of the seed's graph, ``X = dot(x, W_in) + b`` feeding NativeLstm2, into NativeLstm2Layer
-(``ptnative/ops/lstm_rewrites.py``): the rewritten function's values and gradients equal those of the same graph
+(``ptnative/ops/_lstm_rewrites.py``): the rewritten function's values and gradients equal those of the same graph
 compiled without the rewrite, and it fires exactly where the graph matches."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from pytensor.compile.mode import get_mode
 
 from ptnative import NativeOp
 from ptnative.ops import NativeLstm2
-from ptnative.ops.lstm_rewrites import REWRITE_NAME
+from ptnative.ops._lstm_rewrites import REWRITE_NAME
 
 from .conftest import tol
 
@@ -134,6 +134,31 @@ def test_x_used_elsewhere_too():
     on, off = compile_both(inputs, [Y, *grads], None)
     assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
     assert_same(on, off, "float64", shapes=SHAPES[:1])
+
+
+def test_stacked_and_bidirectional_layers():
+    """Two directions over the same x (their reshapes of x merged), then a second layer over their outputs: every
+    NativeLstm2 becomes a layer, every gradient a layer gradient."""
+    inputs = list(symbols("float64"))
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    W_in2, W2, b2 = pt.matrix("W_in2"), pt.matrix("W2"), pt.vector("b2")
+    op = NativeLstm2.make_op()
+    fwd = op(pt.dot(x, W_in) + b, W, y0, c0, i, np.int32(0), np.int32(1))
+    bwd = op(pt.dot(x, W_in2) + b2, W2, y0, c0, i, np.int32(0), np.int32(-1))
+    h = pt.concatenate([fwd[0], bwd[0]], axis=2)  # (T, B, 2n)
+    W_in3, W3, b3 = pt.matrix("W_in3"), pt.matrix("W3"), pt.vector("b3")
+    top = op(b3 + pt.dot(h, W_in3), W3, y0, c0, i, start, step)
+    wrt = [x, W_in, W, b, W_in2, W2, b2, W_in3, W3, b3, y0, c0]
+    outputs = [top[0], *pytensor.grad(cost(top[0], top[1], top[3]) + (fwd[3] ** 2).sum(), wrt)]
+    on, off = compile_both([*inputs, W_in2, W2, b2, W_in3, W3, b3], outputs, None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD] * 3)
+    rng = np.random.default_rng(3)
+    more = [rng.normal(size=(N_IN, 4 * N)) * 0.5, rng.normal(size=(N, 4 * N)) * 0.4, rng.normal(size=4 * N),
+            rng.normal(size=(2 * N, 4 * N)) * 0.5, rng.normal(size=(N, 4 * N)) * 0.4, rng.normal(size=4 * N)]
+    for T, B in SHAPES:
+        args = values(T, B, "float64", 0, 1) + more
+        for k, (a, b_) in enumerate(zip(on(*args), off(*args))):
+            np.testing.assert_allclose(a, b_, rtol=1e-10, atol=1e-12, err_msg=f"output {k}, T={T} B={B}")
 
 
 # ---------------------------------------------------------------------- where it must not fire

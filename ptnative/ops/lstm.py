@@ -11,7 +11,7 @@ from pytensor.link.c.op import COp
 from ..backends import lstm_shape_check as shape_check
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
-from . import lstm_rewrites
+from . import _lstm_rewrites
 from ._args import WRITTEN, dims_of, host_int32_scalar, input_entry, output_entry
 
 __all__ = [
@@ -174,7 +174,7 @@ class NativeLstm2Layer(NativeOpGenBase):
 
 
 # ``X = dot(x, W_in) + b`` feeding NativeLstm2 (the seed's graph), and its gradients, become NativeLstm2Layer's nodes.
-lstm_rewrites.register(NativeLstm2, NativeLstm2Layer)
+_lstm_rewrites.register(NativeLstm2, NativeLstm2Layer)
 
 
 class LstmLowMem(NativeOpGenBase):
