@@ -161,6 +161,18 @@ def test_stacked_and_bidirectional_layers():
             np.testing.assert_allclose(a, b_, rtol=1e-10, atol=1e-12, err_msg=f"output {k}, T={T} B={B}")
 
 
+def test_two_gradient_nodes_keep_theirs():
+    """Two gradients of different costs (two gradient nodes on one NativeLstm2): the forward becomes the layer, and
+    both gradient nodes stay, reading its gates."""
+    inputs, _ = seed_graph("float64", wrt=())
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    Y, C, H, d = NativeLstm2.make_op()(pt.dot(x, W_in) + b, W, y0, c0, i, start, step)
+    outputs = [*pytensor.grad(cost(Y, C, d), [x, W_in, b]), *pytensor.grad((Y * Y * Y).sum(), [W_in, W])]
+    on, off = compile_both(inputs, outputs, None)
+    assert native_ops(on) == sorted([LAYER, VALUE_GRAD, VALUE_GRAD])
+    assert_same(on, off, "float64", shapes=SHAPES[:1])
+
+
 # ---------------------------------------------------------------------- where it must not fire
 def graph_with(X_of, dtype="float64", extra_outputs=lambda X, outs: []):
     inputs = list(symbols(dtype))
