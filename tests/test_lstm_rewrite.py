@@ -136,6 +136,37 @@ def test_x_used_elsewhere_too():
     assert_same(on, off, "float64", shapes=SHAPES[:1])
 
 
+def test_x_as_a_transposed_view():
+    """x given batch-major and transposed in the graph: the layer gets the strided view."""
+    inputs = list(symbols("float64"))
+    x_bt = pt.tensor3("x_bt")
+    x, W_in, W, b, y0, c0, i, start, step = inputs
+    Y, C, H, d = NativeLstm2.make_op()(pt.dot(x_bt.dimshuffle(1, 0, 2), W_in) + b, W, y0, c0, i, start, step)
+    graph_inputs = [x_bt, *inputs[1:]]
+    on, off = compile_both(graph_inputs, [Y, *pytensor.grad(cost(Y, C, d), [x_bt, W_in, W, b])], None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    args = values(6, 5, "float64", 0, 1)
+    args[0] = np.ascontiguousarray(args[0].transpose(1, 0, 2))
+    for a, b_ in zip(on(*args), off(*args)):
+        np.testing.assert_allclose(a, b_, rtol=1e-10, atol=1e-12)
+
+
+def test_jax_mode_runs_the_rewritten_graph():
+    """In JAX mode the unrewritten seed graph does not trace (PyTensor's reshapes of DX to shapes known at run time
+    only); the rewritten one runs, and gives the default mode's unrewritten values."""
+    pytest.importorskip("jax")
+    import pytensor.link.jax.dispatch  # noqa: F401  (registers the JAX backend)
+
+    graph = seed_graph("float64")
+    on = pytensor.function(*graph, mode="JAX")
+    off = pytensor.function(*graph, mode=get_mode(None).excluding(REWRITE_NAME))
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    for start, step in FRAMES:
+        args = values(6, 5, "float64", start, step)
+        for a, b_ in zip(on(*args), off(*args)):
+            np.testing.assert_allclose(np.asarray(a), b_, rtol=1e-10, atol=1e-12)
+
+
 def test_stacked_and_bidirectional_layers():
     """Two directions over the same x (their reshapes of x merged), then a second layer over their outputs: every
     NativeLstm2 becomes a layer, every gradient a layer gradient."""
