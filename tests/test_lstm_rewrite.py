@@ -136,6 +136,20 @@ def test_x_used_elsewhere_too():
     assert_same(on, off, "float64", shapes=SHAPES[:1])
 
 
+def test_static_shapes():
+    """Shapes known when the graph is built (PyTensor's products and gradients take other forms then)."""
+    T, B = 6, 5
+    x, W_in, W, b = (pt.tensor3("x", shape=(T, B, N_IN)), pt.matrix("W_in", shape=(N_IN, 4 * N)),
+                     pt.matrix("W", shape=(N, 4 * N)), pt.vector("b", shape=(4 * N,)))
+    y0, c0, i = pt.matrix("y0", shape=(B, N)), pt.matrix("c0", shape=(B, N)), pt.matrix("i", shape=(T, B))
+    start, step = pt.scalar("start", dtype="int32"), pt.scalar("step", dtype="int32")
+    Y, C, H, d = NativeLstm2.make_op()(pt.dot(x, W_in) + b, W, y0, c0, i, start, step)
+    outputs = [Y, C, d, *pytensor.grad(cost(Y, C, d), [x, W_in, W, b, y0, c0])]
+    on, off = compile_both([x, W_in, W, b, y0, c0, i, start, step], outputs, None)
+    assert native_ops(on) == sorted([LAYER, LAYER_GRAD])
+    assert_same(on, off, "float64", shapes=[(T, B)])
+
+
 def test_x_as_a_transposed_view():
     """x given batch-major and transposed in the graph: the layer gets the strided view."""
     inputs = list(symbols("float64"))
