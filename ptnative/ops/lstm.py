@@ -108,6 +108,9 @@ class NativeLstm2(NativeOpGenBase):
 
     Gradients reach X, W, y0 and c0 from Y, C and d (exact for any mask; the gradient w.r.t. H is
     ignored, as in RETURNN).  Float32 and float64.
+
+    A graph feeding it ``X = dot(x, W_in) + b`` compiles to :class:`NativeLstm2Layer`'s nodes, its gradient graph
+    included where it matches (the rewrite ``ptnative_lstm_projection_fusion``; docs/lstm.md, "The seed graph").
     """
 
     in_info = (
