@@ -5,11 +5,16 @@ Run: /work/venv/bin/python bench/edit_distance.py [--reps N]
 Workloads (vocabulary 30, int32 labels): 1000 pairs of length ~50, 100 pairs
 of length ~500, 10 pairs of length ~5000, and (unless --no-sweep) around the last:
 3 and 30 pairs of length ~5000, 10 pairs of length ~2000 and ~10000, 1 pair of
-length ~5000.  ptnative gets the whole batch as
+length ~5000; then the long pairs one or two at a time (where a pair cannot share
+the vector lanes with others and the band around the diagonal decides the work):
+1 and 2 pairs of length ~1000 to ~20000, "noisy" (b = a with ~20% of the labels
+replaced), "similar" (~1% of the labels substituted, inserted or deleted) and
+"different" (a and b independent).  ptnative gets the whole batch as
 padded (B, T) arrays in one compiled PyTensor call (default mode and "C");
 the peers are called once per pair in a Python loop on lists of ints, as a user
 would.  Times are the best of --reps runs; ratios are peer time / ptnative time
-(> 1: ptnative is faster).  A peer that is not installed is skipped.
+(> 1: ptnative is faster).  A peer that is not installed is skipped; in the
+one-or-two-pair sweep editdistance (O(m n), seconds a call) runs up to length ~2000.
 """
 
 from __future__ import annotations
@@ -25,13 +30,35 @@ from ptnative.ops.edit_distance import edit_distance, optimal_completion_edit_di
 from timing import measure, measure_interleaved, record  # noqa: E402  (bench/timing.py)
 
 
-def make_batch(n_pairs, length, vocab, rng):
+def make_batch(n_pairs, length, vocab, rng, kind="noisy"):
+    """(a, a_len, b, b_len): lengths uniform in [0.8, 1.2] * length; b is a with ~20% of the labels replaced
+    ("noisy", the distances are realistic, not ~length), a with ~1% of its labels substituted, inserted or deleted
+    ("similar"), or independent of a ("different")."""
     lens_a = rng.integers(int(length * 0.8), int(length * 1.2) + 1, size=n_pairs).astype(np.int32)
     lens_b = rng.integers(int(length * 0.8), int(length * 1.2) + 1, size=n_pairs).astype(np.int32)
     a = rng.integers(0, vocab, size=(n_pairs, lens_a.max())).astype(np.int32)
+    if kind == "similar":
+        rows = []
+        for i in range(n_pairs):
+            x = list(a[i, :lens_a[i]])
+            for _ in range(max(1, len(x) // 100)):
+                pos, op = int(rng.integers(0, len(x))), int(rng.integers(0, 3))
+                if op == 0:
+                    x[pos] = int(rng.integers(0, vocab))
+                elif op == 1:
+                    x.insert(pos, int(rng.integers(0, vocab)))
+                else:
+                    del x[pos]
+            rows.append(x)
+        lens_b = np.array([len(x) for x in rows], np.int32)
+        b = np.zeros((n_pairs, lens_b.max()), np.int32)
+        for i, x in enumerate(rows):
+            b[i, :len(x)] = x
+        return a, lens_a, b, lens_b
+    if kind == "different":
+        return a, lens_a, rng.integers(0, vocab, size=(n_pairs, lens_b.max())).astype(np.int32), lens_b
     b = a.copy() if a.shape[1] >= lens_b.max() else np.pad(a, ((0, 0), (0, lens_b.max() - a.shape[1])))
     b = b[:, :lens_b.max()].copy()
-    # b: a with ~20% of the labels replaced, so the distances are realistic (not ~length)
     noise = rng.random(b.shape) < 0.2
     b[noise] = rng.integers(0, vocab, size=noise.sum())
     return a, lens_a, b, lens_b
@@ -119,6 +146,43 @@ def main():
         np.testing.assert_array_equal(out, ref_out)
         print(f"  {'numpy row-wise DP':26s} {t * 1e3:10.3f} ms   ratio {t / ref_time:6.2f}")
         record("edit_distance", case, f"numpy row-wise DP (best of {np_reps})", t, best=t)
+    if args.sweep:
+        pair_sweep(fns["ptnative (default mode)"], peers, args.reps, rng)
+
+
+def pair_sweep(f, peers, reps, rng):
+    """One or two long pairs per call (no other pair to share the vector lanes with; the band around the diagonal
+    sets the work): ptnative (default mode) against the peers, best of ``reps`` in alternating turns."""
+    names = list(peers)
+    print(f"\none or two long pairs per call, best of {reps} (ms; ratio = peer / ptnative)")
+    print(f"  {'case':38s} {'ptnative':>10s}" + "".join(f" {n:>13s} {'ratio':>6s}" for n in names))
+    for kind in ("noisy", "similar", "different"):
+        for n_pairs in (1, 2):
+            for length in (1000, 2000, 5000, 10000, 20000):
+                if kind != "noisy" and length in (2000, 10000):
+                    continue
+                A, AL, B, BL = make_batch(n_pairs, length, 30, rng, kind)
+                xs = [A[i, :AL[i]].tolist() for i in range(n_pairs)]
+                ys = [B[i, :BL[i]].tolist() for i in range(n_pairs)]
+                calls = {"ptnative": lambda: f(A, AL, B, BL)}
+                calls.update({n: (lambda p=peers[n]: p(xs, ys)) for n in names
+                              if n != "editdistance" or length <= 2000})
+                times = measure_interleaved(calls, reps, rounds=min(3, reps), settle=0.1)
+                ours = times["ptnative"]
+                dist = ours.result
+                case = f"{n_pairs} {'pair' if n_pairs == 1 else 'pairs'} of length ~{length}, {kind}"
+                line = f"  {case + ' (d ' + ','.join(str(int(v)) for v in dist) + ')':38s} {ours.best * 1e3:10.3f}"
+                record("edit_distance", case, "ptnative (default mode)", ours.median, ours=True, best=ours.best,
+                       cpu=ours.cpu)
+                for n in names:
+                    if n not in times:
+                        line += f" {'-':>13s} {'':>6s}"
+                        continue
+                    t = times[n]
+                    np.testing.assert_array_equal(t.result, dist)
+                    line += f" {t.best * 1e3:13.3f} {t.best / ours.best:6.2f}"
+                    record("edit_distance", case, n, t.median, best=t.best, cpu=t.cpu)
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

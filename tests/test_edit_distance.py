@@ -204,6 +204,122 @@ def test_long_pair_against_numpy_dp():
     assert ed2[0] == row[-1]
 
 
+# ---------------------------------------------------------------- long pairs: the wavefront over the lanes, the band
+def edited(x, rng, n_edits, V):
+    """x with n_edits random substitutions, insertions and deletions."""
+    x = list(x)
+    for _ in range(n_edits):
+        pos, op = int(rng.integers(0, len(x) + 1)), int(rng.integers(0, 3))
+        if op == 1 or not x:
+            x.insert(pos, int(rng.integers(0, V)))
+        elif op == 0:
+            x[min(pos, len(x) - 1)] = int(rng.integers(0, V))
+        else:
+            del x[min(pos, len(x) - 1)]
+    return x
+
+
+def long_pair(m, kind, rng, V=30):
+    """(x, y), x of length m: y = x ("identical"), x with m // 50 + 1 edits ("similar"), x's labels with ~20%
+    replaced and a length changed by up to 20% ("noisy"), independent of x ("different"), or a block of 70 labels
+    inserted at the front ("shifted": far off the diagonal alignment, near in edits)."""
+    x = [int(v) for v in rng.integers(0, V, size=m)]
+    if kind == "identical":
+        return x, list(x)
+    if kind == "similar":
+        return x, edited(x, rng, m // 50 + 1, V)
+    if kind == "noisy":
+        n = max(0, m + int(rng.integers(-m // 5, m // 5 + 1)))
+        y = (x + [int(v) for v in rng.integers(0, V, size=max(0, n - m))])[:n]
+        return x, [int(rng.integers(0, V)) if rng.random() < 0.2 else v for v in y]
+    if kind == "shifted":
+        return x, [int(v) for v in rng.integers(0, V, size=70)] + x
+    return x, [int(v) for v in rng.integers(0, V, size=max(0, m + int(rng.integers(-m // 5, m // 5 + 1))))]
+
+
+def padded(seqs, fill=7):
+    out = np.full((len(seqs), max([len(x) for x in seqs] + [0]) + 1), fill, I32)
+    for i, x in enumerate(seqs):
+        out[i, :len(x)] = x
+    return out, np.array([len(x) for x in seqs], I32)
+
+
+def check_long(xs, ys, succ=(0, 3), mode=None):
+    """ED, OCD and OCD per successor of the pairs, as one batch, against the numpy row DP."""
+    (a, a_len), (b, b_len) = padded(xs), padded(ys)
+    ed, ocd, per = full_fn(mode)(a, a_len, b, b_len, np.array(succ, I32))
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        row = numpy_last_row(x, y)
+        assert ed[i] == row[-1], (i, len(x), len(y))
+        assert ocd[i] == row.min(), (i, len(x), len(y))
+        for k, s_ in enumerate(succ):
+            assert per[i, k] == numpy_last_row(list(x) + [s_], y).min(), (i, s_)
+
+
+WORD_EDGES = [63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025]
+
+
+@pytest.mark.parametrize("kind", ["identical", "similar", "noisy", "different", "shifted"])
+def test_long_pairs_one_per_call(kind):
+    """A multi-word pair alone in its call (the wavefront over the vector lanes, edit_distance in its band), at
+    pattern lengths around the word and lane-group boundaries, both ways round."""
+    rng = np.random.default_rng(["identical", "similar", "noisy", "different", "shifted"].index(kind))
+    for m in WORD_EDGES + [2049]:
+        x, y = long_pair(m, kind, rng)
+        check_long([x], [y], succ=(0,) if m > 1100 else (0, 3))
+        check_long([y], [x], succ=())
+
+
+@pytest.mark.parametrize("B", [2, 3, 5, 9])
+def test_long_pairs_mixed_batches(B):
+    """Batches where some pairs go alone (a band of at most half of the words, or found by the band's first try),
+    the others in groups of the vector lanes, groups of 2 left at the end alone (edit_distance) or in lanes (OCD);
+    with an empty side and short pairs among them."""
+    rng = np.random.default_rng(60 + B)
+    kinds = ["similar", "different", "noisy", "shifted", "identical"]
+    pairs = [long_pair(int(rng.integers(65, 1300)), kinds[(i + B) % len(kinds)], rng) for i in range(B)]
+    if B > 4:
+        pairs[1] = (pairs[1][0], [])
+        pairs[3] = ([1, 2, 3], pairs[3][1])
+    check_long([x for x, _ in pairs], [y for _, y in pairs])
+
+
+def test_long_pairs_far_apart_lengths():
+    """|m - n| large: the band is wide at once (its bound starts at |m - n|)."""
+    rng = np.random.default_rng(70)
+    x = [int(v) for v in rng.integers(0, 5, size=1500)]
+    for y in (x[200:500], x[::3], [int(v) for v in rng.integers(0, 5, size=90)], x[:1400] + [9] * 30,
+              x[700:701], x[5:12], [9] * 9):  # texts shorter than a vector's lanes too
+        check_long([x], [y], succ=(0,))
+        check_long([y], [x], succ=())
+
+
+def test_long_pairs_hash_path_and_int64():
+    """Long pairs whose labels span more than 2**16 values (hashed label map) or are negative, as int64 inputs."""
+    rng = np.random.default_rng(71)
+    pool = np.array([-2**31, -7, 0, 5, 2**31 - 1, 123456789, 99999], np.int64)
+    xs, ys = [], []
+    for m, kind in ((700, "similar"), (1030, "noisy"), (600, "different"), (513, "identical")):
+        x, y = long_pair(m, kind, rng, V=len(pool))
+        xs.append([int(pool[v]) for v in x])
+        ys.append([int(pool[v]) for v in y])
+    check_long(xs, ys, succ=(2**31 - 1, -7))
+    a, al, b, bl = pt.lmatrix("a"), pt.lvector("al"), pt.lmatrix("b"), pt.lvector("bl")
+    f = pytensor.function([a, al, b, bl], [edit_distance(a, al, b, bl), optimal_completion_edit_distance(a, al, b, bl)])
+    (av, alv), (bv, blv) = padded(xs), padded(ys)
+    ed, ocd = f(av.astype(np.int64), alv.astype(np.int64), bv.astype(np.int64), blv.astype(np.int64))
+    rows = [numpy_last_row(x, y) for x, y in zip(xs, ys)]
+    np.testing.assert_array_equal(ed, [r[-1] for r in rows])
+    np.testing.assert_array_equal(ocd, [r.min() for r in rows])
+
+
+def test_long_pairs_all_modes(mode):
+    rng = np.random.default_rng(72)
+    pairs = [long_pair(m, kind, rng) for m, kind in ((700, "similar"), (1030, "noisy"), (300, "different"))]
+    check_long([x for x, _ in pairs], [y for _, y in pairs], mode=mode)
+    check_long([pairs[0][0]], [pairs[0][1]], mode=mode)
+
+
 def test_empty_shapes(mode):
     f = full_fn(mode)
     z = np.zeros(0, I32)

@@ -225,7 +225,11 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
   ptn_ed::label_range(pb, n_batch, Tb, plb, lo, hi);
   solver.map.configure(lo, hi);
   // Pairs whose pattern (the vertical sequence, as Solver::distance / last_row orient it) spans several words go
-  // kLanes at a time through lanes_last_score; the others, and a group of one, through the solver.
+  // kLanes at a time through lanes_last_score, which computes every word of every column.  edit_distance first
+  // gives a pair alone (Solver::wave: its words over the lanes, in a band around the diagonal) the cases where the
+  // band is cheaper (band_plan): where the diagonal alignment bounds the distance to a band of at most half of the
+  // words, or where the band's first, cheap try finds the distance; and a group of 2 left at the end too.  The
+  // other pairs, and a group of one, go through the solver.
   std::vector<char> done(n_batch, 0);
   std::vector<int64_t> group;
   ptn_ed::LanePair lanes[ptn_ed::kLanes];
@@ -234,13 +238,24 @@ static void ptn_edit_distance_fw(int n_inputs, Ndarray** inputs, int n_outputs, 
     if (bi < n_batch) {
       const int32_t *sa = pa + bi * Ta, *sb = pb + bi * Tb;
       const int64_t la = pla[bi], lb = plb[bi];
-      const bool a_vertical = optimal_completion || ((la + 63) >> 6) * lb <= ((lb + 63) >> 6) * la;
+      const bool a_vertical = optimal_completion || ptn_ed::Solver::a_vertical(la, lb);
       ptn_ed::LanePair q = a_vertical ? ptn_ed::LanePair{sa, la, sb, lb} : ptn_ed::LanePair{sb, lb, sa, la};
       if (q.m <= 64 || q.n == 0 || (int64_t)(q.m + 1) * ((q.m + 63) >> 6) > ptn_ed::Solver::kMaxPeqWords) continue;
+      if (!optimal_completion) {
+        const int plan = ptn_ed::band_plan(q.p, q.m, q.t, q.n);
+        if (plan == 2) continue;
+        const int64_t d = plan == 1 ? solver.solve(q.p, q.m, q.t, q.n, (int32_t*)0, true) : -1;
+        if (d >= 0) {
+          out[bi] = (int32_t)d;
+          done[bi] = 1;
+          continue;
+        }
+      }
       lanes[group.size()] = q;
       group.push_back(bi);
     }
-    if (group.size() == (size_t)ptn_ed::kLanes || (bi == n_batch && group.size() > 1)) {
+    const size_t alone = optimal_completion ? 1 : 2;  // a group this small at the end: each pair alone
+    if (group.size() == (size_t)ptn_ed::kLanes || (bi == n_batch && group.size() > alone)) {
       const int n = (int)group.size();
       if (n > 2) ptn_ed::lanes_last_score<4>(solver, lanes, n, optimal_completion, lane_out);
       else ptn_ed::lanes_last_score<2>(solver, lanes, n, optimal_completion, lane_out);
