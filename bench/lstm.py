@@ -5,7 +5,8 @@ drift in the machine's speed affects every row alike):
   * ptnative.lstm(impl="native2")  (GEMM input projection + NativeLstm2)
   * ptnative.lstm(impl="lowmem")   (LstmLowMem)
   * the seed's graph: ``X = dot(x, W_in) + b`` by PyTensor, then the NativeLstm2 op (issue 32's target: within
-    1.15x of the FLOP floor below)
+    1.15x of the FLOP floor below), which ptnative's rewrite compiles to NativeLstm2Layer's nodes; and the same graph
+    compiled without that rewrite (``ptnative_lstm_projection_fusion``)
   * the same LSTM written with pytensor.scan (default mode)
   * torch.nn.LSTM (skipped with a note when torch is not installed)
 and its FLOP floor: the layer's multiply-adds (input projection, recurrence, and the gradients of both: six
@@ -51,6 +52,7 @@ import pytensor.tensor as pt  # noqa: E402
 
 import ptnative  # noqa: E402,F401
 from ptnative.ops.lstm import LstmGenericBase, NativeLstm2, lstm, twod_lstm  # noqa: E402
+from ptnative.ops._lstm_rewrites import REWRITE_NAME  # noqa: E402
 import _torch_lstm  # noqa: E402  (bench/_torch_lstm.py)
 from _common import load_average as _load  # noqa: E402
 from timing import measure_interleaved, record  # noqa: E402  (bench/timing.py)
@@ -79,15 +81,17 @@ def ptnative_fn(impl):
     return pytensor.function([x, W_in, W_rec, b], [Y, *grads])
 
 
-def seed_graph_fn():
+def seed_graph_fn(rewrite=True):
     """The seed's NativeLstm2 as RETURNN-style code uses it: ``X = dot(x, W_in) + b`` by PyTensor, then the op
-    (mask of ones, y0 = c0 = 0), gradients of every input; the same layer as :func:`ptnative_fn`."""
+    (mask of ones, y0 = c0 = 0), gradients of every input; the same layer as :func:`ptnative_fn`.  ``rewrite=False``
+    compiles it without the rewrite that puts NativeLstm2Layer's nodes in its place."""
     x, W_in, W_rec, b = symbols()
     zeros = pt.zeros((x.shape[1], N), DTYPE)
     frames = (pt.constant(np.int32(0)), pt.constant(np.int32(1)))
     Y = NativeLstm2.make_op()(pt.dot(x, W_in) + b, W_rec, zeros, zeros, pt.ones(x.shape[:2], DTYPE), *frames)[0]
     grads = pytensor.grad(Y.sum(), [x, W_in, W_rec, b])
-    return pytensor.function([x, W_in, W_rec, b], [Y, *grads])
+    mode = pytensor.compile.mode.get_default_mode()
+    return pytensor.function([x, W_in, W_rec, b], [Y, *grads], mode=mode if rewrite else mode.excluding(REWRITE_NAME))
 
 
 def scan_step(z_t, y_prev, c_prev, W_rec):
@@ -330,6 +334,7 @@ def main():
     for name, make in [("ptnative native2", lambda: ptnative_fn("native2")),
                        ("ptnative lowmem", lambda: ptnative_fn("lowmem")),
                        ("ptnative seed graph", seed_graph_fn),
+                       ("ptnative seed graph, no rewrite", lambda: seed_graph_fn(rewrite=False)),
                        ("pytensor.scan", scan_fn)]:
         calls[name] = (lambda f: lambda: f(*args))(make())
     run, note = torch_fn()
@@ -342,20 +347,22 @@ def main():
     g_med, g_min = results.pop("sgemm 2048 (floor)")
     g_cpu, base_cpu = timings["sgemm 2048 (floor)"].cpu, timings["ptnative native2"].cpu
     floor, floor_min = layer_flops() / (floor_flops / g_med), layer_flops() / (floor_flops / g_min)
+    seed, raw = results["ptnative seed graph"], results["ptnative seed graph, no rewrite"]
     print(f"FLOP floor: {layer_flops() / 1e9:.2f} GFLOP at sgemm's {floor_flops / g_med / 1e9:.1f} GFLOP/s (median; "
           f"{floor_flops / g_min / 1e9:.1f} best) = {floor * 1e3:.1f} ms ({floor_min * 1e3:.1f} ms)")
     print(f"native2 / floor: {base / floor:.2f}x by median, {base_min / floor_min:.2f}x by min, "
           f"{base_cpu / (layer_flops() / (floor_flops / g_cpu)):.2f}x by process CPU time (target <= 1.15x); "
           f"lowmem / native2: {results['ptnative lowmem'][0] / base:.2f}x by median (target <= 1.3x); the seed graph "
-          f"(dot(x, W_in) + b, then NativeLstm2) / floor: {results['ptnative seed graph'][0] / floor:.2f}x by median, "
-          f"{results['ptnative seed graph'][1] / floor_min:.2f}x by min (target <= 1.15x)\n")
+          f"(dot(x, W_in) + b, then NativeLstm2) / floor: {seed[0] / floor:.2f}x by median, "
+          f"{seed[1] / floor_min:.2f}x by min (target <= 1.15x; without the rewrite {raw[0] / floor:.2f}x, "
+          f"{raw[1] / floor_min:.2f}x)\n")
     record("lstm", CASE, "FLOP floor (sgemm rate)", floor, best=floor_min)
-    print(f"{'implementation':<20} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
+    print(f"{'implementation':<32} {'median ms':>10} {'min ms':>8} {'median/native2':>15} {'min/native2':>12}")
     for name, (med, mn) in results.items():
-        print(f"{name:<20} {med * 1e3:10.1f} {mn * 1e3:8.1f} {med / base:15.2f} {mn / base_min:12.2f}")
+        print(f"{name:<32} {med * 1e3:10.1f} {mn * 1e3:8.1f} {med / base:15.2f} {mn / base_min:12.2f}")
         record("lstm", CASE, name, med, ours=name.startswith("ptnative"), best=mn)
     if run is None:
-        print(f"torch.nn.LSTM        skipped: {note}")
+        print(f"{'torch.nn.LSTM':<33}skipped: {note}")
         record("lstm", CASE, "torch.nn.LSTM", None, note=note)
     else:
         tq = results["torch.nn.LSTM"]

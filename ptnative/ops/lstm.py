@@ -11,6 +11,7 @@ from pytensor.link.c.op import COp
 from ..backends import lstm_shape_check as shape_check
 from ..op import NativeOp, NativeOpGenBase
 from ..source import kernel_unit
+from . import _lstm_rewrites
 from ._args import WRITTEN, dims_of, host_int32_scalar, input_entry, output_entry
 
 __all__ = [
@@ -107,6 +108,9 @@ class NativeLstm2(NativeOpGenBase):
 
     Gradients reach X, W, y0 and c0 from Y, C and d (exact for any mask; the gradient w.r.t. H is
     ignored, as in RETURNN).  Float32 and float64.
+
+    A graph feeding it ``X = dot(x, W_in) + b`` compiles to :class:`NativeLstm2Layer`'s nodes, its gradient graph
+    included where it matches (the rewrite ``ptnative_lstm_projection_fusion``; docs/lstm.md, "The seed graph").
     """
 
     in_info = (
@@ -170,6 +174,10 @@ class NativeLstm2Layer(NativeOpGenBase):
     c_fw_code = "native_lstm2_layer_fw(n_inputs, inputs, n_outputs, outputs);"
     c_bw_code = "native_lstm2_layer_bw(n_inputs, inputs, n_outputs, outputs);"
     code_version = (1,)
+
+
+# ``X = dot(x, W_in) + b`` feeding NativeLstm2 (the seed's graph), and its gradients, become NativeLstm2Layer's nodes.
+_lstm_rewrites.register(NativeLstm2, NativeLstm2Layer)
 
 
 class LstmLowMem(NativeOpGenBase):
