@@ -157,13 +157,15 @@ def test_sparse_to_dense_writes_every_block(mode, dtype, poison_pattern):
     assert f(*[a[:0] for a in args]).shape == (T, B, D) and not f(*[a[:0] for a in args]).any()  # no entries
 
 
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern):
+def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern, threads, monkeypatch):
     """From 32 MiB up, sparse_to_dense's W and subtensor_batched_index's gradient are zeroed by handing their pages
-    back (sparse.cu, ptn_sp_zero_fresh_pages) and memsetting the partial pages at both ends: under the poison, every
-    element must still be zero or the sum of its entries."""
+    back (sparse.cu, ptn_sp_zero_fresh_pages) and memsetting the partial pages at both ends, and W's blocks are
+    then filled by every thread: under the poison, every element must still be zero or the sum of its entries."""
     if mode not in (None, "C"):
         pytest.skip("checked in the default and C modes")
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
     T, B, D, N = 257, 4, 8200 if dtype == "float32" else 4100, 300  # W: 33.7 MB, not a whole number of pages
     s0v, s1v, wv, mv = coo(N, B, T, D, seed=22)
     s0v[-1, -1], s1v[-1, -1], mv[-1, -1] = T - 1, D - 1, 1  # the last element, on the tail's partial page

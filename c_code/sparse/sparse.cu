@@ -294,11 +294,18 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
   for (int64_t k = 0; k < n_entries; ++k)
     if (slot[k] >= 0) order[next[slot[k] / block]++] = k;
   const bool zeroed = ptn_sp_zero_fresh_pages(W, n);
-  for (int64_t q = 0; q < n_blocks; ++q) {
-    const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
-    if (!zeroed) memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
-    for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
-  }
+  auto blocks = [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t lo = q * block, hi = lo + block < n ? lo + block : n;
+      if (!zeroed) memset(W + lo, 0, (size_t)(hi - lo) * sizeof(Float));
+      for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
+    }
+  };
+  // Fresh pages (zeroed by the system where first written) are faulted in by several threads at once.
+  int64_t parts = zeroed ? ptn::cpu_threads() : 1;
+  if (parts > n_blocks) parts = n_blocks;
+  if (parts <= 1) return blocks(0, n_blocks);
+  ptn::parallel_parts((int)parts, [&](int p) { blocks(n_blocks * p / parts, n_blocks * (p + 1) / parts); });
 }
 #endif
 
