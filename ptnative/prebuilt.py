@@ -121,6 +121,16 @@ def parse_manifest(data: bytes) -> list[tuple[Toolchain, frozenset[str]]] | None
     return levels
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Logs ``message`` as a warning the first time in this process (the manifest is read at every library load)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
 def portable_toolchains(compiler: str, features: frozenset[str] | None = None) -> list[Toolchain]:
     """The toolchains of the package's prebuilt libraries that this CPU runs (``features``, default
     :func:`ptnative.cpu_levels.cpu_features`), best first, if they were built for portable CPU levels with the
@@ -139,11 +149,11 @@ def portable_toolchains(compiler: str, features: frozenset[str] | None = None) -
     except Missing:
         return []
     except Untrusted as e:
-        log.warning("ignoring %s: it %s", prebuilt_dir() / MANIFEST, e)
+        _warn_once(f"ignoring {prebuilt_dir() / MANIFEST}: it {e}")
         return []
     levels = parse_manifest(data)
     if levels is None:
-        log.warning("ignoring %s: it is malformed or names a native CPU target", prebuilt_dir() / MANIFEST)
+        _warn_once(f"ignoring {prebuilt_dir() / MANIFEST}: it is malformed or names a native CPU target")
         return []
     have = cpu_levels.cpu_features() if features is None else features
     return [toolchain for toolchain, requires in levels if toolchain.compiler == compiler and requires <= have]

@@ -295,6 +295,23 @@ def test_a_malformed_or_native_manifest_is_ignored(portable_setup, tmp_path, mon
     assert build_quietly(variant).name != name and len(compiled) == 1
 
 
+def test_an_ignored_manifest_is_reported_once_per_process(portable_setup, tmp_path, monkeypatch, caplog):
+    """The manifest is read at every library load: a package built for a native target (make's own builds) would
+    otherwise log the same warning once per library."""
+    _, folder, _, _, _ = portable_setup
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    os.chmod(copy / prebuilt.MANIFEST, 0o644)
+    (copy / prebuilt.MANIFEST).write_bytes(b'{"format": 1, "compiler": "g++", "version": "x", "target": ["-march=native"]}')
+    monkeypatch.setattr(prebuilt, "prebuilt_dir", lambda: copy)
+    monkeypatch.setattr(prebuilt, "_warned", set())
+    with caplog.at_level("WARNING", logger=prebuilt.log.name):
+        for _ in range(3):
+            assert prebuilt.portable_toolchains(build.cxx()) == []
+    ignored = [r for r in caplog.records if "names a native CPU target" in r.getMessage()]
+    assert len(ignored) == 1 and str(copy / prebuilt.MANIFEST) in ignored[0].getMessage()
+
+
 def test_an_untrusted_manifest_is_ignored(portable_setup, tmp_path, monkeypatch):
     variant, folder, name, _, compiled = portable_setup
     copy = tmp_path / "copy"
