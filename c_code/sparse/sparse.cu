@@ -115,6 +115,16 @@ static bool ptn_sp_zero_fresh_pages(Float* p, int64_t n) {
 }
 #endif
 
+#if !CUDA
+// body(i0, i1) for contiguous ranges covering [0, n), one per thread of up to `parts` (ptn::parallel_parts).
+template <typename F>
+static void ptn_sp_ranges(int64_t n, int64_t parts, F&& body) {
+  if (parts > n) parts = n;
+  if (parts <= 1) return body(int64_t(0), n);
+  ptn::parallel_parts((int)parts, [&](int p) { body(n * p / parts, n * (p + 1) / parts); });
+}
+#endif
+
 // The kernels below are grid-stride loops, the same on both targets (on the CPU start_dev_kernel runs one thread).
 // Out-of-range entries are skipped (or clipped); the strict variants check them on the host first.
 
@@ -302,10 +312,7 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
     }
   };
   // Fresh pages (zeroed by the system where first written) are faulted in by several threads at once.
-  int64_t parts = zeroed ? ptn::cpu_threads() : 1;
-  if (parts > n_blocks) parts = n_blocks;
-  if (parts <= 1) return blocks(0, n_blocks);
-  ptn::parallel_parts((int)parts, [&](int p) { blocks(n_blocks * p / parts, n_blocks * (p + 1) / parts); });
+  ptn_sp_ranges(n_blocks, zeroed ? ptn::cpu_threads() : 1, blocks);
 }
 #endif
 
@@ -447,10 +454,7 @@ static void ptn_ce_frames(const Float* z, const Float* z_mask, int64_t F, int64_
       lse[f] = ptn_ce_frame(z + f * D, D, p && sc != Float(0) ? p + f * D : (Float*)0, sc, max_z ? max_z + f : 0);
     }
   };
-  int64_t parts = F * D >= PTN_CE_PARALLEL_ELEMENTS ? ptn::cpu_threads() : 1;
-  if (parts > F) parts = F;
-  if (parts <= 1) return frames(0, F);
-  ptn::parallel_parts((int)parts, [&](int part) { frames(F * part / parts, F * (part + 1) / parts); });
+  ptn_sp_ranges(F, F * D >= PTN_CE_PARALLEL_ELEMENTS ? ptn::cpu_threads() : 1, frames);
 #endif
 }
 
