@@ -1,5 +1,6 @@
-"""One worker pool for the process's OpenBLAS libraries: ``c_code/runtime/blas_threads.cc``, installed as their
-threads callback (``openblas_set_threads_callback_function``, OpenBLAS >= 0.3.27).
+"""One worker pool for the process's OpenBLAS libraries and ptnative's kernels: ``c_code/runtime/blas_threads.cc``,
+installed as the OpenBLAS libraries' threads callback (``openblas_set_threads_callback_function``, OpenBLAS >=
+0.3.27) and handed to every kernel library for its parallel parts (:func:`parts_runner`).
 
 numpy and scipy each bundle an OpenBLAS with a worker pool of its own, and a PyTensor graph calls both (Python-mode
 ``Dot22`` through numpy, C-mode ``Gemm`` through scipy) between ptnative's threaded kernels.  After each parallel
@@ -29,6 +30,7 @@ log = logging.getLogger("ptnative")
 
 SOURCE_FILE = "runtime/blas_threads.cc"
 RUN_SYMBOL = "ptn_blas_threads_run"
+PARTS_SYMBOL = "ptn_parts_run"
 #: The setting, and its values: ``ptnative`` (the default: the pool here) or ``openblas`` (OpenBLAS's own workers).
 SETTING = "PTNATIVE_BLAS_THREADS"
 CHOICES = ("ptnative", "openblas")
@@ -104,25 +106,40 @@ def _set_callback(lib: ctypes.CDLL, address: int | None) -> None:
     setter(address)
 
 
+def _open_pool(open_library) -> ctypes.CDLL | None:
+    """The pool's library, built and loaded on first use; None where it cannot be (logged once, not tried again).
+    Called with ``_lock`` held."""
+    global _pool, _pool_failed
+    if _pool is None and not _pool_failed:
+        try:
+            _pool = open_library(pool_variant())
+        except Exception as e:  # no compiler, an untrusted cache...: OpenBLAS keeps its workers, parts their threads
+            _pool_failed = True
+            log.warning("ptnative: no shared worker pool (its library was not built: %s); OpenBLAS keeps its own "
+                        "workers and the kernels start threads for each call", e)
+    return _pool
+
+
+def parts_runner(open_library) -> int | None:
+    """The address of the pool's ``ptn_parts_run``, which a kernel library runs its parallel parts on (handed to it
+    at load time, ``<symbol>_set_parts_pool``), or None where the pool's library cannot be built (the kernels then
+    start threads for each call).  Whatever ``PTNATIVE_BLAS_THREADS`` says: that setting is OpenBLAS's."""
+    with _lock:
+        pool = _open_pool(open_library)
+    return None if pool is None else ctypes.cast(getattr(pool, PARTS_SYMBOL), ctypes.c_void_p).value
+
+
 def install(open_library) -> list[str]:
     """Set the pool as the threads callback of every loaded OpenBLAS that has none from us yet; returns the
     paths of all the OpenBLAS libraries that have it.  ``open_library(variant)`` builds (if needed), checks and
     loads a library (:func:`ptnative.build.open_library`).  Does nothing under ``PTNATIVE_BLAS_THREADS=openblas``,
     and where the pool's library cannot be built (logged once; not tried again): OpenBLAS keeps its own workers."""
-    global _pool, _pool_failed
     if choice() == "openblas":
         return []
     with _lock:
         todo = [p for p in openblas_libraries() if p not in _installed]
-        if todo and _pool is None:
-            if _pool_failed:
-                return list(_installed)
-            try:
-                _pool = open_library(pool_variant())
-            except Exception as e:  # no compiler, an untrusted cache...: OpenBLAS's own workers stay
-                _pool_failed = True
-                log.warning("ptnative: OpenBLAS keeps its own worker threads (the shared pool was not built: %s)", e)
-                return list(_installed)
+        if todo and _open_pool(open_library) is None:
+            return list(_installed)
         for path in todo:
             lib = _already_loaded(path)
             if lib is None:  # unloaded since it was listed

@@ -418,7 +418,7 @@ def _compile(variant: Variant, directory: Directory, path: Path, toolchain: Tool
 
 
 class Library:
-    """A loaded CPU library: ``run`` is the entry point, BLAS already set.  ``dlopen_name`` is the name it was
+    """A loaded CPU library: ``run`` is the entry point, BLAS and the process's worker pool already set.  ``dlopen_name`` is the name it was
     loaded under (``dlopen`` of that name returns this library, without opening any file)."""
 
     def __init__(self, variant: Variant, path: Path, cdll: ctypes.CDLL):
@@ -433,6 +433,10 @@ class Library:
         set_blas.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         set_blas.restype = None
         set_blas(*blas.gemm_addresses())
+        set_parts_pool = getattr(self.cdll, variant.symbol + "_set_parts_pool")
+        set_parts_pool.argtypes = [ctypes.c_void_p]
+        set_parts_pool.restype = None
+        set_parts_pool(blas_threads.parts_runner(open_library))
         self.error_char = getattr(self.cdll, variant.symbol + "_error_char")
         self.error_char.argtypes = [ctypes.c_int64]
         self.error_char.restype = ctypes.c_int32

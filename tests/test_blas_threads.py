@@ -217,5 +217,6 @@ def test_a_pool_that_cannot_be_built_leaves_openblas_alone_and_is_tried_once(mon
 
     assert blas_threads.install(failing_open) == []
     assert blas_threads.install(failing_open) == []
+    assert blas_threads.parts_runner(failing_open) is None  # the kernels' parts then start threads of their own
     assert len(tries) == 1
-    assert "OpenBLAS keeps its own worker threads" in caplog.text
+    assert "OpenBLAS keeps its own workers and the kernels start threads for each call" in caplog.text

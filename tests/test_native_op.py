@@ -13,7 +13,7 @@ import pytest
 from pytensor.gradient import NullTypeGradError, verify_grad
 
 import ptnative
-from ptnative import NativeOp, NativeOpGenBase, blas
+from ptnative import NativeOp, NativeOpGenBase, blas, blas_threads, build
 
 from .conftest import MODES, check_infer_shape
 
@@ -412,11 +412,35 @@ def test_parallel_parts(mode, on):
         with pytest.raises(RuntimeError, match="PartsProbe.*BLAS dgemm called from a parallel_parts body"):
             f(np.zeros(n), on + 1)
     np.testing.assert_array_equal(f(np.zeros(2), on), [1, 1])
-    # Where the parts ran: a pool's worker stays the same from call to call, a thread of our own does not.
+    # Where the parts ran: a pool's worker stays the same from call to call, a thread started for the call does not.
+    # Without PartsOn::blas_workers the parts run on ptnative's pool (blas_threads.parts_runner), where it was built.
     first, second = f(np.zeros(2), on + 3), f(np.zeros(2), on + 3)
     assert first[0] == second[0] != first[1]
     on_pool = first[1] == second[1]
-    assert on_pool == (on == 10 and blas.thread_pool() is not None)
+    if on == 10:
+        assert on_pool == (blas.thread_pool() is not None)
+    else:
+        assert on_pool == (blas_threads.parts_runner(build.open_library) is not None)
+
+
+def test_parallel_parts_from_several_threads_at_once(mode):
+    """Calls whose parts run at the same time from several Python threads (the pool serves one; the others start
+    threads of their own) each compute their own parts, and a part's failure stays in its own call."""
+    import concurrent.futures
+    x, what = pt.vector(), pt.iscalar()
+    op = parts_op()
+    fs = [pytensor.function([x, what], op(x, what), mode=mode) for _ in range(4)]  # a Function serves one thread
+
+    def call(i):
+        v = np.arange(2 + i % 3, dtype=float) + 10 * i
+        for _ in range(20):
+            np.testing.assert_array_equal(fs[i](v, 0), v + 1)
+            with pytest.raises(ValueError, match=r"p != 1"):
+                fs[i](v, 2)
+        return i
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        assert sorted(ex.map(call, range(4))) == list(range(4))
 
 
 @pytest.mark.parametrize("mode", [None, "C", "CVM", "FAST_COMPILE", "JAX"],

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ptnative
-from ptnative import blas, build, cache
+from ptnative import blas, blas_threads, build, cache
 from ptnative.cache import CacheError
 
 from ._ops_for_tests import double_spec
@@ -199,7 +199,8 @@ def test_an_unopenable_blas_library_means_threads_of_our_own(fresh_pool, monkeyp
 
 def test_the_kernels_take_the_same_choice(monkeypatch):
     """The C side (``set_blas``) given a BLAS without OpenBLAS's pool, or none at all, runs parallel parts on
-    threads of its own: a part's thread differs from call to call."""
+    ptnative's pool (a part's thread the same from call to call), or without that pool on threads started for each
+    call (a part's thread differs from call to call)."""
     from .test_native_op import parts_op
 
     x, what = pt.vector(), pt.iscalar()
@@ -210,11 +211,17 @@ def test_the_kernels_take_the_same_choice(monkeypatch):
     set_blas = getattr(lib.cdll, lib.variant.symbol + "_set_blas")
     libm = ctypes.CDLL("libm.so.6")
     cos = ctypes.cast(libm.cos, ctypes.c_void_p).value
+    set_parts_pool = getattr(lib.cdll, lib.variant.symbol + "_set_parts_pool")
+    set_parts_pool.argtypes = [ctypes.c_void_p]
+    runner = blas_threads.parts_runner(build.open_library)
     try:
         for addresses in ((cos, cos), (None, None)):
             set_blas(*addresses)
-            np.testing.assert_array_equal(f(np.arange(3.0), 10), [1, 2, 3])
-            first, second = f(np.zeros(2), 13), f(np.zeros(2), 13)
-            assert first[1] != second[1]  # not a pool's worker
+            for pool in (runner, None):
+                set_parts_pool(pool)
+                np.testing.assert_array_equal(f(np.arange(3.0), 10), [1, 2, 3])
+                first, second = f(np.zeros(2), 13), f(np.zeros(2), 13)
+                assert (first[1] == second[1]) == (pool is not None)  # ptnative's worker, or a new thread each call
     finally:
         set_blas(*blas.gemm_addresses())
+        set_parts_pool(runner)

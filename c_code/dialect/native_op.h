@@ -151,6 +151,25 @@ struct PoolPart {
   }
 };
 
+// The process's worker pool (c_code/runtime/blas_threads.h, ptn_parts_run), handed to each library at load time
+// (set_parts_pool; null where the pool could not be built: parts then run on threads started for the call).
+// run(job, n, elsize, jobs) runs job(i, jobs + i * elsize, 0) for every i < n, all at once, job 0 on the calling
+// thread, and returns when all are done.  Its workers are kept between calls and wait for the next one by spinning
+// for a while before they sleep: threads started anew at each call cost the start, and the system tends to put a
+// new thread on its creator's core (measured: in 1 of 2 calls of an LSTM layer after an idle pause, both parts of
+// the recurrence shared one core and waited for each other at every frame), where a sleeping worker is woken on
+// an idle one.
+typedef void (*parts_job_t)(int, void*, int);
+typedef void (*parts_pool_run_t)(parts_job_t, int, size_t, void*);
+static parts_pool_run_t parts_pool_run = 0;
+
+// A part's job in the pool's terms: one function per library, whatever the body.
+struct ErasedPart {
+  void (*run)(void*);
+  void* job;
+  static void run_job(int, void* arg, int) { ((ErasedPart*)arg)->run(((ErasedPart*)arg)->job); }
+};
+
 // Where parallel_parts runs the parts after the first.  OpenBLAS's workers wait for work by spinning: beside
 // another busy process they and the caller fight over the cores (ctc_loss fwd+bwd T=100 B=16 on 2 threads beside
 // one busy process: 7.9 ms on them, 2.2 ms on threads of its own, 2.9 ms on one thread).  Only kernels that call
@@ -159,6 +178,7 @@ struct PoolPart {
 enum class PartsOn { own_threads, blas_workers };
 
 // Runs body(part) for every part in [0, parts): part 0 on the calling thread, the others on threads of their own
+// (the process's pool where there is one and this is not itself a part; threads started for the call otherwise)
 // or, with PartsOn::blas_workers, on OpenBLAS's workers when there are enough of them.  Returns when all are
 // done; an exception in any part is rethrown here (the first one).  Parts must be independent (none may wait for
 // another: there may be fewer workers than parts) and must not call BLAS (refused: see gemm_colmajor).
@@ -173,6 +193,10 @@ void parallel_parts(int parts, F&& body, PartsOn on = PartsOn::own_threads) {
     PoolPart<Body>::run(&jobs[0]);
   } else if (on == PartsOn::blas_workers && blas_pool_run && !in_parallel_part && blas_pool_size() >= parts) {
     blas_pool_run(parts, (void*)&PoolPart<Body>::run, (void*)jobs.data(), (int)sizeof(PoolPart<Body>));
+  } else if (parts_pool_run && !in_parallel_part) {
+    std::vector<ErasedPart> erased(parts);
+    for (int p = 0; p < parts; ++p) erased[p] = ErasedPart{&PoolPart<Body>::run, &jobs[p]};
+    parts_pool_run(&ErasedPart::run_job, parts, sizeof(ErasedPart), erased.data());
   } else {
     std::vector<std::thread> threads;
     threads.reserve(parts - 1);
@@ -184,6 +208,15 @@ void parallel_parts(int parts, F&& body, PartsOn on = PartsOn::own_threads) {
     if (e) std::rethrow_exception(e);
 }
 #endif
+
+// Hands the library the process's pool (see parts_pool_run); a no-op in CUDA builds, whose host code has no parts.
+inline void set_parts_pool(void* run) {
+#if !CUDA
+  parts_pool_run = (parts_pool_run_t)run;
+#else
+  (void)run;
+#endif
+}
 
 }  // namespace ptn
 

@@ -78,5 +78,6 @@ extern "C" PTN_EXPORT int ptn_@SYM@_run_on_device(cudaStream_t stream, void** da
 #endif
 
 extern "C" PTN_EXPORT void @SYM@_set_blas(void* sgemm, void* dgemm) { ptn::set_blas(sgemm, dgemm); }
+extern "C" PTN_EXPORT void @SYM@_set_parts_pool(void* run) { ptn::set_parts_pool(run); }
 
 extern "C" PTN_EXPORT int32_t @SYM@_error_char(int64_t j) { return ptn::error_char(j); }

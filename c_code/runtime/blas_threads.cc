@@ -152,10 +152,10 @@ bool start_workers(Pool* p, int want) {
   return true;
 }
 
-}  // namespace
-
-extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, size_t jobdata_elsize, void* jobdata,
-                                     int dojob_data) {
+// The jobs of one call on the pool's workers (threads apart where they serve another call).  OpenBLAS's calls hold
+// their library's lock throughout (one_library); the kernels' parts need none.
+void run_call(ptn_blas_dojob dojob, int numjobs, size_t jobdata_elsize, void* jobdata, int dojob_data,
+              bool one_library) {
   char* data = (char*)jobdata;
   if (numjobs <= 1) {
     if (numjobs == 1) run_job(dojob, data, jobdata_elsize, dojob_data, 0);
@@ -163,9 +163,10 @@ extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, siz
   }
   n_calls.fetch_add(1, std::memory_order_relaxed);
   Pool* p = running_job_of == dojob ? nullptr : pool();  // a call from inside a job of the same library: apart
-  std::mutex* library = p ? p->library_lock(dojob) : nullptr;
-  if (!library) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
-  std::lock_guard<std::mutex> one_call_per_library(*library);
+  std::mutex* library = p && one_library ? p->library_lock(dojob) : nullptr;
+  if (!p || (one_library && !library)) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
+  std::unique_lock<std::mutex> one_call_per_library;
+  if (library) one_call_per_library = std::unique_lock<std::mutex>(*library);
   if (numjobs > 0xffff || holds_workers || !p->busy.try_lock())  // the workers serve another call: threads apart
     return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
   std::lock_guard<std::mutex> hold(p->busy, std::adopt_lock);
@@ -187,6 +188,17 @@ extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, siz
     std::unique_lock<std::mutex> guard(p->lock);
     p->done.wait(guard, [&] { return p->remaining.load(std::memory_order_acquire) == 0; });
   }
+}
+
+}  // namespace
+
+extern "C" void ptn_blas_threads_run(int, ptn_blas_dojob dojob, int numjobs, size_t jobdata_elsize, void* jobdata,
+                                     int dojob_data) {
+  run_call(dojob, numjobs, jobdata_elsize, jobdata, dojob_data, true);
+}
+
+extern "C" void ptn_parts_run(ptn_blas_dojob job, int numjobs, size_t jobdata_elsize, void* jobdata) {
+  run_call(job, numjobs, jobdata_elsize, jobdata, 0, false);
 }
 
 extern "C" int64_t ptn_blas_threads_calls(void) { return n_calls.load(std::memory_order_relaxed); }

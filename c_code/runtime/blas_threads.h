@@ -1,5 +1,6 @@
-// One worker pool for OpenBLAS's parallel work: the threads callback that ptnative/blas_threads.py installs in the
-// OpenBLAS libraries of the process (numpy's, scipy's; OpenBLAS >= 0.3.27, openblas_set_threads_callback_function).
+// One worker pool for the process: the threads callback that ptnative/blas_threads.py installs in the OpenBLAS
+// libraries of the process (numpy's, scipy's; OpenBLAS >= 0.3.27, openblas_set_threads_callback_function), and
+// the runner of the kernels' parallel parts (ptn_parts_run, handed to every kernel library at load time).
 //
 // Why: after each parallel call, OpenBLAS's own workers wait for the next one by spinning, for about 2^28 CPU
 // cycles (0.1 s).  numpy's and scipy's OpenBLAS are two libraries with a pool each, and PyTensor graphs call both
@@ -33,8 +34,14 @@ typedef void (*ptn_blas_dojob)(int thread_num, void* jobdata, int dojob_data);
 PTN_BLAS_THREADS_EXPORT void ptn_blas_threads_run(int sync, ptn_blas_dojob dojob, int numjobs, size_t jobdata_elsize,
                                                   void* jobdata, int dojob_data);
 
-// For tests and `python -m ptnative info`: calls of ptn_blas_threads_run with more than one job so far, and the
-// workers started (kept for later calls) in this process.
+// The kernels' parallel parts (c_code/dialect/native_op.h, parallel_parts) on the same workers: job(i, jobdata +
+// i * jobdata_elsize, 0) for every i < numjobs, all at once, job 0 on the calling thread; returns when all have
+// returned.  Unlike OpenBLAS's calls, two calls with the same `job` may run at once (the second on threads started
+// for it while the workers serve the first).  Jobs must not throw.
+PTN_BLAS_THREADS_EXPORT void ptn_parts_run(ptn_blas_dojob job, int numjobs, size_t jobdata_elsize, void* jobdata);
+
+// For tests and `python -m ptnative info`: calls of ptn_blas_threads_run and ptn_parts_run with more than one job
+// so far, and the workers started (kept for later calls) in this process.
 PTN_BLAS_THREADS_EXPORT int64_t ptn_blas_threads_calls(void);
 PTN_BLAS_THREADS_EXPORT int ptn_blas_threads_workers(void);
 
