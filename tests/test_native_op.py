@@ -368,7 +368,7 @@ def test_kernel_sources_stay_on_the_ops_stream():
 
 # y[p] = x[p] + 1, one part per element, run by ptn::parallel_parts on threads of their own, or with what >= 10
 # on OpenBLAS's worker pool when the parts fit in it (PartsOn::blas_workers).  what % 10 = 1: each part calls BLAS
-# (refused); 2: part 1 fails; 3: y[p] = the id of the thread that ran part p.
+# (refused); 2: part 1 fails; 3: y[p] = the id of the thread that ran part p; 4: y[p] = the core part p ran on (Linux).
 PARTS_FW = """
   Ndarray* x = inputs[0];
   Ndarray* y = *outputs[0];
@@ -382,7 +382,8 @@ PARTS_FW = """
   ptn::parallel_parts(parts, [&](int p) {
     if (what == 1) affine_raw(Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(x), 1, 1, Ndarray_DEV_DATA(y), 1, 1);
     if (what == 2) assert_cmp(p, !=, 1);
-    Ndarray_DEV_DATA(y)[p] = what == 3 ? (Float)syscall(SYS_gettid) : Ndarray_DEV_DATA(x)[p] + 1;
+    Ndarray_DEV_DATA(y)[p] = what == 3 ? (Float)syscall(SYS_gettid) : what == 4 ? (Float)ptn_probe_core()
+                                                                                  : Ndarray_DEV_DATA(x)[p] + 1;
   }, on);
 #endif
 """
@@ -393,7 +394,10 @@ def parts_op():
                              {"name": "what", "ndim": 0, "shape": (), "dtype": "int32", "host_memory": True,
                               "gradient": "disconnected"}),
                     out_info=({"name": "y", "ndim": 1, "shape": ((0, 0),)},), c_fw_code=PARTS_FW, name="PartsProbe",
-                    c_extra_support_code={"000_gettid": "#include <unistd.h>\n#include <sys/syscall.h>\n"})
+                    c_extra_support_code={"000_gettid": "#include <unistd.h>\n#include <sys/syscall.h>\n",
+                                          "001_core": "#include <sched.h>\nstatic int ptn_probe_core() {\n"
+                                                      "#ifdef __linux__\n  return sched_getcpu();\n#else\n"
+                                                      "  return -1;\n#endif\n}\n"})
 
 
 @pytest.mark.parametrize("on", [0, 10], ids=["own_threads", "blas_workers"])
@@ -421,6 +425,26 @@ def test_parallel_parts(mode, on):
         assert on_pool == (blas.thread_pool() is not None)
     else:
         assert on_pool == (blas_threads.parts_runner(build.open_library) is not None)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and 2 cores")
+def test_parallel_parts_run_on_different_cores():
+    """The two parts of a call run on two cores: a pool's worker that wakes on the caller's core moves to another
+    for its part (runtime/blas_threads.cc, SpreadPart).  The caller's core is read at its part's start, so a
+    migration of the caller during the call can put them together: most calls, not all, are checked."""
+    import time
+    x, what = pt.vector(), pt.iscalar()
+    f = pytensor.function([x, what], parts_op()(x, what), mode="FAST_COMPILE")
+    if blas_threads.parts_runner(build.open_library) is None:
+        pytest.skip("no worker pool here")
+    apart = 0
+    for _ in range(40):
+        time.sleep(0.002)  # the worker goes to sleep (after 50 us) and is woken for the call
+        cores = f(np.zeros(2), 4)
+        assert cores.min() >= 0
+        apart += cores[0] != cores[1]
+    assert apart >= 36
 
 
 def test_parallel_parts_from_several_threads_at_once(mode):

@@ -3,6 +3,9 @@
 
 #include <pthread.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -33,6 +36,63 @@ struct Batch {
   char* jobdata;
   size_t elsize;
   int dojob_data;
+  bool spread;  // a kernel's parts: each on a core of its own (SpreadPart)
+};
+
+// The core this thread runs on, as a bit of a 64-bit set (0: unknown, or a core past 63).
+inline uint64_t this_core_bit() {
+#if defined(__linux__)
+  const int cpu = sched_getcpu();
+  return cpu >= 0 && cpu < 64 ? uint64_t(1) << cpu : 0;
+#else
+  return 0;
+#endif
+}
+
+// For the job of one part of a kernel's call (Linux): where another part of the call already runs on this core, the
+// part moves to an allowed core that none has, for this job only.  The parts of a kernel may wait for each other
+// (the LSTM's cell split meets at every frame), and the system does not place them apart reliably: on the 2-vCPU
+// VM a sleeping worker woken for a call was put on the caller's core in most calls after an idle pause (the other
+// vCPU halted), and the scheduler moved one of them only milliseconds later, so that both parts took turns on one
+// core.  `cores` holds the call's claimed cores (the caller's first); restoring the thread's own set afterwards
+// does not move it again, so the next call wakes it on the core it moved to.
+class SpreadPart {
+ public:
+  explicit SpreadPart(std::atomic<uint64_t>& cores) {
+#if defined(__linux__)
+    const uint64_t mine = this_core_bit();
+    if (!mine || !(cores.fetch_or(mine, std::memory_order_acq_rel) & mine)) return;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+    for (int c = 0; c < 64 && c < CPU_SETSIZE; ++c) {
+      const uint64_t bit = uint64_t(1) << c;
+      if (!CPU_ISSET(c, &allowed) || (cores.fetch_or(bit, std::memory_order_acq_rel) & bit)) continue;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        saved_ = allowed;
+        moved_ = true;
+      }
+      return;
+    }
+#else
+    (void)cores;
+#endif
+  }
+  ~SpreadPart() {
+#if defined(__linux__)
+    if (moved_) sched_setaffinity(0, sizeof saved_, &saved_);
+#endif
+  }
+  SpreadPart(const SpreadPart&) = delete;
+  SpreadPart& operator=(const SpreadPart&) = delete;
+
+ private:
+#if defined(__linux__)
+  cpu_set_t saved_;
+#endif
+  bool moved_ = false;
 };
 
 // state: (call number << 16) | numjobs of the latest call.  Worker w (1, 2, ...) runs job w of a call with more
@@ -46,6 +106,7 @@ struct Pool {
   std::atomic<uint64_t> state{0};
   std::atomic<int> remaining{0};  // jobs of the current call not yet finished on the workers
   Batch batch{};
+  std::atomic<uint64_t> cores{0};  // of a kernel's call: the cores its parts claimed (SpreadPart)
   std::atomic<int> workers{0};  // started so far; only the holder of `busy` starts more
   // One lock per OpenBLAS library (told apart by its dojob function): OpenBLAS runs job i of a call with the
   // library's buffers of thread i, so two calls into one library must not overlap (its own pool never lets them).
@@ -99,7 +160,12 @@ void worker_loop(Pool* pool, int w, uint64_t seen) {
     seen = s >> 16;
     if (w < (int)(s & 0xffff)) {
       const Batch& b = pool->batch;
-      run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
+      if (b.spread) {
+        SpreadPart apart(pool->cores);
+        run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
+      } else {
+        run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
+      }
       if (pool->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         { std::lock_guard<std::mutex> caller(pool->lock); }
         pool->done.notify_all();
@@ -175,7 +241,8 @@ void run_call(ptn_blas_dojob dojob, int numjobs, size_t jobdata_elsize, void* jo
     ~Holding() { holds_workers = false; }
   } holding;
   if (!start_workers(p, numjobs - 1)) return run_on_new_threads(dojob, numjobs, data, jobdata_elsize, dojob_data);
-  p->batch = Batch{dojob, data, jobdata_elsize, dojob_data};
+  p->batch = Batch{dojob, data, jobdata_elsize, dojob_data, !one_library};
+  p->cores.store(this_core_bit(), std::memory_order_relaxed);
   p->remaining.store(numjobs - 1, std::memory_order_relaxed);
   const uint64_t call = (p->state.load(std::memory_order_relaxed) >> 16) + 1;
   p->state.store((call << 16) | (uint64_t)numjobs, std::memory_order_release);
