@@ -162,7 +162,8 @@ def test_sparse_to_dense_writes_every_block(mode, dtype, poison_pattern):
 def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern, threads, monkeypatch):
     """From 32 MiB up, sparse_to_dense's W and subtensor_batched_index's gradient are zeroed by handing their pages
     back (sparse.cu, ptn_sp_zero_fresh_pages) and memsetting the partial pages at both ends, and W's blocks are
-    then filled by every thread: under the poison, every element must still be zero or the sum of its entries."""
+    then filled by one thread or every thread (where the first blocks' page faults were slow): under the poison,
+    every element must still be zero or the sum of its entries."""
     if mode not in (None, "C"):
         pytest.skip("checked in the default and C modes")
     monkeypatch.setenv("PTNATIVE_NUM_THREADS", threads)
@@ -182,6 +183,22 @@ def test_large_fresh_outputs_zeroed_by_the_system(mode, dtype, poison_pattern, t
     want = np.zeros((T, B, D), dtype)
     np.put_along_axis(want, idx.astype(int)[..., None], 1, axis=2)
     np.testing.assert_array_equal(g(np.zeros((T, B, D), dtype), idx), want)
+
+
+def test_sparse_to_dense_of_128_mib_filled_by_every_thread(poison_pattern, monkeypatch):
+    """From 128 MiB up, W's fresh pages are faulted in by every thread (sparse.cu, ptn_s2d_zeros_cpu): under the
+    poison, every element must still be zero or the sum of its entries, in the order of the entries."""
+    monkeypatch.setenv("PTNATIVE_NUM_THREADS", "2")
+    T, B, D, N = 257, 4, 32800, 600  # W: 134.9 MB, not a whole number of pages
+    s0v, s1v, wv, mv = coo(N, B, T, D, seed=24)
+    s0v[-1, -1], s1v[-1, -1], mv[-1, -1] = T - 1, D - 1, 1
+    s0v[-2, 0], s1v[-2, 0], mv[-2, 0] = 0, 0, 1
+    s0, s1, w, m = matrices(4, "float32")
+    f = pytensor.function([s0, s1, w, m], sparse_to_dense(s0, s1, w, m, T, D))
+    args = [a.astype("float32") for a in (s0v, s1v, wv, mv)]
+    got = f(*args)
+    np.testing.assert_allclose(got, ref.dense_targets(s0v, s1v, args[2], mv, T, D), rtol=1e-6, atol=0)
+    del got
 
 
 def test_sparse_to_dense_verify_grad():

@@ -24,6 +24,7 @@
 #if !CUDA
 #include <exception>
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <type_traits>
 #endif

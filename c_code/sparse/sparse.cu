@@ -311,8 +311,14 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
       for (int64_t r = start[q]; r < start[q + 1]; ++r) W[slot[order[r]]] += w[order[r]];
     }
   };
-  // Fresh pages (zeroed by the system where first written) are faulted in by several threads at once.
-  ptn_sp_ranges(n_blocks, zeroed ? ptn::cpu_threads() : 1, blocks);
+  // Fresh pages (zeroed by the system where first written) are faulted in by several threads at once from 128 MiB
+  // up, below by the calling thread alone: there the threads' extra CPU time outweighed the split.  Measured on the 2-vCPU VM
+  // (float32, 2 threads against 1, alternating turns with numpy's zeros + add.at): 256 MB 17.6-18.2 against
+  // 25.9-26.5 ms (numpy 24.2-25.0); 64 MB 8.1-9.7 (best 4.3, 2.2x the CPU time of one thread) against 7.1 ms (numpy
+  // 7.9-9.1); on another day, when its page faults cost 3-4 times as much, 64 MB took 18.9 ms on two threads and
+  // 26-30 on one (numpy 26-27).  Each block is filled by one thread, in order: the same sums either way.
+  const int64_t parts = zeroed && n * (int64_t)sizeof(Float) >= ((int64_t)128 << 20) ? ptn::cpu_threads() : 1;
+  ptn_sp_ranges(n_blocks, parts, blocks);
 }
 #endif
 
