@@ -191,6 +191,36 @@ def test_numpy_products_run_on_the_pool_and_equal_openblas_own():
     assert lines["uninstalled"] == "[]"
 
 
+# The kernels' parallel parts in a process of its own: they run on the pool (a part's worker the same from call to
+# call), also in a forked child, which starts workers of its own.
+PARTS_AND_FORK = r"""
+import os, numpy as np, pytensor, pytensor.tensor as pt
+from tests.test_native_op import parts_op
+from ptnative import blas_threads
+x, what = pt.vector(), pt.iscalar()
+f = pytensor.function([x, what], parts_op()(x, what), mode="FAST_COMPILE")
+assert np.array_equal(f(np.arange(3.0), 0), [1, 2, 3])
+first, second = f(np.zeros(2), 3), f(np.zeros(2), 3)
+print("same worker", int(first[1] == second[1] != first[0]))
+calls = blas_threads.status()["calls"]
+pid = os.fork()
+if pid == 0:
+    ok = np.array_equal(f(np.arange(4.0), 0), [1, 2, 3, 4])
+    first, second = f(np.zeros(2), 3), f(np.zeros(2), 3)
+    os._exit(0 if ok and first[1] == second[1] != first[0] and blas_threads.status()["calls"] > calls else 3)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_kernel_parts_run_on_the_pool_also_in_a_forked_child():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", PARTS_AND_FORK], capture_output=True, text=True, timeout=300,
+                          cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["same", "worker", "1", "child", "0"]
+
+
 def test_setting_openblas_leaves_openblas_alone():
     proc = _run("from ptnative import blas_threads, build\nprint(blas_threads.install(build.open_library))",
                 PTNATIVE_BLAS_THREADS="openblas")
