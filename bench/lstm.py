@@ -18,7 +18,8 @@ LstmLowMem training for T=1000.
 Finally (unless ``--no-table``) a table over batch sizes and widths (B = 1, 4, 8, 16, 32, 64; n_in = n = 256, 512,
 1024; T=50, ragged lengths in [0.7 T, T] as a mask): ptnative native2 against torch.nn.LSTM padded (over every
 frame) and packed (``pack_padded_sequence``), and the row's FLOP floor (its multiply-adds at scipy's sgemm rate,
-timed in the same turns); ptnative's valid frames are first checked against torch packed's.
+timed in the same turns); ptnative's valid frames are first checked against torch packed's.  A last column times
+ptnative lowmem (LstmLowMem, checked against native2) in the same turns, against torch padded.
 
 Usage:  python bench/lstm.py [--threads N] [--reps R] [--no-memory] [--no-table | --table-only]
         [--table-B 1,16] [--table-n 256] [--table-T 50] [--table-reps 5]
@@ -225,7 +226,7 @@ def twod_scan_fn():
 
 # ------------------------------------------------------------------------------------------------ B x n table
 def table_row(Bt, n, floor_call, floor_flops, reps):
-    """One row of the table: {name: Timing} for the FLOP floor, native2, torch padded and torch packed."""
+    """One row of the table: {name: Timing} for the FLOP floor, native2, lowmem, torch padded and torch packed."""
     import torch
     Tt = opts.table_T
     rng = np.random.default_rng(Bt * 7 + n)
@@ -237,8 +238,13 @@ def table_row(Bt, n, floor_call, floor_flops, reps):
     b = (rng.normal(size=4 * n) * 0.1).astype(DTYPE)
     xs, W_in_s, W_rec_s, b_s = symbols()
     m_s = pt.matrix("mask", dtype=DTYPE)
-    Y = lstm(xs, W_in_s, W_rec_s, b_s, mask=m_s)[0]
-    f = pytensor.function([xs, W_in_s, W_rec_s, b_s, m_s], [Y, *pytensor.grad(Y.sum(), [xs, W_in_s, W_rec_s, b_s])])
+
+    def layer_fn(impl):
+        Y = lstm(xs, W_in_s, W_rec_s, b_s, mask=m_s, impl=impl)[0]
+        return pytensor.function([xs, W_in_s, W_rec_s, b_s, m_s],
+                                 [Y, *pytensor.grad(Y.sum(), [xs, W_in_s, W_rec_s, b_s])])
+
+    f, f_low = layer_fn("native2"), layer_fn("lowmem")
     model = torch.nn.LSTM(n, n)
     _torch_lstm.load_layer(model, "l0", W_in, W_rec, b)
     xt, lt = torch.from_numpy(x).requires_grad_(True), torch.from_numpy(lens)
@@ -256,7 +262,10 @@ def table_row(Bt, n, floor_call, floor_flops, reps):
     theirs = torch_call(True)().detach().numpy()
     err = float(np.abs(ours - theirs).max())
     assert err < 1e-4, f"B={Bt} n={n}: native2 and torch packed differ by {err}"
+    err = float(np.abs(f_low(x, W_in, W_rec, b, mask)[0] - ours).max())  # trailing padding: the two impls agree
+    assert err < 1e-4, f"B={Bt} n={n}: lowmem and native2 differ by {err}"
     calls = {"floor": floor_call, "native2": lambda: f(x, W_in, W_rec, b, mask),
+             "lowmem": lambda: f_low(x, W_in, W_rec, b, mask),
              "torch padded": torch_call(False), "torch packed": torch_call(True)}
     t = measure_interleaved(calls, reps, rounds=reps)
     flops = 2.0 * 3 * Tt * Bt * 4 * n * (n + n)
@@ -272,21 +281,24 @@ def table():
     torch.set_num_threads(opts.threads)
     floor_call, floor_flops = sgemm_fn()
     Bs, ns = [int(v) for v in opts.table_B.split(",")], [int(v) for v in opts.table_n.split(",")]
-    print(f"\nnative2 against torch.nn.LSTM and the FLOP floor, forward+backward, T={opts.table_T}, ragged lengths, "
-          f"n_in = n, {opts.threads} thread(s); median (min) ms of {opts.table_reps} turns; load average {_load()}")
+    print(f"\nnative2 and lowmem against torch.nn.LSTM and the FLOP floor, forward+backward, T={opts.table_T}, ragged "
+          f"lengths, n_in = n, {opts.threads} thread(s); median (min) ms of {opts.table_reps} turns; load average "
+          f"{_load()}")
     print(f"{'B':>3} {'n':>5} | {'floor':>15} {'native2':>15} {'torch padded':>15} {'torch packed':>15} | "
-          f"{'native2/floor':>13} {'/padded':>8} {'/packed':>8}")
+          f"{'native2/floor':>13} {'/padded':>8} {'/packed':>8} | {'lowmem':>15} {'/padded':>8}")
     for n in ns:
         for Bt in Bs:
             t, floor, floor_min = table_row(Bt, n, floor_call, floor_flops, opts.table_reps)
             cell = lambda med, mn: f"{med * 1e3:7.2f} ({mn * 1e3:5.1f})"  # noqa: E731
-            nat = t["native2"]
+            nat, low = t["native2"], t["lowmem"]
             print(f"{Bt:>3} {n:>5} | {cell(floor, floor_min)} {cell(nat.median, nat.best)} "
                   f"{cell(t['torch padded'].median, t['torch padded'].best)} "
                   f"{cell(t['torch packed'].median, t['torch packed'].best)} | {nat.median / floor:13.2f} "
-                  f"{nat.median / t['torch padded'].median:8.2f} {nat.median / t['torch packed'].median:8.2f}")
+                  f"{nat.median / t['torch padded'].median:8.2f} {nat.median / t['torch packed'].median:8.2f} | "
+                  f"{cell(low.median, low.best)} {low.median / t['torch padded'].median:8.2f}")
             case = f"LSTM fwd+bwd T={opts.table_T} B={Bt} n_in=n={n} ragged {DTYPE}, {opts.threads} thr"
             record("lstm", case, "ptnative native2", nat.median, ours=True, best=nat.best, cpu=nat.cpu)
+            record("lstm", case, "ptnative lowmem", low.median, ours=True, best=low.best, cpu=low.cpu)
             record("lstm", case, "FLOP floor (sgemm rate)", floor, best=floor_min)
             for name in ("torch padded", "torch packed"):
                 record("lstm", case, f"torch.nn.LSTM {name.split()[1]}", t[name].median, best=t[name].best)

@@ -223,12 +223,12 @@ static void lstm2_forward(Ndarray** in, Ndarray* b, const Lstm2Input* proj, Ndar
       bool solo = false;  // part 0 computes every part's cells (LstmBarrier::wait), the others have left
       for (int64_t k = 0; k < fr.count; ++k) {
         const int64_t t = fr.at(k);
-        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q) {
+        lstm_team_shares(p, parts, solo, [&](int q) {
           const LstmSpan span = lstm_span_of(q, parts, n_cells);
           lstm_gates_gemm_blocks(k % 2 ? y_next : y_carry, lstm_gate_panels_at(packed.data() + packed_at[q], n_cells, span),
                                  data_ptr(H, t), LstmRowBlocks{rows[t], 1, n_cells, 0, g, 0}, n_cells, span, bias);
           frame_cells(k, 0, n_batch, rows[t], span);
-        }
+        });
         if (!solo && (solo = barrier.wait(p)) && p > 0) break;
       }
     });
@@ -407,14 +407,15 @@ static void lstm2_backward(Ndarray** in, Ndarray*** outputs, const Lstm2LayerGra
       bool solo = false;  // part 0 computes every part's cells (LstmBarrier::wait), the others have left
       for (int64_t k = fr.count - 1; k >= 0; --k) {
         const int64_t t = fr.at(k);
-        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q)
+        lstm_team_shares(p, parts, solo, [&](int q) {
           frame_cells(k, 0, n_batch, rows, lstm_span_of(q, parts, n_cells), layer ? db.data() : nullptr);
+        });
         if (!solo && (solo = barrier.wait(p)) && p > 0) break;
-        for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q) {
+        lstm_team_shares(p, parts, solo, [&](int q) {
           const LstmSpan span = lstm_span_of(q, parts, n_cells);
           lstm_packed_gemm(data_ptr(DX, t), g, LstmPanels{packed.data() + packed_at[q], g, span.size()},
                            Dy0d + span.j0, n_cells, rows[t]);
-        }
+        });
       }
       if (solo) barrier.wait(p);  // the parts that left wait for the recurrence's DX
       if (layer && cols.size() > 0)

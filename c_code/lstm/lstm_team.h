@@ -1,8 +1,8 @@
-// The CPU's cell split of an LSTM recurrence (lstm.cu): where the batch rows would give row parts of fewer than 6 rows
-// (lstm_cpu_cell_parts), part p computes, for every batch row, the four gate columns of its cells [j0, j1)
-// (whole panels) from its slices of the packed weights, and the parts meet once per frame, since the next frame's
-// product reads every cell of the carried output (LstmBarrier).  Each element is the same sum as in the row parts (a
-// product's sums do not depend on the columns computed beside them), so the results are the same bits.
+// The CPU's cell split of an LSTM recurrence (lstm.cu, lstm_lowmem.cu): where the batch rows would give row parts of
+// fewer than 6 rows (lstm_cpu_cell_parts), part p computes, for every batch row, the four gate columns of its cells
+// [j0, j1) (whole panels) from its slices of the packed weights, and the parts meet once per frame, since the next
+// frame's product reads every cell of the carried output (LstmBarrier).  Each element is the same sum as in the row
+// parts (a product's sums do not depend on the columns computed beside them), so the results are the same bits.
 #ifndef PTNATIVE_LSTM_LSTM_TEAM_H
 #define PTNATIVE_LSTM_LSTM_TEAM_H
 
@@ -92,6 +92,13 @@ static void lstm_cpu_team(int parts, F&& body) {
       throw;
     }
   }, ptn::PartsOn::own_threads);
+}
+
+// f(q) for the parts q whose shares part p computes: its own, or every part's when it goes on alone (`solo`: part 0
+// after LstmBarrier::wait said so; the others have left).
+template <typename F>
+static void lstm_team_shares(int p, int parts, bool solo, F&& f) {
+  for (int q = solo ? 0 : p; q < (solo ? parts : p + 1); ++q) f(q);
 }
 
 // The parts of the cell split (0: split the rows): as many as there are threads and panels of cells, when the row
