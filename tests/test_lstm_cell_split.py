@@ -85,9 +85,16 @@ def _run(dtype, v, start, step):
 SIZES = [(60, 1, 20, 200), (18, 3, 33, 200), (14, 5, 33, 200)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("kind", ["sorted", "holes"])
-@pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
+def same_bits_cases(test):
+    """The dtypes, masks and visiting patterns of the same-bits tests."""
+    for mark in (pytest.mark.parametrize("start,step", [(0, 1), (1, -2)]),
+                 pytest.mark.parametrize("kind", ["sorted", "holes"]),
+                 pytest.mark.parametrize("dtype", ["float32", "float64"])):
+        test = mark(test)
+    return test
+
+
+@same_bits_cases
 @pytest.mark.parametrize("size", SIZES, ids=[f"B{s[1]}" for s in SIZES])
 def test_cell_split_same_bits_as_one_thread(monkeypatch, dtype, kind, start, step, size):
     T, B, n_in, n = size
@@ -165,9 +172,7 @@ def _run_lowmem(dtype, v, start, step):
 LOWMEM_SIZES = SIZES + [(200, 4, 20, 64)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("kind", ["sorted", "holes"])
-@pytest.mark.parametrize("start,step", [(0, 1), (1, -2)])
+@same_bits_cases
 @pytest.mark.parametrize("size", LOWMEM_SIZES, ids=[f"B{s[1]}T{s[0]}" for s in LOWMEM_SIZES])
 def test_lowmem_cell_split_same_bits_as_one_thread(monkeypatch, dtype, kind, start, step, size):
     T, B, n_in, n = size
