@@ -156,10 +156,10 @@ struct PoolPart {
 // (set_parts_pool; null where the pool could not be built: parts then run on threads started for the call).
 // run(job, n, elsize, jobs) runs job(i, jobs + i * elsize, 0) for every i < n, all at once, job 0 on the calling
 // thread, and returns when all are done.  Its workers are kept between calls and wait for the next one by spinning
-// for a while before they sleep: threads started anew at each call cost the start, and the system tends to put a
-// new thread on its creator's core (measured: in 1 of 2 calls of an LSTM layer after an idle pause, both parts of
-// the recurrence shared one core and waited for each other at every frame), where a sleeping worker is woken on
-// an idle one.
+// for a while before they sleep, and on Linux a part that finds another part of its call on its core moves to a
+// free one for the call: threads started anew at each call cost the start, and the system tends to put a new or a
+// woken thread on its creator's core (measured: in most calls of an LSTM layer after an idle pause, both parts of
+// the recurrence shared one core and waited for each other at every frame).
 typedef void (*parts_job_t)(int, void*, int);
 typedef void (*parts_pool_run_t)(parts_job_t, int, size_t, void*);
 static parts_pool_run_t parts_pool_run = 0;
