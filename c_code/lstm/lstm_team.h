@@ -11,16 +11,16 @@
 
 #if !CUDA
 // A barrier for the parts of one lstm_cpu_team (on the process's pool or threads of their own, ptn::parallel_parts:
-// every part runs at once, so one may wait for the others).  A waiting part spins for half the time its own work
-// since its last wait took (at least 50 us, at most 0.5 ms: the parts' shares of a frame are equal, so the others should be close), then sleeps in steps of the
-// system's shortest sleep (~80 us here): with more busy threads than cores the part it waits for needs the core, and
-// a shared machine the cycles (a spin of 1 ms before yielding ran a T=50 B=4 layer 4x slower than one thread at a
-// load of 3.5; sleeping after a fixed 25 us lost ~10% at n=1024, whose frames take ~300 us and finish up to 50 us
-// apart).  When parts have had to sleep at more than 2 + 1/8 of the meetings after the first (the machine has more
-// busy threads than cores: a part that loses its core stalls the others at every frame), wait() tells every part, at
-// the same meeting, to go on alone: part 0 computes every part's cells from then on (the same sums: the same bits)
-// and the others leave the recurrence.  abort() releases the waiting parts (a part that failed will not arrive): their wait()
-// throws LstmTeamAborted.
+// every part runs at once, so one may wait for the others).  A waiting part spins for half the time its own work since
+// its last wait took (at least 50 us, at most 0.5 ms: the parts' shares of a frame are equal, so the others should be
+// close), then sleeps in steps of the system's shortest sleep (~80 us here): with more busy threads than cores the part
+// it waits for needs the core, and a shared machine the cycles (a spin of 1 ms before yielding ran a T=50 B=4 layer 4x
+// slower than one thread at a load of 3.5; sleeping after a fixed 25 us lost ~10% at n=1024, whose frames take ~300 us
+// and finish up to 50 us apart).  When parts have had to sleep at more than 2 + 1/8 of the meetings after the first
+// (the machine has more busy threads than cores: a part that loses its core stalls the others at every frame), wait()
+// tells every part, at the same meeting, to go on alone: part 0 computes every part's cells from then on (the same
+// sums: the same bits) and the others leave the recurrence.  abort() releases the waiting parts (a part that failed
+// will not arrive): their wait() throws LstmTeamAborted.
 struct LstmTeamAborted {};
 
 static inline void lstm_cpu_relax() {
