@@ -69,14 +69,14 @@ find_python = $(shell for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/pyt
 PY311 ?= $(call find_python,3.11)
 PY312 ?= $(call find_python,3.12)
 PY313 ?= $(call find_python,3.13)
-# The generic machinery, the compatibility checks, and one every-mode reference test per op family.
+# The generic machinery, the compatibility checks, one every-mode reference test per op family, and ptnative.eager.
 MATRIX_TESTS := tests/test_native_op.py tests/test_generated_code.py tests/test_compat.py \
 	tests/test_lstm.py::test_forward_and_gradients_against_reference \
 	tests/test_fsa.py::test_fast_bw_against_references \
 	tests/test_rnnt.py::test_modes_agree \
 	tests/test_edit_distance.py::test_against_reference_all_modes \
 	tests/test_chunking.py::test_forward_and_gradients_against_reference \
-	tests/test_sparse.py::test_crossentropy_softmax_sparse tests/test_blas_threads.py
+	tests/test_sparse.py::test_crossentropy_softmax_sparse tests/test_blas_threads.py tests/test_eager.py
 # The PyMC tests (the example's short sampling run, and the HMM helpers of ptnative.pymc with ArviZ < 1 and >= 1;
 # where PyMC is installed), in a session of their own: they import PyMC when collected, and MATRIX_TESTS must also
 # run before `import pymc`.

@@ -23,8 +23,10 @@ against ptnative's before timing.  Needs dynamax and hmmlearn (skipped where mis
 ``pip install dynamax hmmlearn`` and ptnative's dependencies, run with PYTHONPATH at the checkout.
 
 The small Viterbi (``--viterbi-sweep Ts x Ks``, issue 34): one sequence (B = 1, float64) at every T and K of the
-grid, ptnative's hmm_viterbi (default mode, and with ``trust_input``) against hmmlearn's Viterbi in alternating turns,
-with each one's median and ptnative's time over hmmlearn's.
+grid, ptnative's hmm_viterbi (default mode, with ``trust_input``, and ``ptnative.eager.hmm_viterbi`` on the numpy
+arrays) against hmmlearn's Viterbi in alternating turns, with each one's median and ptnative's time over hmmlearn's.
+``ptnative eager`` rows everywhere: the task called through ptnative.eager (numpy in, numpy out, as hmmlearn is
+called; the report compares hmmlearn's rows with them).
 
 The explicit-duration HMM (``--hsmm TxBxKxD``, issue 31: float64, right-censored, the log-likelihood with its
 gradients w.r.t. emissions, transitions, durations and initial weights): ptnative.hsmm_log_likelihood against the
@@ -87,6 +89,19 @@ def ptnative_fns(log_e, log_A, log_pi, trust_input=False):
             "viterbi": lambda: f_vit(*args)}
 
 
+def eager_fns(log_e, log_A, log_pi):
+    """ptnative's three tasks called on the numpy arrays through ptnative.eager (compiled once, no PyTensor input
+    check per call; the like-for-like form of hmmlearn's calls)."""
+    def loglik_grad(le, lA, lpi):
+        ll = ptnative.hmm_log_likelihood(le, lA, lpi).sum()
+        return [ll, *pytensor.grad(ll, [le, lA, lpi])]
+
+    f_grad = ptnative.eager.wrap(loglik_grad)
+    args = (log_e, log_A, log_pi)
+    return {"loglik+grad": lambda: f_grad(*args), "posteriors": lambda: ptnative.eager.hmm_posteriors(*args),
+            "viterbi": lambda: ptnative.eager.hmm_viterbi(*args)}
+
+
 def one_thread(fn):
     """``fn`` run with PTNATIVE_NUM_THREADS=1 (read by the kernels at every call)."""
     def run():
@@ -121,12 +136,14 @@ def overhead_fns(log_e, log_A, log_pi):
             "hmm_viterbi": lambda: f_vit(*args), "hmm_posteriors": lambda: f_post(*args),
             "no op, trust_input": lambda: f_pt_trusted(*args),
             "empty native op, trust_input": lambda: f_empty_trusted(*args),
-            "hmm_viterbi, trust_input": lambda: f_vit_trusted(*args)}
+            "hmm_viterbi, trust_input": lambda: f_vit_trusted(*args),
+            "ptnative.eager.hmm_viterbi": lambda: ptnative.eager.hmm_viterbi(*args)}
 
 
 def viterbi_sweep(spec, reps):
     """``spec`` "T1,T2,...xK1,K2,...": hmm_viterbi on one sequence (default mode and trust_input) against hmmlearn's
-    Viterbi at every (T, K), timed in alternating turns; rows (T, K, ptnative, trust_input, hmmlearn) in seconds."""
+    Viterbi at every (T, K), timed in alternating turns; rows (T, K, ptnative, trust_input, eager, hmmlearn) in
+    seconds."""
     Ts, Ks = ([int(v) for v in part.split(",")] for part in spec.split("x"))
     le, lA, lpi = pt.tensor3("le"), pt.matrix("lA"), pt.vector("lpi")
     path, score = ptnative.hmm_viterbi(le, lA, lpi)
@@ -140,13 +157,19 @@ def viterbi_sweep(spec, reps):
             if peer is None:
                 return rows
             check("viterbi", "hmmlearn", peer(), f(*args))
+            for got, want in zip(ptnative.eager.hmm_viterbi(*args), f(*args)):
+                np.testing.assert_array_equal(got, want)
             times = measure_interleaved({"ptnative": lambda: f(*args), "trust_input": lambda: f_trusted(*args),
-                                         "hmmlearn": peer}, reps=reps, rounds=3, warmup=20)
-            rows.append((T, K, times["ptnative"].median, times["trust_input"].median, times["hmmlearn"].median))
+                                         "eager": lambda: ptnative.eager.hmm_viterbi(*args), "hmmlearn": peer},
+                                        reps=reps, rounds=3, warmup=20)
+            rows.append((T, K, times["ptnative"].median, times["trust_input"].median, times["eager"].median,
+                         times["hmmlearn"].median))
             record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "ptnative", times["ptnative"].median, ours=True)
             record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "ptnative trust_input", times["trust_input"].median,
                    ours=True)
-            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "hmmlearn", times["hmmlearn"].median)
+            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "ptnative eager", times["eager"].median, ours=True)
+            record("hmm", f"viterbi sweep T={T} B=1 K={K} f64", "hmmlearn", times["hmmlearn"].median,
+                   versus="ptnative eager")
     return rows
 
 
@@ -389,10 +412,11 @@ def main():
     if args.viterbi_sweep:
         sweep = viterbi_sweep(args.viterbi_sweep, max(args.reps, 30))
         print("\nViterbi, B=1 f64, median microseconds (alternating turns):")
-        print(f"{'T':>6} {'K':>3} {'ptnative':>9} {'trust_input':>12} {'hmmlearn':>9} {'ratio':>6} "
-              f"{'ratio trusted':>14}")
-        for T, K, a, b, c in sweep:
-            print(f"{T:>6} {K:>3} {a * 1e6:>9.2f} {b * 1e6:>12.2f} {c * 1e6:>9.2f} {a / c:>6.2f} {b / c:>14.2f}")
+        print(f"{'T':>6} {'K':>3} {'ptnative':>9} {'trust_input':>12} {'eager':>9} {'hmmlearn':>9} {'ratio':>6} "
+              f"{'ratio trusted':>14} {'ratio eager':>12}")
+        for T, K, a, b, e, c in sweep:
+            print(f"{T:>6} {K:>3} {a * 1e6:>9.2f} {b * 1e6:>12.2f} {e * 1e6:>9.2f} {c * 1e6:>9.2f} {a / c:>6.2f} "
+                  f"{b / c:>14.2f} {e / c:>12.2f}")
     if args.overhead:
         T, B, K = (int(v) for v in args.overhead.split("x"))
         times = measure_interleaved(overhead_fns(*data(T, B, K)), reps=max(args.reps, 300), rounds=3, warmup=20)
@@ -406,10 +430,11 @@ def main():
         log_e, log_A, log_pi = data(T, B, K)
         ours = ptnative_fns(log_e, log_A, log_pi)
         trusted = ptnative_fns(log_e, log_A, log_pi, trust_input=True)
+        eager = eager_fns(log_e, log_A, log_pi)
         others = {"dynamax": dynamax_fns(log_e, log_A, log_pi), "hmmlearn": hmmlearn_fns(log_e, log_A, log_pi),
                   "scan": scan_fns(log_e, log_A, log_pi)}
         threaded = T * B * K * K >= 1e7 and B > 1 and (os.cpu_count() or 1) > 1
-        tasks = {task: {"ptnative": fn, "ptnative trust_input": trusted[task],
+        tasks = {task: {"ptnative": fn, "ptnative trust_input": trusted[task], "ptnative eager": eager[task],
                         **({"ptnative 1 thread": one_thread(fn)} if threaded else {})}
                  for task, fn in ours.items()}
         for name, fns in others.items():
@@ -418,6 +443,8 @@ def main():
                 tasks[base][name + task[len(base):]] = fn
         for task, fns in tasks.items():
             want = fns["ptnative"]()
+            for got, same in zip(fns["ptnative eager"](), want):
+                np.testing.assert_array_equal(got, same)
             for name, fn in fns.items():
                 if not name.startswith("ptnative"):
                     check(task, name.split(" ")[0], fn(), want)
@@ -427,7 +454,7 @@ def main():
                 rows.append((label, task, name, timing.median * 1e3, timing.best * 1e3, timing.cpu * 1e3,
                              timing.median / mine))
                 record("hmm", f"{task} {label} f64", name, timing.median, ours=name.startswith("ptnative"),
-                       best=timing.best)
+                       best=timing.best, versus="ptnative eager" if name.startswith("hmmlearn") else None)
             for name in (n for n, fns in others.items() if not fns):  # bench/report.py: "not installed" rows
                 record("hmm", f"{task} {label} f64", name, None, note="not installed")
             for name, timing in times.items():
@@ -435,8 +462,9 @@ def main():
                     continue
                 target = target_of(name, task, label)
                 rows.append((label, task, f"=> ptnative / {name}", mine / timing.median, target, None, None))
-                rows.append((label, task, f"=> ptnative trust_input / {name}",
-                             times["ptnative trust_input"].median / timing.median, target, None, None))
+                for ours in ("ptnative trust_input", "ptnative eager"):
+                    rows.append((label, task, f"=> {ours} / {name}", times[ours].median / timing.median, target,
+                                 None, None))
     print(f"\nload average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs; times in ms")
     print(f"{'shape':<18} {'task':<12} {'implementation':<40} {'median':>9} {'best':>9} {'cpu':>9} {'x ptnative':>11}")

@@ -241,7 +241,7 @@ def merge_records(kept):
         metas.append(meta)
     unique = lambda values: list(dict.fromkeys(v for v in values if v))  # noqa: E731
     return records, runs, dict(metas[-1] if metas else {}, date=" and ".join(unique(m.get("date") for m in metas)),
-                               note=" ".join(unique(m.get("note") for m in metas)),
+                               note="; ".join(unique(m.get("note") for m in metas)),
                                quick=any(m.get("quick") for m in metas))
 
 
@@ -273,6 +273,12 @@ def reference(rows):
     return next((r for r in rows if r["ours"] and r["seconds"]), None)
 
 
+def compared_with(row, rows):
+    """The ptnative row a peer's ``row`` is compared with: the one its ``versus`` names, else the reference."""
+    named = next((r for r in rows if r["ours"] and r["seconds"] and r["impl"] == row.get("versus")), None)
+    return named or reference(rows)
+
+
 def ratio_time(row, by):
     """The time a ratio uses: the median, or with ``by="best"`` the fastest call where it was measured."""
     return row["best"] if by == "best" and row.get("best") else row["seconds"]
@@ -283,10 +289,10 @@ def comparisons(records, by="median"):
     out = []
     for bench, by_case in cases(records).items():
         for case, rows in by_case.items():
-            ref = reference(rows)
             for r in rows:
-                if ref is not None and not r["ours"] and r["seconds"]:
-                    out.append((bench, case, r["impl"], ratio_time(r, by) / ratio_time(ref, by)))
+                versus = compared_with(r, rows)
+                if versus is not None and not r["ours"] and r["seconds"]:
+                    out.append((bench, case, r["impl"], ratio_time(r, by) / ratio_time(versus, by)))
     return out
 
 
@@ -318,6 +324,10 @@ def benchmark_table(rows_by_case, ratios=True, by="median"):
                 ratio = ratio_time(r, by) / ratio_time(ref, by) if ref is not None else None
                 ratio_cell = "reference" if r is ref else format_ratio(ratio) if ratios else ""
                 remark = verdict(ratio) if ratio is not None and not r["ours"] else ""
+                versus = compared_with(r, rows) if ratios and not r["ours"] else None
+                if versus is not None and versus is not ref:
+                    remark = (f"against {md_escape(versus['impl'])}: "
+                              f"{verdict(ratio_time(r, by) / ratio_time(versus, by))}")
                 if r.get("note"):
                     remark = f"{remark}; {md_escape(r['note'])}" if remark else md_escape(r["note"])
             cpu_cell = f" {format_seconds(r.get('cpu'))} |" if cpu else ""
@@ -388,7 +398,9 @@ def render(records, runs, meta, png_name, chart_note):
            + ("fastest call (its median where no fastest call was measured) by that of " if by == "best" else
               "median by that of ")
            + "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "
-           "slower." + (" Ratios from the fastest calls (`--ratio-by best`) are steadier than medians on a machine "
+           "slower. A peer's verdict (last column) is against the reference, or, where it says so, against the "
+           "ptnative row called the same way as that peer (e.g. `ptnative eager`: numpy arrays in and out, as "
+           "hmmlearn is called)." + (" Ratios from the fastest calls (`--ratio-by best`) are steadier than medians on a machine "
                         "that other work keeps busy." if by == "best" else ""),
            "",
            "Peers are optional packages: a missing one is a row that says *not installed*. To measure them all, "

@@ -73,7 +73,7 @@ def measure_interleaved(fns: dict, reps=10, rounds=3, settle=0.3, warmup=1) -> d
 RECORDS_ENV = "PTNATIVE_BENCH_RECORDS"
 
 
-def record(benchmark, case, impl, seconds, *, ours=False, best=None, cpu=None, note=None):
+def record(benchmark, case, impl, seconds, *, ours=False, best=None, cpu=None, note=None, versus=None):
     """Append one result row for ``bench/report.py`` to the JSON-lines file named by the environment variable
     ``PTNATIVE_BENCH_RECORDS``; nothing happens when it is unset (a benchmark run by hand only prints).
 
@@ -81,13 +81,16 @@ def record(benchmark, case, impl, seconds, *, ours=False, best=None, cpu=None, n
     ``impl``: what was timed; ``seconds``: its median wall time, or None when it did not run (say why in
     ``note``, e.g. ``"not installed"``); ``ours``: a ptnative row (the case's first one is the reference that
     the report's ratios divide by); ``best``: the fastest call, ``cpu``: the median process CPU time of a call (all
-    threads), if measured."""
+    threads), if measured; ``versus`` (a peer's row): the ptnative row (its ``impl``) that the peer is compared
+    with when that is not the reference, a ptnative row called the same way as the peer (e.g. from numpy)."""
     path = os.environ.get(RECORDS_ENV)
     if not path:
         return
     row = {"benchmark": benchmark, "case": case, "impl": impl,
            "seconds": None if seconds is None else float(seconds), "ours": bool(ours),
            "best": None if best is None else float(best), "cpu": None if cpu is None else float(cpu), "note": note}
+    if versus is not None:
+        row["versus"] = versus
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 

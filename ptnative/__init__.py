@@ -11,6 +11,7 @@ from . import rewrites  # noqa: E402,F401  (registers the inplace rewrite)
 from .backends import numba as _numba_backend  # noqa: E402,F401  (registers the Numba implementation)
 from .backends import jax as _jax_backend  # noqa: E402
 from . import ops  # noqa: E402
+from . import eager  # noqa: E402,F401  (ptnative.eager.<function>: the catalogue on numpy arrays)
 
 _jax_backend.install()  # registers the JAX implementation lazily: no JAX import, no import hook
 
@@ -20,4 +21,4 @@ globals().update(ops.FUNCTIONS)
 __version__ = "0.1.0"
 
 __all__ = ["NativeOp", "NativeOpGenBase", "NativeOpBase", "CompileError", "KernelValueError", "KernelRuntimeError",
-           "config", "ops", "__version__", *ops.FUNCTIONS]
+           "config", "ops", "eager", "__version__", *ops.FUNCTIONS]

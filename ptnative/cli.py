@@ -193,7 +193,7 @@ def build_all(device: str, jobs: int | None = None, progress: str = "bar", recor
             for name, op, dtype in catalogue.variants(device)]
     if device == "cpu":
         from .blas_threads import pool_variant
-        todo.append(("the OpenBLAS worker pool", pool_variant))
+        todo.append(("the worker pool (OpenBLAS and the kernels' threads)", pool_variant))
     handler = installed_handler_variant(device)
     if handler is not None:
         todo.append(("JAX mode's XLA FFI handler", lambda: handler))

@@ -184,7 +184,7 @@ def test_merge_takes_each_benchmark_from_the_last_file():
     assert [(r["benchmark"], r["seconds"]) for r in runs] == [("ctc", 12.0), ("lstm", 5.0)]
     assert [r for r in records if r["benchmark"] == "lstm"] == lstm_again
     assert [r for r in records if r["benchmark"] == "ctc"] == RECORDS[:4]
-    assert meta["date"] == "d1 and d2" and meta["note"] == "a test run re-run"
+    assert meta["date"] == "d1 and d2" and meta["note"] == "a test run; re-run"
     assert "|  | torch.nn.LSTM | 100 ms | - | 2 | ptnative 2x faster |" in report.render(
         records, runs, meta, "p.png", None).splitlines()
 
@@ -265,3 +265,23 @@ def test_ratios_by_fastest_call():
     assert "|  | torch ctc_loss | 5 ms | 4 ms | 0.444 | ptnative 2.25x slower |" in lines  # 4 ms / 9 ms
     assert "|  | pytensor.scan CTC | 300 ms | - | 33 | ptnative 33x faster |" in lines  # 300 ms / 9 ms
     assert [round(r, 3) for *_, r in report.comparisons(RECORDS, "best")] == [0.444, 33.333, 0.8]
+
+
+def test_a_peer_compared_with_the_ptnative_row_called_like_it(tmp_path, monkeypatch):
+    """``record(..., versus=...)``: a peer's verdict and the summary's ratio use the named ptnative row; the ratio
+    column stays against the reference; an unknown name falls back to the reference."""
+    path = tmp_path / "rows.jsonl"
+    monkeypatch.setenv(timing.RECORDS_ENV, str(path))
+    timing.record("hmm", "case", "ptnative", 0.010, ours=True)
+    timing.record("hmm", "case", "ptnative eager", 0.004, ours=True)
+    timing.record("hmm", "case", "hmmlearn", 0.008, versus="ptnative eager")
+    timing.record("hmm", "case", "dynamax", 0.020)
+    timing.record("hmm", "case", "other", 0.020, versus="ptnative no such row")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[2]["versus"] == "ptnative eager" and "versus" not in rows[3]
+    lines = report.benchmark_table(report.cases(rows)["hmm"]).splitlines()
+    assert "|  | hmmlearn | 8 ms | - | 0.8 | against ptnative eager: ptnative 2x faster |" in lines
+    assert "|  | dynamax | 20 ms | - | 2 | ptnative 2x faster |" in lines
+    assert "|  | other | 20 ms | - | 2 | ptnative 2x faster |" in lines
+    assert [(impl, round(r, 3)) for _, _, impl, r in report.comparisons(rows)] == [
+        ("hmmlearn", 2.0), ("dynamax", 2.0), ("other", 2.0)]

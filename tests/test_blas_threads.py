@@ -1,4 +1,5 @@
-"""The OpenBLAS worker pool (c_code/runtime/blas_threads.cc, ptnative/blas_threads.py).
+"""The worker pool of OpenBLAS and the kernels' threads (c_code/runtime/blas_threads.cc,
+ptnative/blas_threads.py).
 
 The pool's promise to OpenBLAS: every job of a call runs at the same time as the others (a call's jobs may wait for
 each other), job 0 on the calling thread, each job once, and the call returns when all are done; also when the

@@ -127,7 +127,7 @@ def test_build_progress_lines(monkeypatch, capsys):
     assert cli.main(["build", "-j", "1", "--progress", "lines"]) == 1
     err = capsys.readouterr().err
     assert "[1/3] opA (float32): " in err and " s\n" in err and "[2/3] opA (float64) FAILED: " in err
-    assert "[3/3] the OpenBLAS worker pool: " in err  # shipped with the kernels (ptnative/blas_threads.py)
+    assert "[3/3] the worker pool (OpenBLAS and the kernels' threads): " in err  # ptnative/blas_threads.py
 
 
 def test_build_announces_its_toolchain_and_records_it(monkeypatch, capsys, tmp_path):

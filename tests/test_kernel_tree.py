@@ -2,11 +2,11 @@
 
 ``dialect/`` (what every variant's unit opens with), ``glue/`` (the templates ptnative fills: a variant's unit,
 PyTensor's C module, the XLA FFI handler), ``common/`` (kernel helpers several families share), ``runtime/``
-(libraries of their own that hold no op's code: the OpenBLAS worker pool, ptnative/blas_threads.py) and one folder
-per op family.  A kernel file includes what it needs by real relative includes, ``dialect/kernel.h`` first, so that a
-compiler, clangd or nvcc pointed at one file compiles it; ptnative's build inlines the same includes into one
-translation unit per variant (``ptnative.source.kernel_unit``).  The glue templates hold ``@KEY@`` placeholders
-and are compiled, filled, by every test that runs an op.
+(libraries of their own that hold no op's code: the worker pool of OpenBLAS and the kernels' threads,
+ptnative/blas_threads.py) and one folder per op family.  A kernel file includes what it needs by real relative
+includes, ``dialect/kernel.h`` first, so that a compiler, clangd or nvcc pointed at one file compiles it;
+ptnative's build inlines the same includes into one translation unit per variant (``ptnative.source.kernel_unit``).
+The glue templates hold ``@KEY@`` placeholders and are compiled, filled, by every test that runs an op.
 """
 
 from __future__ import annotations

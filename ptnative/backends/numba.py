@@ -21,6 +21,7 @@ call.  tests/test_leaks.py measures both sides of the trade."""
 from __future__ import annotations
 
 import llvmlite.binding as llvm
+import numba
 from numba import types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
@@ -43,20 +44,45 @@ def _array_type_code(a):
 _loaded_permanently: set[str] = set()
 
 
-@register_funcify_and_cache_key(NativeOp)
-def numba_funcify_native_op(op, node, **kwargs):
+def _driver(op, node, tuple_return: bool):
+    """(driver source, cache key, globals with ``ptn_run`` compiled) of ``node``'s variant; loads its library."""
     variant = op.node_variant(node)
     lib = load(variant)  # builds if needed, sets BLAS in the library
     if lib.dlopen_name not in _loaded_permanently:  # the checked library, already loaded: no file is opened
         llvm.load_library_permanently(lib.dlopen_name)
         _loaded_permanently.add(lib.dlopen_name)
-    src = driver_source(variant, op.inplace, tuple_return=False)
+    src = driver_source(variant, op.inplace, tuple_return=tuple_return)
     key = f"ptnative_{variant.symbol}_{lib.path.stem.rsplit('-', 1)[-1]}_{src.digest}"
     env = dict(DRIVER_GLOBALS, __name__=__name__, ext=types.ExternalFunction(variant.symbol, ENTRY_SIGNATURE))
     run = compile_numba_function_src(src.run_text, src.run_name, global_env=env, cache_key=key + "_run")
-    env = dict(env, **{src.run_name: numba_njit(run, cache=True)})
+    return src, key, dict(env, **{src.run_name: numba_njit(run, cache=True)})
+
+
+@register_funcify_and_cache_key(NativeOp)
+def numba_funcify_native_op(op, node, **kwargs):
+    src, key, env = _driver(op, node, tuple_return=False)
     if config.numba_graph_cache:
         fn = compile_numba_function_src(src.driver_text, src.function_name, global_env=env, cache_key=key)
         return numba_njit(fn), key
     fn = compile_numba_function_src(src.driver_text, src.function_name, global_env=env)
     return numba_njit(fn, inline="always"), None
+
+
+#: python_callable's functions, by (op, node's variant, signature or None).
+_callables: dict = {}
+
+
+def python_callable(op, node, signature=None):
+    """``node``'s driver compiled by Numba as a function called from Python (``ptnative.eager``): the node's input
+    arrays -> the tuple of its outputs, raising as the graph does.  With a Numba ``signature`` (argument types) it
+    is compiled for those types alone, and any other argument types are a ``TypeError`` from Numba's dispatch
+    before anything runs.  Made once per op, variant and signature; its ``ptn_run`` is the graph's (cached across
+    processes), and the driver is called directly, so a failing call pins nothing (see the module's
+    documentation)."""
+    cache_key = (op, op.node_variant(node), signature)
+    fn = _callables.get(cache_key)
+    if fn is None:
+        src, key, env = _driver(op, node, tuple_return=True)
+        fn = compile_numba_function_src(src.driver_text, src.function_name, global_env=env, cache_key=key + "_py")
+        fn = _callables[cache_key] = numba.njit(*([[signature]] if signature else []), cache=True)(fn)
+    return fn
