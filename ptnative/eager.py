@@ -69,12 +69,14 @@ class EagerFunction:
             key.append(a.dtype)
             key.append(a.ndim)
         try:
-            fn, layout, _ = local.arrays_only[tuple(key)]
+            fn, layout, typed = local.arrays_only[tuple(key)]
         except (AttributeError, KeyError):
             return self._call(args, kwargs)
         if kwargs:
             return self._call(args, kwargs)
-        return fn(*args) if layout is None else layout(fn(*args))
+        out = fn(*args) if layout is None else layout(fn(*args))
+        self._first_try(typed, args, layout)
+        return out
 
     def _call(self, args, kwargs):
         """Any call: the key of every argument, the compiled function of the key (compiled on a miss), the call."""
@@ -97,15 +99,22 @@ class EagerFunction:
         if fn is None:  # build returns no tensor for these arguments (a plain value): nothing to compile
             return self.build(*args, **kwargs)
         out = fn(*arrays) if layout is None else layout(fn(*arrays))
-        if typed is not None and not kwargs and len(arrays) == len(args) and local.__dict__.get("misses", 0) < 2:
-            # an op's driver: from now on the first try, compiled for these argument types (after two misses in
-            # this thread, each a ~30 us TypeError from Numba, calls of mixed signatures skip it)
-            local.last = (typed(arrays), layout)
+        if not kwargs and len(arrays) == len(args):
+            self._first_try(typed, arrays, layout)
         return out
 
+    def _first_try(self, typed, arrays, layout):
+        """Where the call (of ``arrays`` alone) ran an op's driver: that driver compiled for these argument types
+        becomes the thread's first try (after two misses in this thread, each a ~30 us TypeError from Numba, calls
+        of mixed signatures no longer try it)."""
+        local = self._local.__dict__
+        if typed is not None and local.get("last") is None and local.get("misses", 0) < 2:
+            local["last"] = (typed(arrays), layout)
+
     def _compile(self, args, kwargs, arrays):
-        """(compiled function, a function turning its outputs into the results' structure, None where they have
-        it already), or (None, None) where ``build`` returns no tensor."""
+        """(compiled function, a function turning its outputs into the results' structure or None where they have
+        it already, the ``typed`` maker of :func:`_one_op` or None), or (None, None, None) where ``build`` returns
+        no tensor."""
         import pytensor
         from pytensor.graph.basic import Variable
 

@@ -111,6 +111,18 @@ def test_alternating_signatures():
     assert fn._local.misses <= 2
 
 
+def test_a_new_signature_becomes_the_first_try():
+    fn = eager.wrap(ptnative.hmm_viterbi)
+    a64, a32 = hmm_data(20, 2, 3), hmm_data(20, 2, 3, np.float32)
+    fn(*a64)
+    first = fn._local.last
+    assert first is not None
+    for _ in range(3):
+        same(fn(*a32), graph_viterbi(*a32))
+    assert fn._local.misses == 1 and fn._local.last is not None and fn._local.last is not first
+    same(fn(*a32), graph_viterbi(*a32))
+
+
 def test_layouts_and_inputs_left_alone():
     log_e, log_A, log_pi = hmm_data(15, 3, 4)
     keep = [a.copy() for a in (log_e, log_A, log_pi)]
