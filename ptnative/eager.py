@@ -132,7 +132,7 @@ class EagerFunction:
         fn = pytensor.function(inputs, [items[k] for k in where], mode=self.mode, trust_input=True,
                                on_unused_input="ignore")
         direct, typed = _one_op(fn) if self.mode is None else (None, None)  # direct returns a tuple
-        fn = direct or fn
+        fn = direct or _numpy_results(fn)
         if single:
             return fn, lambda results: results[0], typed
         if len(where) == len(items) and type(out) in (tuple, list):
@@ -145,6 +145,18 @@ class EagerFunction:
             return type(out)(filled) if type(out) in (tuple, list) else type(out)._make(filled)
 
         return fn, layout, typed
+
+
+def _numpy_results(fn):
+    """``fn``, or where its linker returns arrays of another library (JAX's, PyTorch's: a ``JITLinker`` other than
+    Numba's), ``fn`` with its results made numpy arrays."""
+    from pytensor.link.basic import JITLinker
+    from pytensor.link.numba.linker import NumbaLinker
+
+    linker = fn.maker.linker
+    if not isinstance(linker, JITLinker) or isinstance(linker, NumbaLinker):
+        return fn
+    return lambda *arrays: [np.asarray(r) for r in fn(*arrays)]
 
 
 def _one_op(fn):

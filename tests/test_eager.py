@@ -214,3 +214,17 @@ def test_every_mode(mode):
     same(eager.hmm_viterbi(*args), want)
     wrapped = eager.wrap(lambda e, a, p: ptnative.hmm_viterbi(2 * e, a, p)[1], mode=mode)  # two nodes, one output
     np.testing.assert_array_equal(wrapped(*args), graph_viterbi(2 * args[0], *args[1:], mode=mode)[1])
+
+
+def test_jax_mode_gives_numpy_arrays():
+    """A JAX-mode graph returns JAX arrays; ptnative.eager returns numpy arrays in every mode."""
+    pytest.importorskip("jax")
+    args = hmm_data(25, 3, 4, np.float32)
+    want = graph_viterbi(*args)
+    got = eager.wrap(ptnative.hmm_viterbi, mode="JAX")(*args)
+    assert isinstance(got, tuple)
+    same(got, want)
+    with pytensor.config.change_flags(mode="JAX"):
+        total = eager.wrap(lambda e, a, p: ptnative.hmm_posteriors(e, a, p)[1].sum())(*args)
+    assert type(total) is np.ndarray and total.shape == ()
+    np.testing.assert_allclose(total, 3 * 24, rtol=1e-5)  # each sequence's expected counts sum to T - 1
