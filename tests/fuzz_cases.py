@@ -92,8 +92,9 @@ class Harness:
     def batch_axes(self):
         return list(self.outputs.values())
 
-    def __init__(self, mode):
+    def __init__(self, mode, eager=False):
         self.mode = mode
+        self.eager = eager  # graphs called through ptnative.eager.wrap (numpy arrays in, the default mode)
         self._compiled = {}
         self.rng = np.random.default_rng(0)
 
@@ -109,6 +110,11 @@ class Harness:
         if key not in self._compiled:
             import pytensor
 
+            if self.eager:
+                from ptnative import eager
+
+                self._compiled[key] = eager.wrap(builder or self.graph)
+                return self._compiled[key]
             syms = self.symbols()
             outs = (builder or self.graph)(*syms)
             self._compiled[key] = pytensor.function(syms, list(outs), mode=self.mode, on_unused_input="ignore")
@@ -2054,5 +2060,9 @@ HARNESSES = {h.name: h for h in (
 FUNCTIONS = sorted(HARNESSES)
 
 
-def cases_for(function, mode):
+def cases_for(function, mode, eager=False):
+    """The cases of ``function`` in ``mode``; ``eager``: its graphs called through ``ptnative.eager.wrap`` instead
+    (the run-time cases and the graph-build ones: a new dtype or rank is a new graph there)."""
+    if eager:
+        return [c for c in HARNESSES[function](None, eager=True).cases() if c[1] != "leak"]
     return HARNESSES[function](mode).cases()

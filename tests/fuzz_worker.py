@@ -6,7 +6,8 @@ running it and ``{"case": case_id, "category": ..., "status": "ok" | "fail", "me
 ``{"done": true}`` at the end of the request, as JSON lines on the file descriptor given as argv[1] (stdout and
 stderr stay free for whatever the kernels or PyTensor print).  Requests:
 
-* ``{"kind": "catalogue", "function": name, "mode": mode}``: the bad-input cases of one catalogue function;
+* ``{"kind": "catalogue", "function": name, "mode": mode}``: the bad-input cases of one catalogue function (with
+  ``"eager": true``: called through ``ptnative.eager``);
 * ``{"kind": "catalogue_cuda_emulation", "function": name}``: the same cases in FAST_COMPILE with every op's CUDA
   path emulated (tests/test_cuda_emulation.py; a worker that takes such a request should take no other kind);
 * ``{"kind": "spec", "spec": {...}}``: one generated NativeOp spec (see ``fuzz_specs.cases_for``);
@@ -48,7 +49,8 @@ def main():
         request = json.loads(line)
         try:
             if request["kind"] == "catalogue":
-                cases = contextlib.nullcontext(fuzz_cases.cases_for(request["function"], request["mode"]))
+                cases = contextlib.nullcontext(fuzz_cases.cases_for(request["function"], request["mode"],
+                                                                    eager=request.get("eager", False)))
             elif request["kind"] == "catalogue_cuda_emulation":
                 from tests import test_cuda_emulation
 

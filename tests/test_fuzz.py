@@ -102,6 +102,16 @@ def test_bad_inputs(worker, function, mode):
     check(results, f"{function} in mode {mode or 'default'}", function)
 
 
+@pytest.mark.parametrize("function", [f for f in fuzz_cases.FUNCTIONS if f != "memory_leak"])
+def test_bad_inputs_through_eager(worker, function):
+    """The same cases with every graph called through ``ptnative.eager.wrap`` on the numpy arrays (compiled once per
+    signature, one-op graphs calling the op's driver directly): the same verdicts, never a crash."""
+    results = run_isolated(worker, {"kind": "catalogue", "function": function, "mode": None, "eager": True},
+                           timeout=900)
+    assert results, "no case ran"
+    check(results, f"{function} through ptnative.eager", function)
+
+
 def test_every_catalogue_function_has_a_harness():
     import ptnative
 
