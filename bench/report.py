@@ -400,8 +400,9 @@ def render(records, runs, meta, png_name, chart_note):
            + "the case's first ptnative row (the reference, in bold): above 1 ptnative is faster, below 1 it is "
            "slower. A peer's verdict (last column) is against the reference, or, where it says so, against the "
            "ptnative row called the same way as that peer (e.g. `ptnative eager`: numpy arrays in and out, as "
-           "hmmlearn is called)." + (" Ratios from the fastest calls (`--ratio-by best`) are steadier than medians on a machine "
-                        "that other work keeps busy." if by == "best" else ""),
+           "hmmlearn is called)."
+           + (" Ratios from the fastest calls (`--ratio-by best`) are steadier than medians on a machine "
+              "that other work keeps busy." if by == "best" else ""),
            "",
            "Peers are optional packages: a missing one is a row that says *not installed*. To measure them all, "
            "install next to ptnative's dependencies: `torch` (CPU build), `torchaudio`, `jax`, `dynamax`, "

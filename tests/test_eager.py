@@ -228,3 +228,22 @@ def test_jax_mode_gives_numpy_arrays():
         total = eager.wrap(lambda e, a, p: ptnative.hmm_posteriors(e, a, p)[1].sum())(*args)
     assert type(total) is np.ndarray and total.shape == ()
     np.testing.assert_allclose(total, 3 * 24, rtol=1e-5)  # each sequence's expected counts sum to T - 1
+
+
+def test_failing_calls_pin_no_memory():
+    """Calls that the kernel rejects (the op's driver called directly: its raise is in the frame called from Python)
+    alternating with good ones: resident memory stays flat, where keeping each failing call's 1 MB input would grow
+    it by 300 MB."""
+    from .fuzz_cases import rss_bytes
+
+    log_e, log_A, log_pi = hmm_data(40000, 1, 3)  # 0.96 MB of emissions
+    bad_A = np.log(np.full((2, 3), 1 / 3))
+    eager.hmm_viterbi(log_e, log_A, log_pi)
+    with pytest.raises(ptnative.KernelValueError):
+        eager.hmm_viterbi(log_e, bad_A, log_pi)
+    before = rss_bytes()
+    for _ in range(300):
+        with pytest.raises(ptnative.KernelValueError):
+            eager.hmm_viterbi(log_e + 0.0, bad_A, log_pi)
+        eager.hmm_viterbi(log_e, log_A, log_pi)
+    assert rss_bytes() - before < 60 * 2**20, f"resident memory grew by {(rss_bytes() - before) / 2**20:.0f} MB"
