@@ -175,15 +175,19 @@ def _one_op(fn):
     if len(nodes) != 1 or not isinstance(nodes[0].op, NativeOp):
         return None, None
     node = nodes[0]
-    if not all(any(v is i for i in fgraph.inputs) for v in node.inputs) or \
-            not all(any(o is v for v in node.outputs) for o in fgraph.outputs):
+    take = [_position(v, fgraph.inputs) for v in node.inputs]
+    give = [_position(o, node.outputs) for o in fgraph.outputs]
+    if None in take or None in give:
         return None, None
     driver = python_callable(node.op, node)
-    take = [next(k for k, i in enumerate(fgraph.inputs) if i is v) for v in node.inputs]
-    give = [next(k for k, v in enumerate(node.outputs) if v is o) for o in fgraph.outputs]
     if take == list(range(len(fgraph.inputs))) and give == list(range(len(node.outputs))):
         return driver, lambda arrays: python_callable(node.op, node, tuple(numba.typeof(a) for a in arrays))
     return lambda *arrays: (lambda out: tuple([out[k] for k in give]))(driver(*[arrays[k] for k in take])), None
+
+
+def _position(v, variables):
+    """The index of ``v`` (the object itself) in ``variables``, or None."""
+    return next((k for k, x in enumerate(variables) if x is v), None)
 
 
 def _remember(cache, key, entry):

@@ -49,7 +49,7 @@ inline uint64_t this_core_bit() {
 #endif
 }
 
-// For the job of one part of a kernel's call (Linux): where another part of the call already runs on this core, the
+// For the job of one part of a kernel's call (Linux; `spread` false: nothing): where another part of the call already runs on this core, the
 // part moves to an allowed core that none has, for this job only.  The parts of a kernel may wait for each other
 // (the LSTM's cell split meets at every frame), and the system does not place them apart reliably: on the 2-vCPU
 // VM a sleeping worker woken for a call was put on the caller's core in most calls after an idle pause (the other
@@ -58,9 +58,9 @@ inline uint64_t this_core_bit() {
 // does not move it again, so the next call wakes it on the core it moved to.
 class SpreadPart {
  public:
-  explicit SpreadPart(std::atomic<uint64_t>& cores) {
+  SpreadPart(std::atomic<uint64_t>& cores, bool spread) {
 #if defined(__linux__)
-    const uint64_t mine = this_core_bit();
+    const uint64_t mine = spread ? this_core_bit() : 0;
     if (!mine || !(cores.fetch_or(mine, std::memory_order_acq_rel) & mine)) return;
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
@@ -78,6 +78,7 @@ class SpreadPart {
     }
 #else
     (void)cores;
+    (void)spread;
 #endif
   }
   ~SpreadPart() {
@@ -160,10 +161,8 @@ void worker_loop(Pool* pool, int w, uint64_t seen) {
     seen = s >> 16;
     if (w < (int)(s & 0xffff)) {
       const Batch& b = pool->batch;
-      if (b.spread) {
-        SpreadPart apart(pool->cores);
-        run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
-      } else {
+      {
+        SpreadPart apart(pool->cores, b.spread);
         run_job(b.dojob, b.jobdata, b.elsize, b.dojob_data, w);
       }
       if (pool->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {

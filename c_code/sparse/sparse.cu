@@ -312,8 +312,8 @@ static void ptn_s2d_zeros_cpu(const PtnSpEntries& e, const Float* w, Float* W) {
     }
   };
   // Fresh pages (zeroed by the system where first written) are faulted in by several threads at once from 128 MiB
-  // up, below by the calling thread alone: there the threads' extra CPU time outweighed the split.  Measured on the 2-vCPU VM
-  // (float32, 2 threads against 1, alternating turns with numpy's zeros + add.at): 256 MB 17.6-18.2 against
+  // up, below by the calling thread alone: there the threads' extra CPU time outweighed the split.  Measured on the
+  // 2-vCPU VM (float32, 2 threads against 1, alternating turns with numpy's zeros + add.at): 256 MB 17.6-18.2 against
   // 25.9-26.5 ms (numpy 24.2-25.0); 64 MB 8.1-9.7 (best 4.3, 2.2x the CPU time of one thread) against 7.1 ms (numpy
   // 7.9-9.1); on another day, when its page faults cost 3-4 times as much, 64 MB took 18.9 ms on two threads and
   // 26-30 on one (numpy 26-27).  Each block is filled by one thread, in order: the same sums either way.
